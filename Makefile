@@ -1,0 +1,30 @@
+# The two set-up commands (see README): `make demo` and `make test`. Both build .venv first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: demo test test-fast bench lint clean
+
+$(STAMP): pyproject.toml
+	@bash scripts/bootstrap.sh "$(PYTHON)" "$(VENV)"
+	@rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/qlayer demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests -q -p no:cacheprovider
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest tests/unit -q -p no:cacheprovider
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.queue_bench
+
+lint: $(STAMP)
+	$(BIN)/ruff check layer connectors spark tests bench
+	$(BIN)/mypy layer connectors
+
+clean:
+	rm -rf $(VENV) .qlayer

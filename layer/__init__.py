@@ -1,0 +1,1 @@
+"""qlayer: message-queue semantics (AMPS-style queues) on Apache Kafka."""

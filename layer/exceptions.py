@@ -1,0 +1,62 @@
+"""One exception hierarchy for qlayer.
+
+Every class's docstring is its default message, so ``raise UnknownQueue()`` says something useful
+and ``raise UnknownQueue("queue 'x' is not configured")`` says more.
+"""
+
+from __future__ import annotations
+
+
+class QLayerError(Exception):
+    """qlayer failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip().splitlines()[0])
+
+
+class ConfigError(QLayerError):
+    """The configuration is invalid."""
+
+
+class BrokerError(QLayerError):
+    """The Kafka broker could not be reached or refused a request."""
+
+
+class SerializationError(QLayerError):
+    """A record or frame could not be encoded or decoded."""
+
+
+class StateError(QLayerError):
+    """The state store is unusable or inconsistent."""
+
+
+class RecoveryError(StateError):
+    """State could not be restored from the changelog."""
+
+
+class QueueError(QLayerError):
+    """A queue operation failed."""
+
+
+class UnknownQueue(QueueError):
+    """No queue with that name is configured."""
+
+
+class LeaseError(QueueError):
+    """A lease operation (ack, cancel, expire, extend) was refused."""
+
+
+class UnknownBookmark(LeaseError):
+    """The bookmark does not name a message of this queue."""
+
+
+class NotLeaseHolder(LeaseError):
+    """The message is leased to another subscription and the queue's leasing is strict."""
+
+
+class InvalidRequest(QLayerError):
+    """The request is malformed."""
+
+
+class ClientError(QLayerError):
+    """The client lost its connection or the server refused the request."""
