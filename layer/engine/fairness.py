@@ -1,0 +1,160 @@
+"""Subscriptions and the delivery-fairness strategies that choose which one gets the next message.
+
+A picker only ever looks at subscriptions with free backlog, so a full subscription costs nothing
+per message. The engine tells the picker whenever a subscription's outstanding count or backlog
+changes (``update``) and when it served one (``served``); every operation is O(log subscriptions).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from bisect import bisect_left, bisect_right, insort
+from heapq import heapify, heappop, heappush
+from typing import Any
+
+from layer.engine.model import Bookmark, Fairness
+
+
+class Subscriber:
+    """A registered subscription. ``index`` is its place in subscribe order."""
+
+    __slots__ = ("name", "index", "backlog", "outstanding", "leases", "handed", "ready", "stamp")
+
+    def __init__(self, name: str, index: int, backlog: int) -> None:
+        self.name = name
+        self.index = index
+        self.backlog = backlog
+        self.outstanding = 0
+        # At-least-once: the leased entries, in lease order. Dicts, not sets: iteration order must
+        # not depend on memory addresses, or the engine would stop being deterministic.
+        self.leases: dict[Any, None] = {}
+        # At-most-once: bookmarks handed out whose backlog slot is not released yet.
+        self.handed: dict[Bookmark, None] = {}
+        self.ready = False  # in the picker's set of subscriptions with room
+        self.stamp = 0  # bumped on every change, to invalidate stale heap items
+
+    def has_room(self) -> bool:
+        return self.outstanding < self.backlog
+
+    def __repr__(self) -> str:
+        return f"Subscriber({self.name!r}, {self.outstanding}/{self.backlog})"
+
+
+class Picker(ABC):
+    """Chooses the subscription for the next message among those with room."""
+
+    @abstractmethod
+    def update(self, sub: Subscriber) -> None:
+        """``sub`` is new, or its outstanding count or backlog changed."""
+
+    @abstractmethod
+    def remove(self, sub: Subscriber) -> None:
+        """``sub`` is gone."""
+
+    @abstractmethod
+    def pick(self) -> Subscriber | None:
+        """The subscription that gets the next message, or None when none has room."""
+
+    def served(self, sub: Subscriber) -> None:
+        """``sub`` was just handed a message (its outstanding count already went up)."""
+        self.update(sub)
+
+
+class _OrderedPicker(Picker):
+    """Keeps the subscribe-order indexes of the subscriptions with room in a sorted list."""
+
+    def __init__(self) -> None:
+        self._ready: list[int] = []
+        self._by_index: dict[int, Subscriber] = {}
+
+    def update(self, sub: Subscriber) -> None:
+        self._by_index[sub.index] = sub
+        room = sub.outstanding < sub.backlog
+        if room != sub.ready:
+            if room:
+                insort(self._ready, sub.index)
+            else:
+                del self._ready[bisect_left(self._ready, sub.index)]
+            sub.ready = room
+
+    def remove(self, sub: Subscriber) -> None:
+        if sub.ready:
+            del self._ready[bisect_left(self._ready, sub.index)]
+            sub.ready = False
+        self._by_index.pop(sub.index, None)
+
+
+class FastPicker(_OrderedPicker):
+    """The first subscription, in subscribe order, with room."""
+
+    def pick(self) -> Subscriber | None:
+        return self._by_index[self._ready[0]] if self._ready else None
+
+
+class RoundRobinPicker(_OrderedPicker):
+    """The next subscription with room after the one served last, in subscribe order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._last = -1
+
+    def pick(self) -> Subscriber | None:
+        ready = self._ready
+        if not ready:
+            return None
+        i = bisect_right(ready, self._last)
+        return self._by_index[ready[i if i < len(ready) else 0]]
+
+    def served(self, sub: Subscriber) -> None:
+        self._last = sub.index
+        self.update(sub)
+
+
+class ProportionalPicker(Picker):
+    """The subscription with the lowest outstanding/backlog ratio; ties go to subscribe order.
+
+    A heap of ``(ratio, index, stamp, sub)``; an item is live while the subscription's stamp is
+    unchanged. Ratios of equal fractions are equal floats (division is correctly rounded), so
+    ties are exact.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, int, Subscriber]] = []
+        self._subs: dict[int, Subscriber] = {}
+
+    def update(self, sub: Subscriber) -> None:
+        self._subs[sub.index] = sub
+        sub.stamp += 1
+        if sub.outstanding < sub.backlog:
+            heappush(self._heap, (sub.outstanding / sub.backlog, sub.index, sub.stamp, sub))
+            if len(self._heap) > 4 * len(self._subs) + 64:
+                self._rebuild()
+
+    def remove(self, sub: Subscriber) -> None:
+        sub.stamp += 1
+        self._subs.pop(sub.index, None)
+
+    def pick(self) -> Subscriber | None:
+        heap = self._heap
+        while heap:
+            item = heap[0]
+            if item[3].stamp == item[2]:
+                return item[3]
+            heappop(heap)
+        return None
+
+    def _rebuild(self) -> None:
+        self._heap = [
+            (s.outstanding / s.backlog, s.index, s.stamp, s)
+            for s in self._subs.values()
+            if s.outstanding < s.backlog
+        ]
+        heapify(self._heap)
+
+
+def make_picker(fairness: Fairness) -> Picker:
+    if fairness is Fairness.FAST:
+        return FastPicker()
+    if fairness is Fairness.ROUND_ROBIN:
+        return RoundRobinPicker()
+    return ProportionalPicker()

@@ -1,0 +1,221 @@
+"""The queue engine's vocabulary: identities, settings, events in, effects out.
+
+Everything here is plain data. The engine (``layer.engine.queue.QueueEngine``) consumes the events
+and emits the effects; the coordinator turns effects into changelog records, dead letters, RocksDB
+writes and pushes to consumers. Times are floats in seconds on the engine's injected clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import NamedTuple
+
+
+class Bookmark(NamedTuple):
+    """A message's identity: stable across restarts and coordinators."""
+
+    topic: str
+    partition: int
+    offset: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}/{self.partition}/{self.offset}"
+
+    @classmethod
+    def parse(cls, text: str) -> Bookmark:
+        """Parse ``topic/partition/offset`` (Kafka topic names cannot contain '/')."""
+        parts = text.rsplit("/", 2)
+        if len(parts) != 3 or not parts[0]:
+            raise ValueError(f"bookmark {text!r} is not topic/partition/offset")
+        topic = parts[0]
+        try:
+            partition, offset = int(parts[1]), int(parts[2])
+        except ValueError:
+            raise ValueError(f"bookmark {text!r} is not topic/partition/offset") from None
+        if partition < 0 or offset < 0:
+            raise ValueError(f"bookmark {text!r} has a negative partition or offset")
+        return cls(topic, partition, offset)
+
+
+class TopicPartition(NamedTuple):
+    topic: str
+    partition: int
+
+
+class Semantics(StrEnum):
+    AT_LEAST_ONCE = "at-least-once"
+    AT_MOST_ONCE = "at-most-once"
+
+
+class Fairness(StrEnum):
+    FAST = "fast"
+    ROUND_ROBIN = "round-robin"
+    PROPORTIONAL = "proportional"
+
+
+class Leasing(StrEnum):
+    STRICT = "strict"
+    LENIENT = "lenient"
+
+
+class DoneReason(StrEnum):
+    """Why a message left the queue. Every reason but ACKED and DELIVERED dead-letters it."""
+
+    ACKED = "acked"
+    DELIVERED = "delivered"  # at-most-once: removed when handed out
+    CONSUMER_EXPIRE = "consumer_expire"  # the consumer acked with the expire option
+    MAX_CANCELS = "max_cancels"
+    MAX_DELIVERIES = "max_deliveries"
+    EXPIRATION = "expiration"  # older than the queue's expiration while not leased
+
+    @property
+    def dead_letter(self) -> bool:
+        return self not in (DoneReason.ACKED, DoneReason.DELIVERED)
+
+
+class ReturnReason(StrEnum):
+    CANCEL = "cancel"
+    TIMEOUT = "timeout"
+    DISCONNECT = "disconnect"
+
+
+class AckOp(StrEnum):
+    ACK = "ack"
+    CANCEL = "cancel"
+    EXPIRE = "expire"
+    EXTEND = "extend"
+
+
+class AckError(StrEnum):
+    """Why one bookmark of an ack batch was refused. Refusals never change state."""
+
+    UNKNOWN_BOOKMARK = "unknown_bookmark"  # not a message of this queue (or already done)
+    NOT_LEASE_HOLDER = "not_lease_holder"  # strict leasing, leased to someone else
+    NOT_LEASED = "not_leased"  # cancel / extend of a message nobody holds
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    """The subset of a queue's configuration the engine needs (built from the queue config)."""
+
+    semantics: Semantics = Semantics.AT_LEAST_ONCE
+    lease_period: float = 60.0
+    max_per_subscription_backlog: int = 10_000
+    fairness: Fairness = Fairness.PROPORTIONAL
+    leasing: Leasing = Leasing.STRICT
+    max_deliveries: int = 0  # 0 = unlimited
+    max_cancels: int = 0  # 0 = unlimited
+    expiration: float | None = None  # seconds in the queue before expiring; None = never
+    target_queue_depth: int = 0  # 0 = unlimited
+    priority: bool = False  # order by Arrival.priority (highest first) instead of arrival order
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """A message read from an underlying topic that enters the queue.
+
+    ``priority`` is already evaluated by the coordinator (None = lowest, as for a missing or
+    non-numeric priority). ``deliveries`` and ``cancels`` carry counts restored from the changelog.
+    """
+
+    bookmark: Bookmark
+    timestamp: float  # enqueue time, on the engine clock
+    priority: int | None = None
+    deliveries: int = 0
+    cancels: int = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Effects: what the engine decided. Drained in order with QueueEngine.drain().
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """Hand this message to this subscription (and, at-least-once, lease it until ``deadline``)."""
+
+    subscription: str
+    bookmark: Bookmark
+    deliveries: int  # including this one
+    cancels: int
+    deadline: float | None  # None for at-most-once
+
+
+@dataclass(frozen=True, slots=True)
+class Leased:
+    """Durable: the message is leased (its delivery count went up)."""
+
+    bookmark: Bookmark
+    holder: str
+    deadline: float
+    deliveries: int
+    cancels: int
+
+
+@dataclass(frozen=True, slots=True)
+class Returned:
+    """Durable: a lease ended without ack; the message is available again."""
+
+    bookmark: Bookmark
+    reason: ReturnReason
+    deliveries: int
+    cancels: int
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """Durable: the message left the queue. Dead-letter it when ``reason.dead_letter``."""
+
+    bookmark: Bookmark
+    reason: DoneReason
+    deliveries: int
+    cancels: int
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class LowWater:
+    """Durable: every offset of this partition below ``offset`` is done; records below may go."""
+
+    partition: TopicPartition
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Forget:
+    """Durable: tombstone the done record of this bookmark (the low-water mark has passed it)."""
+
+    bookmark: Bookmark
+
+
+Change = Leased | Returned | Done | LowWater | Forget
+
+
+@dataclass(slots=True)
+class Effects:
+    """Everything decided since the last drain, in order."""
+
+    changes: list[Change]
+    deliveries: list[Delivery]
+
+    def __bool__(self) -> bool:
+        return bool(self.changes or self.deliveries)
+
+
+@dataclass(frozen=True, slots=True)
+class AckOutcome:
+    bookmark: Bookmark
+    error: AckError | None = None  # None = accepted
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    available: int
+    leased: int
+    inactive: int  # beyond target_queue_depth, known but not active (0 when not read yet)
+    subscriptions: int
+    oldest_available_at: float | None
+    done_total: int
+    dead_lettered_total: int
+    delivered_total: int

@@ -1,0 +1,395 @@
+"""Property tests of the queue engine: random interleavings must keep the queue's invariants.
+
+The state machine plays a coordinator: it publishes to an in-memory topic log, reads it into the
+engine (within ``room()``), subscribes, dispatches, acks, lets time pass, disconnects, and restarts
+the engine from nothing but the durable changes it drained (as the coordinator restores from its
+changelog). After every step it checks the effects and the engine's state against a model.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from layer.engine.model import (
+    AckOp,
+    Arrival,
+    Bookmark,
+    Done,
+    DoneReason,
+    EngineSettings,
+    Fairness,
+    Forget,
+    Leased,
+    Leasing,
+    LowWater,
+    Returned,
+    ReturnReason,
+    Semantics,
+    TopicPartition,
+)
+from layer.engine.queue import QueueEngine
+from layer.exceptions import QueueError
+
+TOPIC = "t"
+PARTITIONS = (0, 1)
+SUBSCRIPTIONS = ("s0", "s1", "s2")
+
+
+@st.composite
+def engine_settings(draw: st.DrawFn) -> EngineSettings:
+    semantics = draw(st.sampled_from(Semantics))
+    fairness = (
+        Fairness.ROUND_ROBIN
+        if semantics is Semantics.AT_MOST_ONCE
+        else draw(st.sampled_from(Fairness))
+    )
+    return EngineSettings(
+        semantics=semantics,
+        lease_period=draw(st.sampled_from([1.0, 4.0])),
+        max_per_subscription_backlog=draw(st.integers(1, 4)),
+        fairness=fairness,
+        leasing=draw(st.sampled_from(Leasing)),
+        max_deliveries=draw(st.sampled_from([0, 1, 3])),
+        max_cancels=draw(st.sampled_from([0, 1, 2])),
+        expiration=draw(st.sampled_from([None, 3.0, 12.0])),
+        target_queue_depth=draw(st.sampled_from([0, 0, 3])),
+        priority=draw(st.booleans()),
+    )
+
+
+class EngineMachine(RuleBasedStateMachine):
+    # -- setup and restart -----------------------------------------------------------------------
+
+    @initialize(config=engine_settings(), backlog=st.integers(1, 5))
+    def start(self, config: EngineSettings, backlog: int) -> None:
+        self.config = config
+        self.alo = config.semantics is Semantics.AT_LEAST_ONCE
+        self.now = 0.0
+        # The topic: per partition, (timestamp, priority, filtered out) by offset.
+        self.log: dict[int, list[tuple[float, int | None, bool]]] = {p: [] for p in PARTITIONS}
+        # What the changelog holds: the last Leased/Returned/Done per bookmark, and the marks.
+        self.durable: dict[Bookmark, Leased | Returned | Done] = {}
+        self.low = dict.fromkeys(PARTITIONS, 0)
+        # Across restarts.
+        self.done_ever: set[Bookmark] = set()
+        self.delivered_ever: set[Bookmark] = set()
+        self.forgotten: set[Bookmark] = set()
+        self.deliveries: dict[Bookmark, int] = {}
+        self.boot()
+        self.subscribe("s0", backlog)
+
+    def boot(self) -> None:
+        """A fresh engine built from the durable changes only (leases and subscriptions die)."""
+        self.engine = QueueEngine("q", self.config)
+        self.read_next: dict[int, int] = {}
+        for p in PARTITIONS:
+            self.engine.start_partition(TopicPartition(TOPIC, p), self.low[p])
+            self.read_next[p] = self.low[p]
+        self.engine.restore_done([b for b, c in self.durable.items() if isinstance(c, Done)])
+        self.holders: dict[Bookmark, str] = {}
+        self.deadlines: dict[Bookmark, float] = {}
+        self.backlogs: dict[str, int] = {}
+        self.excess: dict[str, int] = {}
+        self.handed: dict[str, set[Bookmark]] = {}
+        self.check_effects()
+
+    @rule(dice=st.integers(0, 5))
+    def restart(self, dice: int) -> None:
+        if dice == 0:  # rarer than the other steps, so that work piles up between restarts
+            self.boot()
+
+    # -- the topic and reading -------------------------------------------------------------------
+
+    @rule(
+        partition=st.sampled_from(PARTITIONS),
+        priority=st.none() | st.integers(0, 3),
+        filtered=st.sampled_from([False, False, False, True]),
+        lag=st.sampled_from([0.0, 0.0, 0.0, 1.5]),
+        count=st.integers(1, 4),
+        then=st.sampled_from(["nothing", "read", "read and dispatch"]),
+    )
+    def publish(
+        self,
+        partition: int,
+        priority: int | None,
+        filtered: bool,
+        lag: float,
+        count: int,
+        then: str,
+    ) -> None:
+        for _ in range(count):
+            self.log[partition].append((self.now - lag, priority, filtered))
+        if then != "nothing":
+            self.read()
+        if then == "read and dispatch":
+            self.dispatch()
+
+    @rule()
+    def read(self) -> None:
+        for p in PARTITIONS:
+            tp = TopicPartition(TOPIC, p)
+            room = self.engine.room()
+            offset, arrivals = self.read_next[p], []
+            while offset < len(self.log[p]) and room > 0:
+                timestamp, priority, filtered = self.log[p][offset]
+                if not filtered:
+                    b = Bookmark(TOPIC, p, offset)
+                    record = self.durable.get(b)
+                    deliveries = cancels = 0
+                    if isinstance(record, (Leased, Returned)):
+                        deliveries, cancels = record.deliveries, record.cancels
+                    arrivals.append(Arrival(b, timestamp, priority, deliveries, cancels))
+                    room -= 1
+                offset += 1
+            self.engine.add(arrivals, self.now)
+            self.engine.mark_read(tp, offset)
+            self.engine.set_high_watermark(tp, len(self.log[p]))
+            self.read_next[p] = offset
+        self.check_effects()
+
+    # -- subscriptions ---------------------------------------------------------------------------
+
+    @rule(name=st.sampled_from(SUBSCRIPTIONS), backlog=st.integers(1, 5))
+    def subscribe(self, name: str, backlog: int) -> None:
+        effective = self.engine.subscribe(name, backlog, self.now)
+        assert effective == min(backlog, self.config.max_per_subscription_backlog)
+        self.backlogs[name] = effective
+        # A smaller backlog takes nothing back: the excess drains as the subscription acks.
+        self.excess[name] = len(self.engine.outstanding(name))
+        self.handed.setdefault(name, set())
+        self.check_effects()
+
+    @rule(name=st.sampled_from(SUBSCRIPTIONS), dice=st.integers(0, 2))
+    def disconnect(self, name: str, dice: int) -> None:
+        if dice:
+            return
+        held = {b for b, h in self.holders.items() if h == name}
+        self.engine.disconnect(name, self.now)
+        self.backlogs.pop(name, None)
+        self.handed.pop(name, None)
+        changes = self.check_effects()
+        ended = {c.bookmark for c in changes if isinstance(c, (Returned, Done))}
+        assert ended == held
+        for c in changes:
+            if isinstance(c, Returned):
+                assert c.reason is ReturnReason.DISCONNECT
+
+    @rule()
+    def dispatch(self) -> None:
+        self.engine.dispatch(self.now)
+        self.check_effects()
+        if self.engine.stats(self.now).available:
+            for name, backlog in self.backlogs.items():
+                assert len(self.engine.outstanding(name)) >= backlog, "a subscription was idle"
+
+    # -- acks --------------------------------------------------------------------------------
+
+    @rule(name=st.sampled_from(SUBSCRIPTIONS))
+    def ack_unregistered(self, name: str) -> None:
+        if name not in self.backlogs:
+            with pytest.raises(QueueError, match="not registered"):
+                self.engine.ack(name, [Bookmark(TOPIC, 0, 0)], AckOp.ACK, self.now)
+
+    @precondition(lambda self: self.backlogs)
+    @rule(
+        data=st.data(),
+        op=st.sampled_from(AckOp),
+        seconds=st.sampled_from([0.0, 2.0, 10.0]),
+        own=st.integers(0, 3),
+    )
+    def ack(self, data: st.DataObject, op: AckOp, seconds: float, own: int) -> None:
+        name = data.draw(st.sampled_from(sorted(self.backlogs)))
+        outstanding = self.engine.outstanding(name)
+        if own and outstanding:  # mostly ack what the subscription holds, as consumers do
+            candidates = list(outstanding)
+            bookmarks = data.draw(st.lists(st.sampled_from(candidates), min_size=1, max_size=3))
+        else:
+            candidates = list(outstanding)
+            candidates += [
+                Bookmark(TOPIC, p, o) for p in PARTITIONS for o in range(len(self.log[p]))
+            ]
+            candidates.append(Bookmark(TOPIC, 0, len(self.log[0]) + 2))
+            candidates.append(Bookmark("other", 0, 0))
+            bookmarks = data.draw(st.lists(st.sampled_from(candidates), min_size=1, max_size=3))
+        holders = dict(self.holders)
+        handed = set(self.handed[name])
+        outcomes = self.engine.ack(name, bookmarks, op, self.now, seconds)
+        assert [o.bookmark for o in outcomes] == bookmarks
+        accepted = set()
+        for outcome in outcomes:
+            b = outcome.bookmark
+            event(f"{self.config.leasing} {op} {outcome.error or 'accepted'}")
+            if outcome.error is not None:
+                assert self.alo or b not in handed, "at-most-once ack of a handed bookmark refused"
+                continue
+            accepted.add(b)
+            if not self.alo:
+                assert b in handed, "at-most-once ack of a bookmark not handed out"
+                handed.discard(b)
+                continue
+            if self.config.leasing is Leasing.STRICT and self.is_read(b):
+                assert holders.get(b) == name, f"strict leasing let {name} {op} {b}"
+            if op in (AckOp.CANCEL, AckOp.EXTEND):
+                assert b in holders, f"{op} of a message nobody holds"
+            if op is AckOp.EXTEND:
+                self.deadlines[b] = self.now + seconds
+            elif op is not AckOp.CANCEL:
+                holders.pop(b, None)
+        if not self.alo:
+            self.handed[name] = handed
+        changes = self.check_effects()
+        for c in changes:
+            if isinstance(c, (Returned, Done)):
+                assert c.bookmark in accepted, f"{c} for a bookmark whose ack was refused"
+                if isinstance(c, Done) and op is AckOp.ACK:
+                    assert c.reason is DoneReason.ACKED
+                if isinstance(c, Done) and op is AckOp.EXPIRE:
+                    assert c.reason is DoneReason.CONSUMER_EXPIRE
+            if isinstance(c, Leased):
+                raise AssertionError("an ack leased a message")
+
+    def is_read(self, b: Bookmark) -> bool:
+        return b.topic == TOPIC and b.offset < self.read_next[b.partition]
+
+    # -- time ------------------------------------------------------------------------------------
+
+    @rule(dt=st.sampled_from([0.0, 0.5, 1.0, 2.5, 7.0]))
+    def tick(self, dt: float) -> None:
+        self.now += dt
+        self.engine.tick(self.now)
+        for c in self.check_effects():
+            if isinstance(c, Returned):
+                assert c.reason is ReturnReason.TIMEOUT
+
+    # -- checks ----------------------------------------------------------------------------------
+
+    def check_effects(self) -> list:
+        effects = self.engine.drain()
+        for c in effects.changes:
+            b = getattr(c, "bookmark", None)
+            event(type(c).__name__ + (f" {c.reason}" if isinstance(c, (Done, Returned)) else ""))
+            if isinstance(c, Leased):
+                assert self.alo
+                assert b not in self.holders, f"{b} leased twice at once"
+                assert b not in self.done_ever
+                assert c.deliveries == self.deliveries.get(b, 0) + 1
+                assert c.holder in self.backlogs
+                assert c.deadline == self.now + self.config.lease_period
+                limit = self.config.max_deliveries
+                assert not limit or c.deliveries <= limit, "delivered beyond max_deliveries"
+                self.holders[b] = c.holder
+                self.deadlines[b] = c.deadline
+                self.deliveries[b] = c.deliveries
+                self.durable[b] = c
+            elif isinstance(c, Returned):
+                assert b in self.holders, f"{b} returned but not leased"
+                if c.reason is ReturnReason.TIMEOUT:
+                    assert self.deadlines[b] <= self.now, "timed out before its deadline"
+                del self.holders[b]
+                assert c.deliveries == self.deliveries[b]
+                for count, limit in (
+                    (c.deliveries, self.config.max_deliveries),
+                    (c.cancels, self.config.max_cancels),
+                ):
+                    assert not limit or count < limit, "returned at a limit instead of done"
+
+                self.durable[b] = c
+            elif isinstance(c, Done):
+                assert b not in self.done_ever, f"{b} done twice"
+                assert c.deliveries >= self.deliveries.get(b, 0)
+                if c.reason is DoneReason.DELIVERED:
+                    assert not self.alo
+                self.holders.pop(b, None)
+                self.done_ever.add(b)
+                self.deliveries[b] = c.deliveries
+                self.durable[b] = c
+            elif isinstance(c, LowWater):
+                p = c.partition.partition
+                assert c.offset > self.low[p], "the low-water mark went back (or stood still)"
+                self.low[p] = c.offset
+                for offset in range(c.offset):
+                    done = Bookmark(TOPIC, p, offset)
+                    assert self.log[p][offset][2] or done in self.done_ever, (
+                        f"low-water mark {c.offset} passed {done}, which is not done"
+                    )
+            elif isinstance(c, Forget):
+                assert b not in self.forgotten, f"{b} forgotten twice"
+                assert b in self.done_ever and b.offset < self.low[b.partition]
+                self.forgotten.add(b)
+                self.durable.pop(b, None)
+        for d in effects.deliveries:
+            assert d.subscription in self.backlogs
+            if self.alo:
+                assert self.holders[d.bookmark] == d.subscription
+                assert d.deadline == self.deadlines[d.bookmark]
+            else:
+                assert d.bookmark not in self.delivered_ever, f"{d.bookmark} delivered twice"
+                assert d.bookmark in self.done_ever, "at-most-once delivered before done"
+                assert d.deadline is None
+                self.delivered_ever.add(d.bookmark)
+                self.handed[d.subscription].add(d.bookmark)
+        for b in self.done_ever:
+            if b.offset < self.low[b.partition]:
+                assert b in self.forgotten, f"{b} is below the low-water mark but not forgotten"
+        return effects.changes
+
+    @invariant()
+    def state_is_consistent(self) -> None:
+        engine = self.engine
+        available = engine.available()
+        assert len(available) == len(set(available))
+        available_set = set(available)
+        leased = set(self.holders)
+        assert not available_set & leased
+        assert not available_set & self.done_ever
+        assert not leased & self.done_ever
+        for p in PARTITIONS:
+            for offset in range(self.read_next[p]):
+                b = Bookmark(TOPIC, p, offset)
+                if not self.log[p][offset][2]:
+                    assert b in available_set or b in leased or b in self.done_ever, f"{b} lost"
+        for b, holder in self.holders.items():
+            lease = engine.lease_of(b)
+            assert lease is not None and lease.subscription == holder
+            assert lease.deadline == self.deadlines[b]
+        stats = engine.stats(self.now)
+        assert stats.available == len(available_set)
+        assert stats.leased == len(leased)
+        assert stats.subscriptions == len(self.backlogs)
+        for name, backlog in self.backlogs.items():
+            outstanding = engine.outstanding(name)
+            self.excess[name] = min(self.excess[name], len(outstanding))
+            assert len(outstanding) <= max(backlog, self.excess[name])
+            if self.alo:
+                assert set(outstanding) == {b for b, h in self.holders.items() if h == name}
+            else:
+                assert set(outstanding) == self.handed[name]
+        if self.config.target_queue_depth:
+            active = len(available_set) + len(leased)
+            assert engine.room() == max(0, self.config.target_queue_depth - active)
+
+    @invariant()
+    def low_water_is_sound(self) -> None:
+        for p in PARTITIONS:
+            mark = self.engine.low_water(TopicPartition(TOPIC, p))
+            assert mark >= self.low[p]
+            for offset in range(mark):
+                assert self.log[p][offset][2] or Bookmark(TOPIC, p, offset) in self.done_ever
+
+
+EngineMachine.TestCase.settings = settings(
+    max_examples=500,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestEngineProperties = EngineMachine.TestCase
