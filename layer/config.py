@@ -1,0 +1,753 @@
+"""qlayer's configuration: one TOML file, validated once at load into frozen objects.
+
+The file has three parts::
+
+    [broker]                      # where Kafka is; omit bootstrap_servers for the embedded broker
+    bootstrap_servers = "kafka:9092"
+    [broker.kafka]                # librdkafka settings passed through verbatim (SASL, SSL...)
+    "security.protocol" = "SASL_SSL"
+    [coordinator]                 # the coordinator process: id, API address, state directory
+    listen = "0.0.0.0:7070"
+    [[queue]]                     # one table per queue, AMPS's queue options in snake_case
+    name = "orders"
+    underlying_topic = "orders"
+
+Precedence, lowest first: defaults, the file, the environment (``QLAYER_BOOTSTRAP_SERVERS``,
+``QLAYER_BROKER_PROFILE``, ``QLAYER_KAFKA_<KEY>``), then the CLI's overrides. Every error is a
+``ConfigError`` that names the file, the section or queue, the option and, for values that did not
+come from the file, the variable or flag they came from.
+
+Objects built directly (in tests, say) are not validated: build them through ``load``/``loads``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, TypeVar, cast
+
+from layer.durations import format_value, parse_duration
+from layer.engine.model import EngineSettings, Fairness, Leasing, Semantics
+from layer.exceptions import ConfigError, UnknownQueue
+
+__all__ = [
+    "BrokerConfig",
+    "BrokerProfile",
+    "Config",
+    "CoordinatorConfig",
+    "MessageType",
+    "QueueConfig",
+    "StartFrom",
+    "load",
+    "loads",
+]
+
+MAX_TOPIC_LENGTH = 249  # Kafka's limit on a topic name
+_TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
+_NAME_RULE = "1-200 characters of A-Z a-z 0-9 . _ -"
+_SECRET_HINTS = ("password", "secret", "key", "token")
+_MASK = "***"
+ENV_BOOTSTRAP = "QLAYER_BOOTSTRAP_SERVERS"
+ENV_PROFILE = "QLAYER_BROKER_PROFILE"
+ENV_KAFKA_PREFIX = "QLAYER_KAFKA_"
+# librdkafka keys that have a typed home here: two spellings of one setting would disagree.
+_OWNED_KAFKA_KEYS = {
+    "bootstrap.servers": "broker.bootstrap_servers",
+    "session.timeout.ms": "broker.session_timeout_ms",
+    "group.id": "coordinator.id",
+    "transactional.id": "coordinator.id",
+}
+_OVERRIDE_FLAGS = {"bootstrap": "--bootstrap", "listen": "--listen", "state_dir": "--state-dir"}
+_OVERRIDE_ALIASES = {"bootstrap_servers": "bootstrap"}
+
+_T = TypeVar("_T")
+_E = TypeVar("_E", bound=StrEnum)
+
+
+class BrokerProfile(StrEnum):
+    """Which broker's feature set to expect; ``auto`` finds out on connect."""
+
+    AUTO = "auto"
+    KAFKA = "kafka"
+    TANSU = "tansu"
+
+
+class MessageType(StrEnum):
+    JSON = "json"
+    AVRO = "avro"
+    BYTES = "bytes"
+
+
+class StartFrom(StrEnum):
+    """Where a queue starts reading a partition it has never seen."""
+
+    EARLIEST = "earliest"
+    LATEST = "latest"
+
+
+def _masked(key: str, value: str) -> str:
+    return _MASK if any(hint in key.lower() for hint in _SECRET_HINTS) else value
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    bootstrap_servers: str | None = None  # None = start the embedded broker
+    profile: BrokerProfile = BrokerProfile.AUTO
+    session_timeout_ms: int | None = None  # None = librdkafka's default
+    # librdkafka settings passed through verbatim, e.g. {"security.protocol": "SASL_SSL"}.
+    kafka: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kafka", MappingProxyType(dict(self.kafka)))
+
+    def __repr__(self) -> str:
+        kafka = {key: _masked(key, value) for key, value in self.kafka.items()}
+        return (
+            f"BrokerConfig(bootstrap_servers={self.bootstrap_servers!r}, "
+            f"profile={str(self.profile)!r}, session_timeout_ms={self.session_timeout_ms!r}, "
+            f"kafka={kafka!r})"
+        )
+
+    @property
+    def embedded(self) -> bool:
+        return self.bootstrap_servers is None
+
+    def client_settings(
+        self, bootstrap_servers: str | None = None, *, consumer: bool = False
+    ) -> dict[str, str]:
+        """librdkafka settings for a client: the pass-through ones plus the typed ones.
+
+        ``bootstrap_servers`` is the embedded broker's address when the config has none.
+        ``consumer`` adds consumer-only settings (librdkafka warns when a producer gets them).
+        """
+        servers = bootstrap_servers or self.bootstrap_servers
+        if servers is None:
+            raise ConfigError("no bootstrap servers: the embedded broker's address is needed")
+        settings = dict(self.kafka)
+        settings["bootstrap.servers"] = servers
+        if consumer and self.session_timeout_ms is not None:
+            settings["session.timeout.ms"] = str(self.session_timeout_ms)
+        return settings
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorConfig:
+    id: str = "qlayer"  # names the transactional id and the changelog topics
+    listen: str = "127.0.0.1:7070"  # host:port of the API; port 0 = any free port
+    state_dir: Path = Path(".qlayer/state")  # load() makes it absolute
+    commit_interval: float = 0.005  # seconds: the group commit window
+    changelog_topic_prefix: str = "qlayer.changelog."
+    auth_token: str | None = None
+    topic_refresh_interval: float = 5.0  # seconds between looks for new topics matching a regex
+
+    def __repr__(self) -> str:
+        token = None if self.auth_token is None else _MASK
+        return (
+            f"CoordinatorConfig(id={self.id!r}, listen={self.listen!r}, "
+            f"state_dir={self.state_dir!r}, commit_interval={self.commit_interval!r}, "
+            f"changelog_topic_prefix={self.changelog_topic_prefix!r}, auth_token={token!r}, "
+            f"topic_refresh_interval={self.topic_refresh_interval!r})"
+        )
+
+    @property
+    def listen_host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]")
+
+    @property
+    def listen_port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+    def changelog_topic(self, queue_name: str) -> str:
+        return f"{self.changelog_topic_prefix}{self.id}.{queue_name}"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    name: str
+    underlying_topic: str  # a topic name, or a regex when it starts with "^" (Kafka's convention)
+    message_type: MessageType = MessageType.JSON
+    semantics: Semantics = Semantics.AT_LEAST_ONCE
+    lease_period: float = 60.0
+    max_per_subscription_backlog: int = 10_000
+    # Left out, it is AMPS's default for the semantics (set in __post_init__, hence the cast).
+    fairness: Fairness = cast(Fairness, None)
+    priority: str | None = None  # a JSON path such as "/priority"; highest first
+    barrier: str | None = None  # recognised, not supported yet (load rejects it)
+    filter: str | None = None  # recognised, not supported yet (load rejects it)
+    target_queue_depth: int = 0  # 0 = unlimited
+    max_deliveries: int = 0  # 0 = unlimited
+    max_cancels: int = 0  # 0 = unlimited
+    expiration: float | None = None  # seconds in the queue; None = never
+    dead_letter_topic: str | None = None
+    default_publish_target: str | None = None
+    leasing: Leasing = Leasing.STRICT
+    start_from: StartFrom = StartFrom.EARLIEST
+    avro_schema: Path | None = None  # only for message_type avro
+
+    def __post_init__(self) -> None:
+        if self.fairness is None:
+            at_most_once = self.semantics == Semantics.AT_MOST_ONCE
+            default = Fairness.ROUND_ROBIN if at_most_once else Fairness.PROPORTIONAL
+            object.__setattr__(self, "fairness", default)
+
+    @property
+    def topic_is_regex(self) -> bool:
+        return self.underlying_topic.startswith("^")
+
+    def matches(self, topic: str) -> bool:
+        """Whether ``topic`` is one of this queue's underlying topics."""
+        if self.topic_is_regex:
+            return re.search(self.underlying_topic, topic) is not None
+        return topic == self.underlying_topic
+
+    @property
+    def publish_target(self) -> str:
+        """The topic a publish through this queue writes to.
+
+        A queue over a regex has no single topic: without ``default_publish_target`` it can be
+        consumed but not published to, and asking for its target raises ``ConfigError``.
+        """
+        if self.default_publish_target is not None:
+            return self.default_publish_target
+        if self.topic_is_regex:
+            raise ConfigError(
+                f"queue {self.name!r} cannot be published to: its underlying_topic "
+                f"{self.underlying_topic!r} is a regex and it has no default_publish_target"
+            )
+        return self.underlying_topic
+
+    def engine_settings(self) -> EngineSettings:
+        return EngineSettings(
+            semantics=self.semantics,
+            lease_period=self.lease_period,
+            max_per_subscription_backlog=self.max_per_subscription_backlog,
+            fairness=self.fairness,
+            leasing=self.leasing,
+            max_deliveries=self.max_deliveries,
+            max_cancels=self.max_cancels,
+            expiration=self.expiration,
+            target_queue_depth=self.target_queue_depth,
+            priority=self.priority is not None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    source: str  # the file's path, or "<string>"
+    broker: BrokerConfig = field(default_factory=BrokerConfig)
+    coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
+    queues: tuple[QueueConfig, ...] = ()
+
+    def queue(self, name: str) -> QueueConfig:
+        for queue in self.queues:
+            if queue.name == name:
+                return queue
+        known = ", ".join(repr(q.name) for q in self.queues) or "none"
+        raise UnknownQueue(f"queue {name!r} is not configured in {self.source} (queues: {known})")
+
+    def with_overrides(
+        self,
+        *,
+        bootstrap: str | None = None,
+        listen: str | None = None,
+        state_dir: str | os.PathLike[str] | None = None,
+    ) -> Config:
+        """This config with the CLI's flags applied (None leaves a setting as it is)."""
+        given = {"bootstrap": bootstrap, "listen": listen, "state_dir": state_dir}
+        overrides = {key: value for key, value in given.items() if value is not None}
+        broker = _Section(self.source, "[broker]", {}, {"bootstrap_servers": "--bootstrap"})
+        coordinator = _Section(
+            self.source, "[coordinator]", {}, {"listen": "--listen", "state_dir": "--state-dir"}
+        )
+        config = self
+        if "bootstrap" in overrides:
+            value = broker.convert("bootstrap_servers", overrides["bootstrap"], _bootstrap)
+            config = replace(config, broker=replace(config.broker, bootstrap_servers=value))
+        changes: dict[str, Any] = {}
+        if "listen" in overrides:
+            changes["listen"] = coordinator.convert("listen", overrides["listen"], _listen)
+        if "state_dir" in overrides:
+            changes["state_dir"] = coordinator.convert(
+                "state_dir", overrides["state_dir"], _path(Path.cwd())
+            )
+        return replace(config, coordinator=replace(config.coordinator, **changes))
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------
+
+
+def load(
+    path: str | os.PathLike[str],
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, object] | None = None,
+) -> Config:
+    """Read and validate a config file. ``env`` defaults to ``os.environ``; ``overrides`` are the
+    CLI's flags, which win over file and environment: ``bootstrap`` (or ``bootstrap_servers``),
+    ``listen``, ``state_dir`` (relative to the current directory); None values are ignored."""
+    path = Path(path)
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: no such config file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source}: not UTF-8 text ({exc.reason})") from exc
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read the config file: {exc.strerror}") from exc
+    return _build(text, source, path.resolve().parent, env, overrides)
+
+
+def loads(
+    text: str,
+    source: str = "<string>",
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, object] | None = None,
+) -> Config:
+    """Like ``load`` for text; relative paths in it are taken from the current directory."""
+    return _build(text, source, Path.cwd(), env, overrides)
+
+
+def _build(
+    text: str,
+    source: str,
+    base_dir: Path,
+    env: Mapping[str, str] | None,
+    overrides: Mapping[str, object] | None,
+) -> Config:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise _toml_error(source, text, exc) from None
+    env = os.environ if env is None else env
+    overrides = {
+        _OVERRIDE_ALIASES.get(key, key): value
+        for key, value in (overrides or {}).items()
+        if value is not None
+    }
+    for key in overrides:
+        if key not in _OVERRIDE_FLAGS:
+            raise ConfigError(f"unknown override {key!r} (known: {', '.join(_OVERRIDE_FLAGS)})")
+
+    top = _Section(source, "", data, {})
+    for key, value in data.items():
+        if key not in ("broker", "coordinator", "queue"):
+            kind = "table" if isinstance(value, dict | list) else "option"
+            raise top.error(None, f"unknown {kind} {key!r}{_suggest(key, _TOP_LEVEL)}")
+    broker = _broker(top.table("broker", "[broker]"), env, overrides)
+    coordinator = _coordinator(top.table("coordinator", "[coordinator]"), base_dir, overrides)
+
+    queues_raw = data.get("queue", [])
+    if not isinstance(queues_raw, list) or not all(isinstance(q, dict) for q in queues_raw):
+        raise top.error(None, "'queue' must be an array of tables: write [[queue]] for each queue")
+    queues: list[QueueConfig] = []
+    first_index: dict[str, int] = {}
+    for index, raw in enumerate(queues_raw, start=1):
+        queue = _queue(raw, index, source, base_dir, coordinator)
+        if queue.name in first_index:
+            label = f"queue {queue.name!r} (#{index})"
+            raise ConfigError(
+                f"{source}: {label}: duplicate queue name: queue #{first_index[queue.name]} "
+                f"is also named {queue.name!r}"
+            )
+        first_index[queue.name] = index
+        queues.append(queue)
+    return Config(source=source, broker=broker, coordinator=coordinator, queues=tuple(queues))
+
+
+_TOP_LEVEL = ("broker", "coordinator", "queue")
+
+
+def _toml_error(source: str, document: str, exc: tomllib.TOMLDecodeError) -> ConfigError:
+    # The one place that reads tomllib's message: Python < 3.14 has the position only in it.
+    text = str(exc)
+    line, column = getattr(exc, "lineno", None), getattr(exc, "colno", None)
+    if (match := re.search(r"\s*\(at line (\d+), column (\d+)\)$", text)) is not None:
+        line, column, text = int(match[1]), int(match[2]), text[: match.start()]
+    elif (match := re.search(r"\s*\(at end of document\)$", text)) is not None:
+        lines = document.split("\n")
+        line, column, text = len(lines), len(lines[-1]) + 1, text[: match.start()]
+    where = f"line {line}, column {column}: " if line is not None else ""
+    return ConfigError(f"{source}: {where}invalid TOML: {text}")
+
+
+class _Section:
+    """One table of the file being validated: its values, where overridden ones came from, and
+    the errors that name file, section and option."""
+
+    def __init__(
+        self, source: str, label: str, values: dict[str, Any], origins: dict[str, str]
+    ) -> None:
+        self.source, self.label, self.values, self.origins = source, label, values, origins
+
+    def error(self, option: str | None, problem: str) -> ConfigError:
+        parts = [self.source] + ([self.label] if self.label else [])
+        if option is not None:
+            origin = self.origins.get(option)
+            parts.append(f"option {option!r}" + (f" (from {origin})" if origin else ""))
+        # "option 'x' is required" reads as a sentence; other problems follow a colon.
+        separator = " " if problem.startswith("is ") else ": "
+        return ConfigError(": ".join(parts) + separator + problem)
+
+    def table(self, key: str, label: str) -> _Section:
+        value = self.values.get(key, {})
+        if not isinstance(value, dict):
+            raise self.error(None, f"{key!r} must be a table: write {label}")
+        return _Section(self.source, label, dict(value), {})
+
+    def check_keys(self, known: tuple[str, ...], pending: tuple[str, ...] = ()) -> None:
+        for key in self.values:
+            if key in pending:
+                raise self.error(key, "is not supported yet")
+            if key not in known:
+                raise self.error(None, f"unknown option {key!r}{_suggest(key, known + pending)}")
+
+    def convert(self, option: str, value: object, convert: Callable[[object], _T]) -> _T:
+        try:
+            return convert(value)
+        except ValueError as exc:
+            raise self.error(option, str(exc)) from None
+
+    def get(self, option: str, default: _T, convert: Callable[[object], _T]) -> _T:
+        if option not in self.values:
+            return default
+        return self.convert(option, self.values[option], convert)
+
+
+def _suggest(key: str, known: tuple[str, ...]) -> str:
+    # AMPS users write LeasePeriod: map CamelCase before guessing at typos.
+    snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key).lower().replace("-", "_")
+    guesses = [snake] if snake in known else difflib.get_close_matches(key, known, n=1)
+    return f" (did you mean {guesses[0]!r}?)" if guesses else ""
+
+
+# Converters: value as read -> typed value, or ValueError saying what was expected.
+
+
+def _string(value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {format_value(value)}")
+    if not value.strip():
+        raise ValueError("expected a non-empty string")
+    return value
+
+
+def _name(value: object) -> str:
+    if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
+        raise ValueError(f"expected {_NAME_RULE}, got {format_value(value)}")
+    return value
+
+
+def _topic(value: object) -> str:
+    if not isinstance(value, str) or not _TOPIC_RE.fullmatch(value) or value in (".", ".."):
+        raise ValueError(
+            f"expected a Kafka topic name (1-249 characters of A-Z a-z 0-9 . _ -), "
+            f"got {format_value(value)}"
+        )
+    return value
+
+
+def _topic_or_regex(value: object) -> str:
+    if isinstance(value, str) and value.startswith("^"):
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"invalid regular expression {format_value(value)}: {exc}") from None
+        return value
+    return _topic(value)
+
+
+def _choice(enum: type[_E]) -> Callable[[object], _E]:
+    def convert(value: object) -> _E:
+        for member in enum:
+            if value == member.value:
+                return member
+        choices = ", ".join(format_value(member.value) for member in enum)
+        raise ValueError(f"expected one of {choices}, got {format_value(value)}")
+
+    return convert
+
+
+def _integer(minimum: int, maximum: int | None = None) -> Callable[[object], int]:
+    def convert(value: object) -> int:
+        if (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and value >= minimum
+            and (maximum is None or value <= maximum)
+        ):
+            return value
+        bound = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+        raise ValueError(f"expected an integer {bound}, got {format_value(value)}")
+
+    return convert
+
+
+def _duration(*, allow_zero: bool) -> Callable[[object], float]:
+    def convert(value: object) -> float:
+        seconds = parse_duration(value)
+        if seconds < 0 or (seconds == 0 and not allow_zero):
+            bound = ">= 0" if allow_zero else "> 0"
+            raise ValueError(f"expected a duration {bound}, got {format_value(value)}")
+        return seconds
+
+    return convert
+
+
+def _path(base_dir: Path) -> Callable[[object], Path]:
+    def convert(value: object) -> Path:
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        path = Path(_string(value)).expanduser()
+        return path if path.is_absolute() else base_dir / path
+
+    return convert
+
+
+def _bootstrap(value: object) -> str:
+    servers = [server.strip() for server in _string(value).split(",")]
+    if not all(servers):
+        raise ValueError(f"expected host:port[,host:port...], got {format_value(value)}")
+    return ",".join(servers)
+
+
+def _listen(value: object) -> str:
+    host, colon, port = _string(value).rpartition(":")
+    if not colon or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"expected host:port (port 0-65535), got {format_value(value)}")
+    return cast(str, value)
+
+
+def _prefix(value: object) -> str:
+    if not isinstance(value, str) or (value and not _TOPIC_RE.fullmatch(value)):
+        raise ValueError(f"expected characters of A-Z a-z 0-9 . _ -, got {format_value(value)}")
+    return value
+
+
+def _json_path(value: object) -> str:
+    text = _string(value)
+    # Whitespace is refused to catch AMPS expressions such as "/price * /qty".
+    if not text.startswith("/") or "" in text[1:].split("/") or re.search(r"\s", text):
+        raise ValueError(
+            f'expected a JSON path like "/priority" or "/order/rank" (expressions are not '
+            f"supported yet), got {format_value(value)}"
+        )
+    return text
+
+
+def _kafka_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | int | float):
+        return str(value)
+    raise ValueError(f"expected a string, number or boolean, got {format_value(value)}")
+
+
+def _flatten(section: _Section, values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """TOML reads ``sasl.username = "x"`` as nested tables; librdkafka wants the dotted key."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        nested = _flatten(section, value, f"{prefix}{key}.") if isinstance(value, dict) else {}
+        for full_key, item in nested.items() or [(f"{prefix}{key}", value)]:
+            if full_key in flat:
+                raise section.error(full_key, "is set twice (once as a quoted key)")
+            flat[full_key] = item
+    return flat
+
+
+# Sections.
+
+_BROKER_KEYS = ("bootstrap_servers", "profile", "session_timeout_ms", "kafka")
+_COORDINATOR_KEYS = (
+    "id",
+    "listen",
+    "state_dir",
+    "commit_interval",
+    "changelog_topic_prefix",
+    "auth_token",
+    "topic_refresh_interval",
+)
+
+
+def _broker(
+    section: _Section, env: Mapping[str, str], overrides: Mapping[str, object]
+) -> BrokerConfig:
+    section.check_keys(_BROKER_KEYS)
+    kafka_section = section.table("kafka", "[broker.kafka]")
+    kafka_section.values = _flatten(kafka_section, kafka_section.values)
+    for name, value in env.items():
+        if name.startswith(ENV_KAFKA_PREFIX) and name != ENV_KAFKA_PREFIX and value != "":
+            key = name[len(ENV_KAFKA_PREFIX) :].lower().replace("_", ".")
+            kafka_section.values[key] = value
+            kafka_section.origins[key] = name
+    for option, variable in (("bootstrap_servers", ENV_BOOTSTRAP), ("profile", ENV_PROFILE)):
+        if env.get(variable, "") != "":
+            section.values[option], section.origins[option] = env[variable], variable
+    if "bootstrap" in overrides:
+        section.values["bootstrap_servers"] = overrides["bootstrap"]
+        section.origins["bootstrap_servers"] = _OVERRIDE_FLAGS["bootstrap"]
+
+    kafka: dict[str, str] = {}
+    for key, value in kafka_section.values.items():
+        if key in _OWNED_KAFKA_KEYS:
+            raise kafka_section.error(key, f"set it as {_OWNED_KAFKA_KEYS[key]} instead")
+        kafka[key] = kafka_section.convert(key, value, _kafka_value)
+
+    bootstrap = section.get("bootstrap_servers", None, _bootstrap)
+    profile = section.get("profile", BrokerProfile.AUTO, _choice(BrokerProfile))
+    if bootstrap is None and profile == BrokerProfile.KAFKA:
+        raise section.error(
+            "profile", f"the embedded broker is Tansu: set bootstrap_servers (or {ENV_BOOTSTRAP})"
+        )
+    return BrokerConfig(
+        bootstrap_servers=bootstrap,
+        profile=profile,
+        session_timeout_ms=section.get("session_timeout_ms", None, _integer(1)),
+        kafka=kafka,
+    )
+
+
+def _coordinator(
+    section: _Section, base_dir: Path, overrides: Mapping[str, object]
+) -> CoordinatorConfig:
+    section.check_keys(_COORDINATOR_KEYS)
+    default = CoordinatorConfig()
+    state_dir_base = base_dir
+    for option in ("listen", "state_dir"):
+        if option in overrides:
+            section.values[option] = overrides[option]
+            section.origins[option] = _OVERRIDE_FLAGS[option]
+    if "state_dir" in overrides:
+        state_dir_base = Path.cwd()  # a flag's relative path means the shell's directory
+    return CoordinatorConfig(
+        id=section.get("id", default.id, _name),
+        listen=section.get("listen", default.listen, _listen),
+        state_dir=section.get("state_dir", base_dir / default.state_dir, _path(state_dir_base)),
+        commit_interval=section.get(
+            "commit_interval", default.commit_interval, _duration(allow_zero=True)
+        ),
+        changelog_topic_prefix=section.get(
+            "changelog_topic_prefix", default.changelog_topic_prefix, _prefix
+        ),
+        auth_token=section.get("auth_token", None, _string),
+        topic_refresh_interval=section.get(
+            "topic_refresh_interval", default.topic_refresh_interval, _duration(allow_zero=False)
+        ),
+    )
+
+
+_QUEUE_KEYS = (
+    "name",
+    "underlying_topic",
+    "message_type",
+    "semantics",
+    "lease_period",
+    "max_per_subscription_backlog",
+    "fairness",
+    "priority",
+    "target_queue_depth",
+    "max_deliveries",
+    "max_cancels",
+    "expiration",
+    "dead_letter_topic",
+    "default_publish_target",
+    "leasing",
+    "start_from",
+    "avro_schema",
+)
+_QUEUE_PENDING = ("barrier", "filter")  # AMPS options whose implementation comes later
+
+
+def _queue(
+    raw: dict[str, Any], index: int, source: str, base_dir: Path, coordinator: CoordinatorConfig
+) -> QueueConfig:
+    name = raw.get("name")
+    named = isinstance(name, str) and _NAME_RE.fullmatch(name) is not None
+    section = _Section(source, f"queue {name!r}" if named else f"queue #{index}", raw, {})
+    if "name" not in raw:
+        raise section.error("name", "is required")
+    name = section.get("name", "", _name)
+    section.check_keys(_QUEUE_KEYS, _QUEUE_PENDING)
+    if "underlying_topic" not in raw:
+        raise section.error("underlying_topic", "is required")
+
+    semantics = section.get("semantics", Semantics.AT_LEAST_ONCE, _choice(Semantics))
+    at_most_once = semantics == Semantics.AT_MOST_ONCE
+    fairness = section.get(
+        "fairness",
+        Fairness.ROUND_ROBIN if at_most_once else Fairness.PROPORTIONAL,
+        _choice(Fairness),
+    )
+    if at_most_once and fairness != Fairness.ROUND_ROBIN:
+        raise section.error(
+            "fairness",
+            f'at-most-once queues allow only "round-robin" (as AMPS does), '
+            f"got {format_value(fairness.value)}",
+        )
+    queue = QueueConfig(
+        name=name,
+        underlying_topic=section.get("underlying_topic", "", _topic_or_regex),
+        message_type=section.get("message_type", MessageType.JSON, _choice(MessageType)),
+        semantics=semantics,
+        lease_period=section.get("lease_period", 60.0, _duration(allow_zero=False)),
+        max_per_subscription_backlog=section.get(
+            "max_per_subscription_backlog", 10_000, _integer(1)
+        ),
+        fairness=fairness,
+        priority=section.get("priority", None, _json_path),
+        target_queue_depth=section.get("target_queue_depth", 0, _integer(0)),
+        max_deliveries=section.get("max_deliveries", 0, _integer(0)),
+        max_cancels=section.get("max_cancels", 0, _integer(0)),
+        expiration=section.get("expiration", None, _duration(allow_zero=False)),
+        dead_letter_topic=section.get("dead_letter_topic", None, _topic),
+        default_publish_target=section.get("default_publish_target", None, _topic),
+        leasing=section.get("leasing", Leasing.STRICT, _choice(Leasing)),
+        start_from=section.get("start_from", StartFrom.EARLIEST, _choice(StartFrom)),
+        avro_schema=section.get("avro_schema", None, _path(base_dir)),
+    )
+    _check_queue(queue, section, coordinator)
+    return queue
+
+
+def _check_queue(queue: QueueConfig, section: _Section, coordinator: CoordinatorConfig) -> None:
+    """The rules that relate options to each other."""
+    if queue.target_queue_depth and queue.priority is not None:
+        raise section.error(
+            "target_queue_depth", "cannot be combined with 'priority' (as AMPS does)"
+        )
+    if queue.priority is not None and queue.message_type == MessageType.BYTES:
+        raise section.error("priority", 'needs message_type "json" or "avro" to read a field')
+    if queue.avro_schema is not None:
+        if queue.message_type != MessageType.AVRO:
+            raise section.error("avro_schema", 'is only for message_type "avro"')
+        if not queue.avro_schema.is_file():
+            raise section.error("avro_schema", f"no such file: {queue.avro_schema}")
+    target = queue.default_publish_target
+    if target is not None and not queue.matches(target):
+        raise section.error(
+            "default_publish_target",
+            f"{target!r} is not one of the queue's topics ({queue.underlying_topic!r}): "
+            "what is published would never reach the queue",
+        )
+    dead = queue.dead_letter_topic
+    if dead is not None and queue.matches(dead):
+        raise section.error(
+            "dead_letter_topic",
+            f"{dead!r} is one of the queue's own topics: dead letters would come back to it",
+        )
+    changelog = coordinator.changelog_topic(queue.name)
+    if len(changelog) > MAX_TOPIC_LENGTH:
+        raise section.error(
+            "name",
+            f"its changelog topic {changelog!r} would be longer than Kafka's "
+            f"{MAX_TOPIC_LENGTH} characters: shorten the name or the coordinator's id",
+        )

@@ -1,0 +1,155 @@
+"""docker-compose.yml and deploy/ agree with each other and with the config loader.
+
+No Docker engine runs here: these checks read the files, so a wrong port, a missing mount or a
+config the coordinator would refuse fails in CI instead of on a user's machine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from layer.config import Config, load
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+@pytest.fixture(scope="module")
+def kafka(compose: dict[str, Any]) -> dict[str, Any]:
+    service: dict[str, Any] = compose["services"]["kafka"]
+    return service
+
+
+@pytest.fixture(scope="module")
+def coordinator(compose: dict[str, Any]) -> dict[str, Any]:
+    service: dict[str, Any] = compose["services"]["coordinator"]
+    return service
+
+
+def environment(service: dict[str, Any]) -> dict[str, str]:
+    """A service's environment as a dict, whichever of compose's two spellings it uses."""
+    env = service.get("environment", {})
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {str(key): str(value) for key, value in env.items()}
+
+
+def mounts(service: dict[str, Any]) -> dict[str, str]:
+    """Container path -> host path or volume name, from the short volume syntax."""
+    result = {}
+    for volume in service.get("volumes", []):
+        source, target, *_ = volume.split(":")
+        result[target] = source
+    return result
+
+
+def published_ports(service: dict[str, Any]) -> dict[int, int]:
+    """Container port -> host port."""
+    result = {}
+    for port in service.get("ports", []):
+        host, _, container = str(port).rpartition(":")
+        result[int(container)] = int(host or container)
+    return result
+
+
+def listeners(value: str) -> dict[str, str]:
+    """'PLAINTEXT://kafka:9092,EXTERNAL://localhost:29092' -> {'PLAINTEXT': 'kafka:9092', ...}."""
+    return dict(item.split("://", 1) for item in value.split(","))  # type: ignore[misc]
+
+
+@pytest.fixture(scope="module")
+def config_path(coordinator: dict[str, Any]) -> Path:
+    command = coordinator["command"]
+    assert command[:2] == ["qlayer", "coordinator"]
+    container_path = command[command.index("--config") + 1]
+    host_path = mounts(coordinator)[container_path]
+    path = (ROOT / host_path).resolve()
+    assert path.is_relative_to(ROOT / "deploy"), "the coordinator's config lives in deploy/"
+    return path
+
+
+@pytest.fixture(scope="module")
+def config(config_path: Path, coordinator: dict[str, Any]) -> Config:
+    # Loaded as the coordinator would: with the service's environment and no CLI flags.
+    return load(config_path, env=environment(coordinator))
+
+
+def test_images_are_pinned(compose: dict[str, Any]):
+    for name, service in compose["services"].items():
+        if "image" in service:
+            image = service["image"]
+            assert ":" in image and not image.endswith(":latest"), f"{name}: pin {image}"
+    assert compose["services"]["kafka"]["image"] == "apache/kafka:4.1.0"
+
+
+def test_kafka_runs_kraft_single_node(kafka: dict[str, Any]):
+    env = environment(kafka)
+    assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
+    node_id = env["KAFKA_NODE_ID"]
+    assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == f"{node_id}@kafka:9093"
+    assert listeners(env["KAFKA_LISTENERS"])["CONTROLLER"] == ":9093"
+    assert listeners(env["KAFKA_LISTENERS"])["PLAINTEXT"] == ":9092"
+    assert env["KAFKA_CONTROLLER_LISTENER_NAMES"] == "CONTROLLER"
+    # One broker: the internal topics cannot be replicated more than once.
+    for key in (
+        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR",
+        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR",
+        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR",
+    ):
+        assert env[key] == "1", key
+
+
+def test_kafka_has_a_healthcheck_the_coordinator_waits_for(
+    kafka: dict[str, Any], coordinator: dict[str, Any]
+):
+    test = " ".join(kafka["healthcheck"]["test"])
+    assert "/opt/kafka/bin/kafka-broker-api-versions.sh" in test
+    assert coordinator["depends_on"]["kafka"]["condition"] == "service_healthy"
+
+
+def test_coordinator_bootstrap_is_kafkas_advertised_listener(
+    kafka: dict[str, Any], coordinator: dict[str, Any], config: Config
+):
+    advertised = listeners(environment(kafka)["KAFKA_ADVERTISED_LISTENERS"])["PLAINTEXT"]
+    assert environment(coordinator)["QLAYER_BOOTSTRAP_SERVERS"] == advertised == "kafka:9092"
+    assert config.broker.bootstrap_servers == advertised
+
+
+def test_coordinator_is_built_from_deploy_dockerfile(coordinator: dict[str, Any]):
+    build = coordinator["build"]
+    dockerfile = ROOT / build["context"] / build["dockerfile"]
+    assert dockerfile == ROOT / "deploy" / "Dockerfile"
+    text = dockerfile.read_text()
+    assert text.startswith("#") and "FROM python:3.11-slim" in text
+    assert "pip install /src" in text
+
+
+def test_sample_config_loads_and_serves_the_published_port(
+    config: Config, coordinator: dict[str, Any]
+):
+    assert config.coordinator.listen_host == "0.0.0.0"  # reachable from outside the container
+    assert config.coordinator.listen_port in published_ports(coordinator)
+    assert config.broker.session_timeout_ms == 6000
+    orders = config.queue("orders")
+    assert orders.underlying_topic == "orders"
+    assert orders.dead_letter_topic == "orders.dead-letters"
+
+
+def test_state_dir_is_a_named_volume(
+    compose: dict[str, Any], coordinator: dict[str, Any], config: Config
+):
+    state_dir = str(config.coordinator.state_dir)
+    assert state_dir == "/var/lib/qlayer"
+    volume = mounts(coordinator)[state_dir]
+    assert volume in compose["volumes"], "the state dir is a named volume, not a bind mount"
