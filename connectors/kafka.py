@@ -1,0 +1,326 @@
+"""librdkafka settings and per-broker differences, in one place.
+
+Every Kafka client qlayer creates gets its configuration from the functions here, and everything
+that differs between the embedded Tansu broker and Apache Kafka is a field of
+:class:`BrokerProfile`.
+Code elsewhere asks the profile ("can this broker compact?"), never the broker's name.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions
+
+from layer.exceptions import BrokerError, ConfigError
+
+logger = logging.getLogger(__name__)
+
+ProfileHint = Literal["auto", "tansu", "kafka"]
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerProfile:
+    """What a broker kind needs from its clients and what it can do.
+
+    ``session_timeout_ms``: Tansu holds a JoinGroup for ``session.timeout.ms / 2`` before it
+    answers, so a short session keeps group joins quick there; Apache Kafka refuses sessions below
+    ``group.min.session.timeout.ms`` (6000 by default).
+    The capability flags are pinned by ``tests/integration/test_broker_gaps.py``.
+    """
+
+    name: Literal["tansu", "kafka"]
+    session_timeout_ms: int
+    #: ``cleanup.policy=compact`` is applied (Tansu accepts the setting and never compacts).
+    compaction: bool
+    #: ListOffsets(latest) returns the high watermark (Tansu: last batch's base offset + 1).
+    list_offsets_reliable: bool
+    #: ListOffsets by timestamp finds the first record at or after it (Tansu answers 0).
+    offsets_for_times: bool
+    #: DeleteRecords works (on Tansu it kills the connection's broker task).
+    delete_records: bool
+    #: CreatePartitions exists (Tansu does not advertise the API).
+    create_partitions: bool
+    #: read_committed consumers skip records of aborted transactions. Tansu's fetch responses
+    #: list no aborted transactions, so librdkafka hands them over (it logs "received abort txn
+    #: ctrl msg ... but there are no known aborted transactions: ignoring"). Open transactions
+    #: are still held back there (the last stable offset works).
+    read_committed_hides_aborted: bool
+
+    @property
+    def heartbeat_interval_ms(self) -> int:
+        # librdkafka requires heartbeat.interval.ms < session.timeout.ms; a third is Kafka's ratio.
+        return max(100, self.session_timeout_ms // 3)
+
+
+TANSU = BrokerProfile(
+    name="tansu",
+    session_timeout_ms=2000,
+    compaction=False,
+    list_offsets_reliable=False,
+    offsets_for_times=False,
+    delete_records=False,
+    create_partitions=False,
+    read_committed_hides_aborted=False,
+)
+
+KAFKA = BrokerProfile(
+    name="kafka",
+    session_timeout_ms=6000,
+    compaction=True,
+    list_offsets_reliable=True,
+    offsets_for_times=True,
+    delete_records=True,
+    create_partitions=True,
+    read_committed_hides_aborted=True,
+)
+
+PROFILES: Mapping[str, BrokerProfile] = {TANSU.name: TANSU, KAFKA.name: KAFKA}
+
+# Tansu's default cluster id (its --cluster-id flag). Apache Kafka's cluster id is always a
+# base64url-encoded 16-byte UUID (22 characters), so it can never be this string.
+_TANSU_DEFAULT_CLUSTER_ID = "tansu_cluster"
+
+
+def detect_profile(
+    bootstrap_servers: str,
+    kafka_settings: Mapping[str, str] | None = None,
+    hint: ProfileHint | str = "auto",
+    *,
+    timeout: float = 10.0,
+) -> BrokerProfile:
+    """The profile of the broker at ``bootstrap_servers``; ``hint`` "tansu"/"kafka" wins.
+
+    With ``hint="auto"`` the broker is asked, using two signals Apache Kafka never gives:
+
+    1. It does not advertise CreatePartitions (Kafka API key 37) in its ApiVersions response.
+       Apache Kafka has advertised it since 1.0 (KIP-195), as do Redpanda and other Kafka-compatible
+       brokers that behave like Kafka. librdkafka answers a CreatePartitions call locally with
+       ``_UNSUPPORTED_FEATURE`` when the broker did not advertise the API, so the probe (with
+       ``validate_only`` on a topic that does not exist) never changes anything on any broker.
+    2. Its cluster id is Tansu's default ``tansu_cluster`` (not a base64 UUID as Kafka's always is).
+       This keeps the detection right should a later Tansu implement CreatePartitions.
+
+    Anything else is taken for Apache Kafka, the safe default: its profile only assumes what
+    Kafka guarantees. An unreachable broker raises :class:`BrokerError`.
+    """
+    if hint != "auto":
+        try:
+            return PROFILES[hint]
+        except KeyError:
+            raise ConfigError(
+                f"unknown broker kind {hint!r}: expected one of auto, {', '.join(sorted(PROFILES))}"
+            ) from None
+    admin = AdminClient(admin_settings(client_settings(bootstrap_servers, kafka_settings or {})))
+    try:
+        metadata = admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise BrokerError(
+            f"cannot reach the broker at {bootstrap_servers} to detect its kind: {exc}"
+        ) from exc
+    if metadata.cluster_id == _TANSU_DEFAULT_CLUSTER_ID:
+        logger.debug("broker profile=tansu signal=cluster_id bootstrap=%s", bootstrap_servers)
+        return TANSU
+    probe = NewPartitions(f"qlayer-profile-probe-{uuid.uuid4().hex}", 2)
+    future = admin.create_partitions([probe], validate_only=True, request_timeout=timeout)[
+        probe.topic
+    ]
+    try:
+        future.result(timeout=timeout + 5)
+    except KafkaException as exc:
+        code = exc.args[0].code() if exc.args and isinstance(exc.args[0], KafkaError) else None
+        if code == KafkaError._UNSUPPORTED_FEATURE:
+            logger.debug(
+                "broker profile=tansu signal=no-create-partitions bootstrap=%s", bootstrap_servers
+            )
+            return TANSU
+        if code in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN):
+            raise BrokerError(
+                f"cannot reach the broker at {bootstrap_servers} to detect its kind: {exc}"
+            ) from exc
+        # UNKNOWN_TOPIC_OR_PART, an authorization error...: the broker knows the API.
+    logger.debug("broker profile=kafka bootstrap=%s", bootstrap_servers)
+    return KAFKA
+
+
+# -- librdkafka settings ----------------------------------------------------------------------
+
+# Keys a user may pass through to every client: security and connection settings. Values are
+# passed verbatim. Client-role settings (acks, isolation.level, ...) are qlayer's to choose.
+_PASS_THROUGH_KEYS = frozenset(
+    {
+        "security.protocol",
+        "client.id",
+        "client.dns.lookup",
+        "client.rack",
+        "broker.address.family",
+        "enable.ssl.certificate.verification",
+        "connections.max.idle.ms",
+        "metadata.max.age.ms",
+        "reconnect.backoff.ms",
+        "reconnect.backoff.max.ms",
+        "debug",
+    }
+)
+_PASS_THROUGH_PREFIXES = ("sasl.", "ssl.", "ssl_", "socket.", "https.")
+
+
+def client_settings(bootstrap_servers: str, kafka_settings: Mapping[str, str]) -> dict[str, Any]:
+    """The base librdkafka configuration shared by producers, consumers and admin clients.
+
+    ``kafka_settings`` are librdkafka's own dotted keys (SASL, SSL, socket and client-id
+    settings), passed through verbatim. Error messages name keys, never values (they hold secrets).
+    """
+    if not bootstrap_servers:
+        raise ConfigError("bootstrap servers are empty")
+    settings: dict[str, Any] = {"bootstrap.servers": bootstrap_servers}
+    for key, value in kafka_settings.items():
+        if key == "bootstrap.servers":
+            raise ConfigError(
+                "kafka setting 'bootstrap.servers' conflicts with the configured bootstrap servers"
+            )
+        if key not in _PASS_THROUGH_KEYS and not key.startswith(_PASS_THROUGH_PREFIXES):
+            raise ConfigError(
+                f"kafka setting {key!r} is not passed through: only security (sasl.*, ssl.*,"
+                " security.protocol) and connection settings (client.id, socket.*, ...) are"
+            )
+        settings[key] = value
+    return settings
+
+
+def producer_settings(
+    base: Mapping[str, Any],
+    *,
+    transactional_id: str | None = None,
+    linger_ms: int = 5,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """An idempotent, acks=all producer; transactional when ``transactional_id`` is given."""
+    settings = dict(base)
+    settings.update(
+        {
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": linger_ms,
+        }
+    )
+    if transactional_id is not None:
+        settings["transactional.id"] = transactional_id
+    settings.update(extra or {})
+    return settings
+
+
+def consumer_settings(
+    base: Mapping[str, Any],
+    profile: BrokerProfile,
+    *,
+    group_id: str | None = None,
+    read_committed: bool = True,
+    auto_offset_reset: Literal["earliest", "latest", "error"] = "earliest",
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A consumer that never commits on its own, with the profile's session timeout.
+
+    librdkafka needs a ``group.id`` even for consumers that only ``assign()``; without
+    ``group_id`` a unique one is made up and never joined.
+    """
+    settings = dict(base)
+    settings.update(
+        {
+            "group.id": group_id if group_id is not None else f"qlayer-assign-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": auto_offset_reset,
+            "isolation.level": "read_committed" if read_committed else "read_uncommitted",
+            "session.timeout.ms": profile.session_timeout_ms,
+            "heartbeat.interval.ms": profile.heartbeat_interval_ms,
+        }
+    )
+    settings.update(extra or {})
+    return settings
+
+
+def admin_settings(base: Mapping[str, Any]) -> dict[str, Any]:
+    """An admin client's configuration.
+
+    librdkafka lets producer-type clients (the admin client is one) ask the broker to create a
+    topic they name in a metadata request, and Tansu then creates it with 4 partitions. Admin
+    calls must never create topics as a side effect, so that is switched off.
+    """
+    settings = dict(base)
+    settings["allow.auto.create.topics"] = False
+    return settings
+
+
+# -- high watermarks --------------------------------------------------------------------------
+
+
+def cached_high_watermark(consumer: Consumer, topic: str, partition: int) -> int | None:
+    """The high watermark from the last fetch response for an assigned partition, or ``None``.
+
+    The fetch response carries the right high watermark on every broker; ListOffsets(latest)
+    (``query_watermark_offsets``, admin ``list_offsets``) does not on Tansu, where it returns the
+    last batch's base offset + 1.
+    """
+    _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
+    return None if high is None or high < 0 else int(high)
+
+
+def read_high_watermarks(
+    settings: Mapping[str, Any],
+    partitions: Iterable[tuple[str, int]],
+    *,
+    timeout: float = 10.0,
+) -> dict[tuple[str, int], int]:
+    """The high watermark of each ``(topic, partition)``, taken from fetch responses.
+
+    ``settings`` are base client settings (:func:`client_settings`). A short-lived consumer
+    asks ListOffsets(latest) for a lower bound (exact on Kafka), fetches from there at most one
+    batch per partition, and reads the watermark the fetch response carried.
+    """
+    wanted = list(dict.fromkeys(partitions))
+    if not wanted:
+        return {}
+    deadline = time.monotonic() + timeout
+    consumer = Consumer(
+        consumer_settings(
+            settings,
+            TANSU,  # no group is joined; the session timeout does not matter
+            read_committed=False,
+            extra={"max.partition.fetch.bytes": 1, "enable.partition.eof": False},
+        )
+    )
+    try:
+        assignment = []
+        for topic, partition in wanted:
+            tp = TopicPartition(topic, partition)
+            try:
+                _low, lower_bound = consumer.get_watermark_offsets(
+                    tp, timeout=max(0.1, deadline - time.monotonic())
+                )
+            except KafkaException as exc:
+                raise BrokerError(
+                    f"cannot read the watermarks of {topic}/{partition}: {exc}"
+                ) from exc
+            assignment.append(TopicPartition(topic, partition, max(0, int(lower_bound))))
+        consumer.assign(assignment)
+        result: dict[tuple[str, int], int] = {}
+        while True:
+            for topic, partition in wanted:
+                if (topic, partition) not in result:
+                    high = cached_high_watermark(consumer, topic, partition)
+                    if high is not None:
+                        result[(topic, partition)] = high
+            if len(result) == len(wanted):
+                return result
+            if time.monotonic() > deadline:
+                missing = ", ".join(f"{t}/{p}" for t, p in wanted if (t, p) not in result)
+                raise BrokerError(f"no fetch response within {timeout:.1f}s for {missing}")
+            consumer.consume(num_messages=len(wanted), timeout=0.05)
+    finally:
+        consumer.close()

@@ -1,0 +1,233 @@
+"""Root fixtures: the session's broker, Kafka settings, and factories for topics and producers.
+
+The broker comes from ``--broker`` (or ``$QLAYER_TEST_BROKER``): ``embedded`` (default, a Tansu
+process started once per session), ``external`` (``$QLAYER_BOOTSTRAP_SERVERS``) or
+``testcontainers`` (Kafka in Docker). A broker that cannot be reached fails the tests that need
+it; it never skips them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    Message,
+    Producer,
+    TopicPartition,
+)
+
+from connectors import (
+    BrokerProfile,
+    RunningBroker,
+    TopicAdmin,
+    TopicSpec,
+    admin_settings,
+    cached_high_watermark,
+    client_settings,
+    consumer_settings,
+    detect_profile,
+    producer_settings,
+    start_broker,
+)
+from layer.exceptions import BrokerError
+
+pytest_plugins = ["tests.coordinator_fixtures"]
+
+logger = logging.getLogger(__name__)
+
+BROKER_KINDS = ("embedded", "external", "testcontainers")
+BROKER_ENV_VAR = "QLAYER_TEST_BROKER"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--broker",
+        choices=BROKER_KINDS,
+        default=None,
+        help=(
+            "broker for integration tests: embedded (a Tansu process, the default), external"
+            " ($QLAYER_BOOTSTRAP_SERVERS) or testcontainers (Kafka in Docker);"
+            f" also ${BROKER_ENV_VAR}"
+        ),
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _broker_kind(config)  # a bad $QLAYER_TEST_BROKER stops the run before any test
+
+
+# -- the broker ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BrokerHandle:
+    """The session's broker: where it is, what kind it is, and the launcher that owns it."""
+
+    kind: str
+    bootstrap_servers: str
+    profile: BrokerProfile
+    launcher: RunningBroker
+
+
+def _broker_kind(config: pytest.Config) -> str:
+    kind = config.getoption("--broker") or os.environ.get(BROKER_ENV_VAR, "").strip() or "embedded"
+    if kind not in BROKER_KINDS:
+        raise pytest.UsageError(f"${BROKER_ENV_VAR}={kind!r}: expected one of {BROKER_KINDS}")
+    return kind
+
+
+@pytest.fixture(scope="session")
+def broker(pytestconfig: pytest.Config) -> Iterator[BrokerHandle]:
+    """The broker shared by the whole session (started once; fails, never skips, if it can't)."""
+    kind = _broker_kind(pytestconfig)
+    failure = None
+    try:
+        launcher = start_broker(kind)
+        try:
+            profile = detect_profile(launcher.bootstrap_servers, {})
+        except BrokerError:
+            launcher.stop()
+            raise
+    except BrokerError as exc:
+        failure = f"--broker={kind}: {exc}"
+    if failure is not None:  # outside the except block, so the report is one clean line
+        pytest.fail(failure, pytrace=False)
+    logger.info(
+        "test broker kind=%s bootstrap=%s profile=%s", kind, launcher.bootstrap_servers, profile
+    )
+    yield BrokerHandle(kind, launcher.bootstrap_servers, profile, launcher)
+    launcher.stop()
+
+
+@pytest.fixture
+def kafka_settings(broker: BrokerHandle) -> dict[str, Any]:
+    """Base librdkafka settings for the session's broker (a fresh dict per test)."""
+    return client_settings(broker.bootstrap_servers, {})
+
+
+# -- factories -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def topic_admin(kafka_settings: Mapping[str, Any]) -> TopicAdmin:
+    return TopicAdmin(admin_settings(kafka_settings))
+
+
+@pytest.fixture
+def topic_factory(topic_admin: TopicAdmin) -> Iterator[Callable[..., str]]:
+    """``make(partitions=1, config=None, *, prefix="test") -> name``: a new uuid-named topic.
+
+    The topics are deleted when the test ends.
+    """
+    created: list[str] = []
+
+    def make(
+        partitions: int = 1, config: Mapping[str, str] | None = None, *, prefix: str = "test"
+    ) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex}"
+        topic_admin.ensure_topics([TopicSpec(name, partitions=partitions, config=config or {})])
+        created.append(name)
+        return name
+
+    yield make
+    try:
+        topic_admin.delete_topics(created)
+    except BrokerError:
+        logger.exception("cannot delete test topics topics=%s", created)
+
+
+@pytest.fixture
+def producer_factory(kafka_settings: Mapping[str, Any]) -> Iterator[Callable[..., Producer]]:
+    """``make(**overrides) -> Producer``: an idempotent acks=all producer.
+
+    Overrides are librdkafka keys with dots written as underscores (``linger_ms=50``,
+    ``transactional_id="x"``) or, unpacked from a dict, as they are. The producers are flushed
+    and closed when the test ends.
+    """
+    producers: list[Producer] = []
+
+    def make(**overrides: Any) -> Producer:
+        extra = {
+            key if "." in key else key.replace("_", "."): value for key, value in overrides.items()
+        }
+        producer = Producer(producer_settings(kafka_settings, extra=extra))
+        producers.append(producer)
+        return producer
+
+    yield make
+    for producer in producers:
+        producer.flush(10)
+        producer.close()
+
+
+ConsumeAll = Callable[..., list[Message]]
+
+
+@pytest.fixture
+def consume_all(broker: BrokerHandle, kafka_settings: Mapping[str, Any]) -> ConsumeAll:
+    """``consume_all(topic, *, read_committed=True, timeout=10.0) -> list[Message]``.
+
+    Reads every partition of ``topic`` from the start until the position reaches the high
+    watermark that the fetch responses carried (ListOffsets is wrong on Tansu), within
+    ``timeout`` seconds. Messages come back ordered by (partition, offset).
+    """
+    admin = TopicAdmin(admin_settings(kafka_settings))
+
+    def read(topic: str, *, read_committed: bool = True, timeout: float = 10.0) -> list[Message]:
+        partitions = [
+            TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(admin.partitions(topic))
+        ]
+        consumer = Consumer(
+            consumer_settings(kafka_settings, broker.profile, read_committed=read_committed)
+        )
+        messages: list[Message] = []
+        try:
+            consumer.assign(partitions)
+            deadline = time.monotonic() + timeout
+            while True:
+                for message in consumer.consume(num_messages=1000, timeout=0.05):
+                    error = message.error()
+                    if error is None:
+                        messages.append(message)
+                    elif error.code() != KafkaError._PARTITION_EOF:
+                        raise BrokerError(f"consuming {topic!r}: {error}")
+                lagging = _lagging(consumer, partitions)
+                if not lagging:
+                    break
+                if time.monotonic() > deadline:
+                    raise AssertionError(
+                        f"{topic!r} not read to its end within {timeout}s:"
+                        f" (partition, position, high watermark) {lagging}"
+                    )
+        finally:
+            consumer.close()
+        messages.sort(key=lambda m: (m.partition(), m.offset()))
+        return messages
+
+    return read
+
+
+def _lagging(
+    consumer: Consumer, partitions: list[TopicPartition]
+) -> list[tuple[int, int, int | None]]:
+    """Partitions whose position is below the fetched high watermark (or not fetched yet)."""
+    lagging = []
+    positions = consumer.position([TopicPartition(tp.topic, tp.partition) for tp in partitions])
+    for tp in positions:
+        high = cached_high_watermark(consumer, tp.topic, tp.partition)
+        low, _high = consumer.get_watermark_offsets(tp, cached=True)
+        # Before the first message the position is unset; the log start is where it would be.
+        position = tp.offset if tp.offset >= 0 else low
+        if high is None or position < high:
+            lagging.append((tp.partition, position, high))
+    return lagging

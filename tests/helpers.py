@@ -1,0 +1,35 @@
+"""Helpers for tests: waiting on a condition with a deadline instead of sleeping and hoping.
+
+Import as ``from tests.helpers import wait_until`` (run pytest as ``python -m pytest`` from the
+project root, so the root is on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def wait_until(
+    predicate: Callable[[], T],
+    timeout: float = 10.0,
+    interval: float = 0.05,
+    message: str | Callable[[], str] = "condition not met",
+) -> T:
+    """Call ``predicate`` until it returns something truthy, and return that.
+
+    Raises ``AssertionError`` with ``message`` (a string, or a callable for a message built at
+    the deadline, e.g. with the last observed value) if ``timeout`` seconds pass first.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            text = message() if callable(message) else message
+            raise AssertionError(f"{text} (waited {timeout:.1f}s)")
+        time.sleep(interval)
