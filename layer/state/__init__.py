@@ -1,0 +1,20 @@
+"""Durable queue state: the store (RocksDB or in-memory), the changelog and recovery from it."""
+
+from layer.state.base import EntryState, PartitionPosition, Store, StoreBatch, StoredMessage
+from layer.state.changelog import ChangelogWriter
+from layer.state.memory import MemoryStore
+from layer.state.recovery import RestoreResult, restore
+from layer.state.rocksdb import RocksDBStore
+
+__all__ = [
+    "ChangelogWriter",
+    "EntryState",
+    "MemoryStore",
+    "PartitionPosition",
+    "RestoreResult",
+    "RocksDBStore",
+    "Store",
+    "StoreBatch",
+    "StoredMessage",
+    "restore",
+]

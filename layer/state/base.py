@@ -1,0 +1,428 @@
+"""The coordinator's durable state: what it holds, how it is keyed, and the ``Store`` interface.
+
+A store holds, for every queue of one coordinator:
+
+- **entries**: per message (bookmark), the latest changelog value (the changelog reduced
+  last-value-wins; a Forget deletes it);
+- **positions**: per underlying partition, the low-water mark (from changelog POSITION records)
+  and, separately, the local read position (next offset to read; never in the changelog);
+- **messages**: per message, the local copy of the underlying message while it is in the queue;
+- **meta**: per changelog topic-partition, the next changelog offset to replay from.
+
+Engines keep these as four column families of binary keys that sort like the data:
+``queue utf8, 0x00, topic utf8, 0x00, partition u32 BE, offset u64 BE``, so one queue, and one
+partition of it, iterate in offset order. Values are the codec's bytes (entries are changelog
+values exactly as produced, messages are ``StoredMessage`` records).
+
+Everything one coordinator step changes goes into one ``StoreBatch`` and is applied by one
+``Store.write`` atomically, together with the changelog offset it corresponds to.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+from layer import codec
+from layer.codec import CHANGELOG_VALUE, STORED_MESSAGE, ChangeKind
+from layer.engine.model import Bookmark, TopicPartition
+from layer.exceptions import StateError
+
+__all__ = [
+    "ENTRIES",
+    "MESSAGES",
+    "META",
+    "POSITIONS",
+    "EntryState",
+    "PartitionPosition",
+    "Store",
+    "StoreBatch",
+    "StoredMessage",
+]
+
+# Column families.
+ENTRIES = "entries"
+POSITIONS = "positions"
+MESSAGES = "messages"
+META = "meta"
+COLUMN_FAMILIES = (ENTRIES, POSITIONS, MESSAGES, META)
+
+# Suffix of a positions key: which of the two positions of a partition it holds.
+_LOW_WATER = b"L"
+_READ_POSITION = b"R"
+_CHANGELOG_OFFSET = b"changelog\x00"
+
+_PARTITION = struct.Struct(">I")
+_OFFSET = struct.Struct(">Q")
+_SIGNED = struct.Struct(">q")
+_PARTITION_OFFSET = struct.Struct(">IQ")
+
+
+@dataclass(frozen=True, slots=True)
+class EntryState:
+    """The latest durable state of one message in a queue (a decoded changelog value)."""
+
+    kind: ChangeKind
+    deliveries: int
+    cancels: int
+    holder: str | None = None
+    lease_deadline_ms: int | None = None
+    reason: str | None = None
+    at_ms: int = 0
+
+    @classmethod
+    def from_value(cls, value: dict[str, Any]) -> EntryState:
+        return cls(
+            ChangeKind(value["kind"]),
+            value["deliveries"],
+            value["cancels"],
+            value["holder"],
+            value["lease_deadline_ms"],
+            value["reason"],
+            value["at_ms"],
+        )
+
+    def encode(self) -> bytes:
+        return codec.encode_value(
+            self.kind,
+            deliveries=self.deliveries,
+            cancels=self.cancels,
+            holder=self.holder,
+            lease_deadline_ms=self.lease_deadline_ms,
+            reason=self.reason,
+            at_ms=self.at_ms,
+        )
+
+
+class PartitionPosition(NamedTuple):
+    """Where a queue stands in one underlying partition (None: not known yet)."""
+
+    low_water: int | None
+    read_position: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """The local copy of an underlying message while it is in the queue."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+    timestamp_ms: int = 0
+    priority: int | None = None
+    error: str | None = None  # why the message could not be parsed, if it could not
+
+    def encode(self) -> bytes:
+        return codec.encode(
+            STORED_MESSAGE,
+            {
+                "key": self.key,
+                "value": self.value,
+                "headers": [{"key": k, "value": v} for k, v in self.headers],
+                "timestamp_ms": self.timestamp_ms,
+                "priority": self.priority,
+                "error": self.error,
+            },
+        )
+
+    @classmethod
+    def decode(cls, data: bytes) -> StoredMessage:
+        obj = codec.decode(STORED_MESSAGE, data)
+        return cls(
+            obj["key"],
+            obj["value"],
+            tuple((h["key"], h["value"]) for h in obj["headers"]),
+            obj["timestamp_ms"],
+            obj["priority"],
+            obj["error"],
+        )
+
+
+def decode_entry(data: bytes) -> EntryState:
+    return EntryState.from_value(codec.decode(CHANGELOG_VALUE, data))
+
+
+# ---------------------------------------------------------------------------------------------
+# Keys
+# ---------------------------------------------------------------------------------------------
+
+
+def queue_prefix(queue: str) -> bytes:
+    if not queue or "\x00" in queue:
+        raise StateError(f"queue name {queue!r} is empty or contains NUL")
+    return queue.encode() + b"\x00"
+
+
+@lru_cache(maxsize=65536)
+def partition_prefix(queue: str, topic: str, partition: int) -> bytes:
+    if not topic or "\x00" in topic:
+        raise StateError(f"topic name {topic!r} is empty or contains NUL")
+    return queue_prefix(queue) + topic.encode() + b"\x00" + _PARTITION.pack(partition)
+
+
+def message_key(queue: str, bookmark: Bookmark) -> bytes:
+    if bookmark.offset < 0 or bookmark.partition < 0:
+        raise StateError(f"bookmark {bookmark} has a negative partition or offset")
+    # Cached: a coordinator writes keys of few (queue, topic, partition) triples, many times.
+    return partition_prefix(queue, bookmark.topic, bookmark.partition) + _OFFSET.pack(
+        bookmark.offset
+    )
+
+
+def parse_message_key(key: bytes, prefix_len: int) -> Bookmark:
+    """The bookmark of a key whose first ``prefix_len`` bytes are the queue prefix."""
+    end = key.index(b"\x00", prefix_len)
+    partition, offset = _PARTITION_OFFSET.unpack_from(key, end + 1)
+    return Bookmark(key[prefix_len:end].decode(), partition, offset)
+
+
+def changelog_offset_key(topic: str, partition: int) -> bytes:
+    return _CHANGELOG_OFFSET + topic.encode() + b"\x00" + _PARTITION.pack(partition)
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The smallest key greater than every key that starts with ``prefix``."""
+    trimmed = prefix.rstrip(b"\xff")
+    if not trimmed:
+        raise ValueError("a prefix of only 0xff bytes has no upper bound")
+    return trimmed[:-1] + bytes((trimmed[-1] + 1,))
+
+
+def pack_offset(offset: int) -> bytes:
+    """The 8-byte big-endian suffix of a message key (offsets are never negative)."""
+    return _OFFSET.pack(offset)
+
+
+def pack_int(value: int) -> bytes:
+    return _SIGNED.pack(value)
+
+
+def unpack_int(data: bytes) -> int:
+    value: int = _SIGNED.unpack(data)[0]
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch and interface
+# ---------------------------------------------------------------------------------------------
+
+#: One write operation: (column family, key, value); value None deletes the key, and an
+#: operation whose value is a ``_Range`` deletes every key from ``key`` (inclusive) to its end.
+Op = tuple[str, bytes, "bytes | _Range | None"]
+
+
+class _Range(NamedTuple):
+    end: bytes
+
+
+class StoreBatch:
+    """The changes of one step, applied atomically by ``Store.write``.
+
+    Values are encoded when added, so a batch that cannot be encoded fails while it is built and
+    never half-applies. Later operations on the same key win, as in RocksDB.
+    """
+
+    __slots__ = ("ops",)
+
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def __bool__(self) -> bool:
+        return bool(self.ops)
+
+    def put_entry(self, queue: str, bookmark: Bookmark, state: EntryState) -> None:
+        self.ops.append((ENTRIES, message_key(queue, bookmark), state.encode()))
+
+    def put_entry_value(self, queue: str, bookmark: Bookmark, value: bytes) -> None:
+        """Put an entry as changelog value bytes (as ``codec.encode_change`` made them)."""
+        self.ops.append((ENTRIES, message_key(queue, bookmark), bytes(value)))
+
+    def delete_entry(self, queue: str, bookmark: Bookmark) -> None:
+        self.ops.append((ENTRIES, message_key(queue, bookmark), None))
+
+    def delete_entries_below(self, queue: str, partition: TopicPartition, offset: int) -> None:
+        """Delete the entries of one partition with offsets below ``offset`` (a low-water mark)."""
+        prefix = partition_prefix(queue, partition.topic, partition.partition)
+        self.ops.append((ENTRIES, prefix, _Range(prefix + _OFFSET.pack(max(offset, 0)))))
+
+    def put_low_water(self, queue: str, partition: TopicPartition, offset: int) -> None:
+        key = partition_prefix(queue, partition.topic, partition.partition) + _LOW_WATER
+        self.ops.append((POSITIONS, key, pack_int(offset)))
+
+    def delete_low_water(self, queue: str, partition: TopicPartition) -> None:
+        key = partition_prefix(queue, partition.topic, partition.partition) + _LOW_WATER
+        self.ops.append((POSITIONS, key, None))
+
+    def put_read_position(self, queue: str, partition: TopicPartition, offset: int) -> None:
+        key = partition_prefix(queue, partition.topic, partition.partition) + _READ_POSITION
+        self.ops.append((POSITIONS, key, pack_int(offset)))
+
+    def put_message(self, queue: str, bookmark: Bookmark, message: StoredMessage) -> None:
+        self.ops.append((MESSAGES, message_key(queue, bookmark), message.encode()))
+
+    def delete_message(self, queue: str, bookmark: Bookmark) -> None:
+        self.ops.append((MESSAGES, message_key(queue, bookmark), None))
+
+    def set_changelog_offset(self, topic: str, partition: int, offset: int) -> None:
+        """Record that the changelog partition is applied up to ``offset`` (the next to read)."""
+        self.ops.append((META, changelog_offset_key(topic, partition), pack_int(offset)))
+
+
+@runtime_checkable
+class Store(Protocol):
+    """One coordinator's state. Reads see every completed ``write``; writes are atomic."""
+
+    def write(self, batch: StoreBatch) -> None: ...
+
+    def entries(self, queue: str) -> Iterator[tuple[Bookmark, EntryState]]: ...
+
+    def positions(self, queue: str) -> dict[TopicPartition, PartitionPosition]: ...
+
+    def messages(
+        self, queue: str, start: Bookmark | None = None
+    ) -> Iterator[tuple[Bookmark, StoredMessage]]: ...
+
+    def get_messages(
+        self, queue: str, bookmarks: Sequence[Bookmark]
+    ) -> list[StoredMessage | None]: ...
+
+    def changelog_offset(self, topic: str, partition: int) -> int | None: ...
+
+    def queues(self) -> set[str]: ...
+
+    def wipe_queue(self, queue: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class KeyValueStore:
+    """The ``Store`` reads and writes over a small byte-level key-value engine.
+
+    Engines implement ``_apply`` (one atomic list of operations), ``_get``, ``_multi_get`` and
+    ``_scan`` (keys in order within [start, end)), ``_first_key_at_or_after`` and ``_close``.
+    """
+
+    _PAGE = 1024
+
+    def __init__(self) -> None:
+        self._closed = False
+
+    # -- engine primitives ----------------------------------------------------------------
+
+    def _apply(self, ops: Sequence[Op]) -> None:
+        raise NotImplementedError
+
+    def _get(self, cf: str, key: bytes) -> bytes | None:
+        raise NotImplementedError
+
+    def _multi_get(self, cf: str, keys: list[bytes]) -> list[bytes | None]:
+        raise NotImplementedError
+
+    def _scan(self, cf: str, start: bytes, end: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+        raise NotImplementedError
+
+    def _first_key_at_or_after(self, cf: str, key: bytes) -> bytes | None:
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        raise NotImplementedError
+
+    # -- Store ----------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StateError(f"{self} is closed")
+
+    def write(self, batch: StoreBatch) -> None:
+        self._check_open()
+        if batch.ops:
+            self._apply(batch.ops)
+
+    def _iterate(self, cf: str, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
+        # Pages, so that no engine iterator outlives one call: a reader that stops half-way
+        # never pins the engine (RocksDB keeps its lock while an iterator is alive).
+        while True:
+            self._check_open()
+            page = self._scan(cf, start, end, self._PAGE)
+            yield from page
+            if len(page) < self._PAGE:
+                return
+            start = page[-1][0] + b"\x00"
+
+    def entries(self, queue: str) -> Iterator[tuple[Bookmark, EntryState]]:
+        self._check_open()
+        prefix = queue_prefix(queue)
+        n = len(prefix)
+        for key, value in self._iterate(ENTRIES, prefix, prefix_end(prefix)):
+            yield parse_message_key(key, n), decode_entry(value)
+
+    def positions(self, queue: str) -> dict[TopicPartition, PartitionPosition]:
+        self._check_open()
+        prefix = queue_prefix(queue)
+        n = len(prefix)
+        found: dict[TopicPartition, dict[bytes, int]] = {}
+        for key, value in self._iterate(POSITIONS, prefix, prefix_end(prefix)):
+            end = key.index(b"\x00", n)
+            tp = TopicPartition(key[n:end].decode(), _PARTITION.unpack_from(key, end + 1)[0])
+            found.setdefault(tp, {})[key[-1:]] = unpack_int(value)
+        return {
+            tp: PartitionPosition(kinds.get(_LOW_WATER), kinds.get(_READ_POSITION))
+            for tp, kinds in found.items()
+        }
+
+    def messages(
+        self, queue: str, start: Bookmark | None = None
+    ) -> Iterator[tuple[Bookmark, StoredMessage]]:
+        self._check_open()
+        prefix = queue_prefix(queue)
+        n = len(prefix)
+        first = prefix if start is None else message_key(queue, start)
+        for key, value in self._iterate(MESSAGES, first, prefix_end(prefix)):
+            yield parse_message_key(key, n), StoredMessage.decode(value)
+
+    def get_messages(self, queue: str, bookmarks: Sequence[Bookmark]) -> list[StoredMessage | None]:
+        self._check_open()
+        if not bookmarks:
+            return []
+        found = self._multi_get(MESSAGES, [message_key(queue, bm) for bm in bookmarks])
+        return [None if data is None else StoredMessage.decode(data) for data in found]
+
+    def changelog_offset(self, topic: str, partition: int) -> int | None:
+        self._check_open()
+        data = self._get(META, changelog_offset_key(topic, partition))
+        return None if data is None else unpack_int(data)
+
+    def queues(self) -> set[str]:
+        self._check_open()
+        found: set[str] = set()
+        for cf in (ENTRIES, POSITIONS, MESSAGES):
+            key = self._first_key_at_or_after(cf, b"")
+            while key is not None:
+                name = key[: key.index(b"\x00")]
+                found.add(name.decode())
+                key = self._first_key_at_or_after(cf, name + b"\x01")
+        return found
+
+    def wipe_queue(self, queue: str) -> None:
+        """Delete everything the store holds for a queue (changelog offsets are not per queue)."""
+        self._check_open()
+        prefix = queue_prefix(queue)
+        end = _Range(prefix_end(prefix))
+        self._apply([(cf, prefix, end) for cf in (ENTRIES, POSITIONS, MESSAGES)])
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._close()
+
+    def __enter__(self) -> KeyValueStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,252 @@
+"""The changelog writer: one Kafka transaction per batch of state changes (and their dead letters).
+
+The changelog topic is the source of truth of queue state. A batch of changelog records and the
+dead letters that go with them are produced in one transaction, so a dead letter is never
+published without its done record, nor the other way round. ``commit`` returns the offset of the
+last record per changelog partition; the caller stores the next offset with the state it applies
+(one RocksDB batch), which is where a restore resumes.
+
+Status of one ``commit``: begun -> produced (all delivery reports in) -> committed, or aborted on
+any failure (and ``StateError`` raised). A fenced or otherwise fatally failed producer makes the
+writer unusable: create a new one (which fences any older writer with the same transactional id).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from layer.exceptions import StateError
+
+__all__ = ["ChangelogRecord", "ChangelogWriter", "ExtraRecord"]
+
+logger = logging.getLogger(__name__)
+
+#: (topic, key, value or None for a tombstone)
+ChangelogRecord = tuple[str, bytes, bytes | None]
+#: (topic, key, value, headers): a record produced in the same transaction (e.g. a dead letter)
+ExtraRecord = tuple[str, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]] | None]
+
+_DEFAULTS: dict[str, Any] = {
+    # Batches are committed as a whole; a short linger only groups what one commit produces.
+    "linger.ms": 2,
+    "acks": "all",
+    "enable.idempotence": True,
+}
+
+
+_FENCED_CODES = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
+
+
+def _kafka_error(exc: BaseException) -> KafkaError | None:
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        return exc.args[0]
+    return None
+
+
+class ChangelogWriter:
+    """A transactional producer for one coordinator's changelog (thread-safe, blocking).
+
+    ``init_transactions`` runs in the constructor: it waits for any transaction a previous
+    incarnation left open to be aborted, and fences that incarnation.
+    """
+
+    def __init__(
+        self,
+        producer_settings: Mapping[str, Any],
+        transactional_id: str,
+        *,
+        timeout: float = 30.0,
+    ) -> None:
+        self._id = transactional_id
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._failed: str | None = None
+        settings = {**_DEFAULTS, **producer_settings, "transactional.id": transactional_id}
+        try:
+            self._producer: Producer | None = Producer(settings)
+            self._producer.init_transactions(timeout)
+        except KafkaException as exc:
+            raise StateError(
+                f"changelog writer transactional_id={transactional_id} could not start: {exc}"
+            ) from exc
+        logger.info("changelog writer started transactional_id=%s", transactional_id)
+
+    @property
+    def transactional_id(self) -> str:
+        return self._id
+
+    def commit(
+        self,
+        records: Sequence[ChangelogRecord],
+        extra: Sequence[ExtraRecord] = (),
+    ) -> dict[tuple[str, int], int]:
+        """Produce ``records`` and ``extra`` in one transaction and commit it.
+
+        Returns the highest offset written per (changelog topic, partition) of ``records``.
+        Raises ``StateError`` when anything failed; nothing of the batch is then visible to a
+        read_committed reader.
+        """
+        with self._lock:
+            producer = self._usable()
+            if not records and not extra:
+                return {}
+            last: dict[tuple[str, int], int] = {}
+            errors: list[str] = []
+            delivered = [0]
+
+            def on_record(err: KafkaError | None, msg: Message) -> None:
+                if err is not None:
+                    errors.append(f"{msg.topic()}: {err}")
+                    return
+                delivered[0] += 1
+                topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+                if topic is None or partition is None or offset is None:
+                    errors.append(f"delivery report without offset: {msg.topic()}")
+                    return
+                if offset > last.get((topic, partition), -1):
+                    last[(topic, partition)] = offset
+
+            def on_extra(err: KafkaError | None, msg: Message) -> None:
+                if err is not None:
+                    errors.append(f"{msg.topic()}: {err}")
+                else:
+                    delivered[0] += 1
+
+            try:
+                producer.begin_transaction()
+            except KafkaException as exc:
+                raise self._fail(exc, "begin") from exc
+            try:
+                for record in records:
+                    self._produce(producer, record[0], record[1], record[2], None, on_record)
+                for topic, key, value, headers in extra:
+                    self._produce(producer, topic, key, value, headers, on_extra)
+                remaining = producer.flush(self._timeout)
+                if remaining:
+                    raise StateError(
+                        f"{remaining} changelog records undelivered after {self._timeout}s"
+                    )
+                if errors:
+                    raise StateError(f"changelog delivery failed: {'; '.join(errors[:5])}")
+                expected = len(records) + len(extra)
+                if delivered[0] != expected:
+                    raise StateError(
+                        f"{expected - delivered[0]} changelog delivery reports missing"
+                    )
+                self._commit_transaction(producer)
+            except BaseException as exc:
+                self._abort(producer, exc)
+                if isinstance(exc, KafkaException):
+                    raise self._fail(exc, "produce") from exc
+                if self._failed is not None:
+                    raise StateError(
+                        f"changelog writer transactional_id={self._id} {self._failed}"
+                    ) from exc
+                if isinstance(exc, StateError):
+                    raise
+                if isinstance(exc, Exception):
+                    # confluent-kafka can surface a fatal producer error from flush() as a
+                    # malformed exception (SystemError); it is a failed transaction all the same.
+                    raise StateError(
+                        f"changelog transaction failed transactional_id={self._id}: {exc!r}"
+                    ) from exc
+                raise
+            return last
+
+    def _produce(
+        self,
+        producer: Producer,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, bytes | None]] | None,
+        callback: Any,
+    ) -> None:
+        while True:
+            try:
+                if headers:
+                    producer.produce(topic, value, key, headers=list(headers), on_delivery=callback)
+                else:
+                    producer.produce(topic, value, key, on_delivery=callback)
+                return
+            except BufferError:
+                # The local queue is full: let deliveries drain, then retry this record.
+                producer.poll(0.05)
+
+    def _commit_transaction(self, producer: Producer) -> None:
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                producer.commit_transaction(max(deadline - time.monotonic(), 0.1))
+                return
+            except KafkaException as exc:
+                err = _kafka_error(exc)
+                if err is not None and err.retriable() and time.monotonic() < deadline:
+                    continue
+                raise
+
+    def _abort(self, producer: Producer, cause: BaseException) -> None:
+        err = _kafka_error(cause)
+        if err is not None and err.fatal():
+            return  # a fatal error leaves nothing to abort; _fail marks the writer failed
+        try:
+            producer.abort_transaction(self._timeout)
+        except KafkaException as exc:
+            abort_err = _kafka_error(exc)
+            if abort_err is not None and abort_err.code() in _FENCED_CODES:
+                self._failed = f"fenced by a newer writer: {abort_err}"
+            else:
+                self._failed = f"failed fatally (abort failed): {exc}"
+            logger.error("changelog abort failed transactional_id=%s error=%s", self._id, exc)
+        else:
+            logger.warning(
+                "changelog transaction aborted transactional_id=%s cause=%s", self._id, cause
+            )
+
+    def _fail(self, exc: KafkaException, stage: str) -> StateError:
+        err = _kafka_error(exc)
+        if err is not None and err.fatal():
+            fenced = err.code() in _FENCED_CODES
+            what = "fenced by a newer writer" if fenced else "failed fatally"
+            self._failed = f"{what}: {err}"
+            return StateError(
+                f"changelog writer transactional_id={self._id} {what} ({stage}): {err}"
+            )
+        return StateError(
+            f"changelog transaction {stage} failed transactional_id={self._id}: {exc}"
+        )
+
+    def _usable(self) -> Producer:
+        if self._producer is None:
+            raise StateError(f"changelog writer transactional_id={self._id} is closed")
+        if self._failed is not None:
+            raise StateError(
+                f"changelog writer transactional_id={self._id} is unusable: {self._failed}"
+            )
+        return self._producer
+
+    def close(self) -> None:
+        with self._lock:
+            producer, self._producer = self._producer, None
+        if producer is not None:
+            try:
+                if self._failed is None:
+                    producer.flush(self._timeout)
+                producer.close()
+            except Exception as exc:  # a fenced producer can fail to close; it is gone anyway
+                logger.warning(
+                    "changelog writer close failed transactional_id=%s error=%r", self._id, exc
+                )
+            logger.info("changelog writer closed transactional_id=%s", self._id)
+
+    def __enter__(self) -> ChangelogWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

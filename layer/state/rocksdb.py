@@ -1,0 +1,139 @@
+"""The RocksDB ``Store`` (through ``rocksdict``): four column families of raw byte keys and values.
+
+Durability: every ``write`` is one RocksDB ``WriteBatch`` through the write-ahead log, so a
+process killed at any moment reopens with every completed write and no partial one. With
+``sync=False`` (the default) the WAL reaches the operating system before ``write`` returns, which
+survives the process being killed but not the machine losing power; the changelog in Kafka is the
+source of truth for that case (``sync=True`` fsyncs every write).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import rocksdict
+
+from layer.exceptions import StateError
+from layer.state.base import COLUMN_FAMILIES, KeyValueStore, Op, _Range
+
+__all__ = ["RocksDBStore"]
+
+logger = logging.getLogger(__name__)
+
+
+def _options() -> rocksdict.Options:
+    # raw_mode: keys and values are bytes as given, not rocksdict's pickled Python objects.
+    opts = rocksdict.Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.create_missing_column_families(True)
+    opts.set_keep_log_file_num(3)
+    opts.set_max_total_wal_size(64 << 20)
+    opts.set_max_background_jobs(2)
+    opts.set_compression_type(rocksdict.DBCompressionType.lz4())
+    return opts
+
+
+def _open_error(path: Path, exc: Exception) -> StateError:
+    text = str(exc)
+    # RocksDB reports a held LOCK file as "IO error: While lock file: <dir>/LOCK: Resource
+    # temporarily unavailable" (another process) or "lock hold by current process".
+    if "LOCK" in text or "lock hold" in text:
+        return StateError(f"state dir {path} is in use by another store (RocksDB LOCK): {text}")
+    return StateError(f"cannot open state dir {path}: {text}")
+
+
+class RocksDBStore(KeyValueStore):
+    """One coordinator's state in ``state_dir`` (created if missing; locked while open)."""
+
+    def __init__(self, state_dir: Path | str, *, sync: bool = False) -> None:
+        super().__init__()
+        self._path = Path(state_dir)
+        try:
+            self._path.mkdir(parents=True, exist_ok=True)
+            opts = _options()
+            self._db: Any = rocksdict.Rdict(
+                str(self._path),
+                options=opts,
+                column_families={cf: _options() for cf in COLUMN_FAMILIES},
+            )
+        except Exception as exc:
+            raise _open_error(self._path, exc) from exc
+        self._cfs: dict[str, Any] = {cf: self._db.get_column_family(cf) for cf in COLUMN_FAMILIES}
+        self._handles: dict[str, Any] = {
+            cf: self._db.get_column_family_handle(cf) for cf in COLUMN_FAMILIES
+        }
+        self._write_opts = rocksdict.WriteOptions()
+        self._write_opts.sync = sync
+        # Closing while another thread reads would free the database under it.
+        self._lock = threading.RLock()
+        logger.debug("opened state store path=%s sync=%s", self._path, sync)
+
+    def __repr__(self) -> str:
+        return f"RocksDBStore({str(self._path)!r})"
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    def _apply(self, ops: Sequence[Op]) -> None:
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        handles = self._handles
+        for cf, key, value in ops:
+            if value is None:
+                batch.delete(key, handles[cf])
+            elif isinstance(value, _Range):
+                batch.delete_range(key, value.end, handles[cf])
+            else:
+                batch.put(key, value, handles[cf])
+        with self._lock:
+            self._check_open()
+            try:
+                self._db.write(batch, self._write_opts)
+            except Exception as exc:
+                raise StateError(f"write to state dir {self._path} failed: {exc}") from exc
+
+    def _get(self, cf: str, key: bytes) -> bytes | None:
+        with self._lock:
+            self._check_open()
+            value: bytes | None = self._cfs[cf].get(key)
+            return value
+
+    def _multi_get(self, cf: str, keys: list[bytes]) -> list[bytes | None]:
+        with self._lock:
+            self._check_open()
+            values: list[bytes | None] = self._cfs[cf][keys]
+            return values
+
+    def _scan(self, cf: str, start: bytes, end: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+        read_opts = rocksdict.ReadOptions()
+        read_opts.set_iterate_upper_bound(end)
+        with self._lock:
+            self._check_open()
+            items = self._cfs[cf].items(from_key=start, read_opt=read_opts)
+            page: list[tuple[bytes, bytes]] = list(islice(items, limit))
+            del items  # the iterator keeps the database (and its LOCK) alive
+            return page
+
+    def _first_key_at_or_after(self, cf: str, key: bytes) -> bytes | None:
+        with self._lock:
+            self._check_open()
+            keys = self._cfs[cf].keys(from_key=key)
+            first: bytes | None = next(keys, None)
+            del keys
+            return first
+
+    def _close(self) -> None:
+        with self._lock:
+            # Every column family object and handle holds the database open: drop them first.
+            self._cfs.clear()
+            self._handles.clear()
+            try:
+                self._db.close()
+            finally:
+                del self._db
+            logger.debug("closed state store path=%s", self._path)

@@ -1,0 +1,411 @@
+"""The state store: every test runs on both engines (in-memory and RocksDB in tmp_path)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from layer.codec import ChangeKind, encode_change
+from layer.engine.model import Bookmark, Done, DoneReason, Leased, TopicPartition
+from layer.exceptions import SerializationError, StateError
+from layer.state import (
+    EntryState,
+    MemoryStore,
+    PartitionPosition,
+    RocksDBStore,
+    Store,
+    StoreBatch,
+    StoredMessage,
+)
+from layer.state.base import KeyValueStore
+
+ROOT = Path(__file__).resolve().parents[2]
+
+StoreFactory = Callable[[], KeyValueStore]
+
+
+@pytest.fixture(params=["memory", "rocksdb"])
+def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
+    """Every test that uses it runs once per engine (the fixture's parameter)."""
+    opened: list[KeyValueStore] = []
+    memory = MemoryStore()
+
+    def open_store() -> KeyValueStore:
+        store: KeyValueStore
+        store = memory if request.param == "memory" else RocksDBStore(tmp_path / "state")
+        opened.append(store)
+        return store
+
+    yield open_store
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def rocks_factory(tmp_path: Path) -> Iterator[StoreFactory]:
+    """RocksDB only: opens (and reopens) ``tmp_path / "state"``."""
+    opened: list[KeyValueStore] = []
+
+    def open_store() -> KeyValueStore:
+        opened.append(RocksDBStore(tmp_path / "state"))
+        return opened[-1]
+
+    yield open_store
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store(store_factory: StoreFactory) -> KeyValueStore:
+    return store_factory()
+
+
+def entry(deliveries: int = 1, kind: ChangeKind = ChangeKind.LEASED) -> EntryState:
+    return EntryState(kind, deliveries, 0, "sub", 1_000, None, 500)
+
+
+def message(n: int = 0) -> StoredMessage:
+    return StoredMessage(b"k%d" % n, b"v" * n, (("h", b"1"), ("h", None)), 1_700_000_000_000 + n)
+
+
+def test_implements_the_store_protocol(store: KeyValueStore) -> None:
+    assert isinstance(store, Store)
+
+
+def test_entries_iterate_one_queue_in_bookmark_order(store: KeyValueStore) -> None:
+    batch = StoreBatch()
+    bookmarks = [
+        Bookmark("b", 0, 3),
+        Bookmark("a", 1, 256),
+        Bookmark("a", 1, 2),
+        Bookmark("a", 0, 2**40),
+        Bookmark("a", 1, 10),
+        Bookmark("a", 10, 0),
+    ]
+    for i, bm in enumerate(bookmarks):
+        batch.put_entry("q", bm, entry(i))
+    batch.put_entry("q2", Bookmark("a", 0, 0), entry())
+    batch.put_entry("qq", Bookmark("a", 0, 0), entry())
+    store.write(batch)
+    got = list(store.entries("q"))
+    assert [bm for bm, _ in got] == sorted(bookmarks)
+    assert dict(got)[Bookmark("a", 1, 256)] == entry(1)
+    assert [bm for bm, _ in store.entries("q2")] == [Bookmark("a", 0, 0)]
+    assert list(store.entries("missing")) == []
+
+
+def test_entry_values_from_the_changelog_are_stored_as_is(store: KeyValueStore) -> None:
+    bm = Bookmark("t", 0, 5)
+    _, leased = encode_change("q", Leased(bm, "sub-1", 12.5, 2, 1), at_ms=9)
+    assert leased is not None
+    batch = StoreBatch()
+    batch.put_entry_value("q", bm, leased)
+    store.write(batch)
+    assert list(store.entries("q")) == [
+        (bm, EntryState(ChangeKind.LEASED, 2, 1, "sub-1", 12_500, None, 9))
+    ]
+    _, done = encode_change("q", Done(bm, DoneReason.ACKED, 2, 1, 13.0))
+    assert done is not None
+    batch = StoreBatch()
+    batch.put_entry_value("q", bm, done)
+    store.write(batch)
+    assert list(store.entries("q")) == [
+        (bm, EntryState(ChangeKind.DONE, 2, 1, None, None, "acked", 13_000))
+    ]
+
+
+def test_delete_entry_and_entries_below_a_low_water_mark(store: KeyValueStore) -> None:
+    batch = StoreBatch()
+    for offset in range(10):
+        batch.put_entry("q", Bookmark("t", 0, offset), entry())
+        batch.put_entry("q", Bookmark("t", 1, offset), entry())
+    store.write(batch)
+    batch = StoreBatch()
+    batch.delete_entry("q", Bookmark("t", 0, 9))
+    batch.delete_entries_below("q", TopicPartition("t", 0), 4)
+    store.write(batch)
+    left = [bm for bm, _ in store.entries("q")]
+    assert left == [Bookmark("t", 0, o) for o in range(4, 9)] + [
+        Bookmark("t", 1, o) for o in range(10)
+    ]
+
+
+def test_later_operations_in_a_batch_win(store: KeyValueStore) -> None:
+    bm = Bookmark("t", 0, 1)
+    batch = StoreBatch()
+    batch.put_entry("q", bm, entry(1))
+    batch.put_entry("q", bm, entry(2))
+    batch.put_message("q", bm, message(1))
+    batch.delete_message("q", bm)
+    store.write(batch)
+    assert list(store.entries("q")) == [(bm, entry(2))]
+    assert store.get_messages("q", [bm]) == [None]
+
+
+def test_positions_hold_low_water_and_read_position_apart(store: KeyValueStore) -> None:
+    t0, t1, other = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("u", 0)
+    batch = StoreBatch()
+    batch.put_low_water("q", t0, 5)
+    batch.put_read_position("q", t0, 9)
+    batch.put_read_position("q", t1, 2**50)
+    batch.put_low_water("q", other, 0)
+    batch.put_low_water("q2", t0, 77)
+    store.write(batch)
+    assert store.positions("q") == {
+        t0: PartitionPosition(5, 9),
+        t1: PartitionPosition(None, 2**50),
+        other: PartitionPosition(0, None),
+    }
+    batch = StoreBatch()
+    batch.put_low_water("q", t0, 6)
+    batch.delete_low_water("q", other)
+    store.write(batch)
+    assert store.positions("q") == {t0: PartitionPosition(6, 9), t1: PartitionPosition(None, 2**50)}
+    assert store.positions("q2") == {t0: PartitionPosition(77, None)}
+    assert store.positions("none") == {}
+
+
+def test_messages_iterate_from_a_start_and_multi_get(store: KeyValueStore) -> None:
+    batch = StoreBatch()
+    bookmarks = [Bookmark("t", p, o) for p in (0, 1) for o in range(5)]
+    for i, bm in enumerate(bookmarks):
+        batch.put_message("q", bm, message(i))
+    store.write(batch)
+    assert list(store.messages("q")) == [(bm, message(i)) for i, bm in enumerate(bookmarks)]
+    assert [bm for bm, _ in store.messages("q", Bookmark("t", 0, 3))] == bookmarks[3:]
+    assert [bm for bm, _ in store.messages("q", Bookmark("t", 0, 99))] == bookmarks[5:]
+    wanted = [Bookmark("t", 1, 4), Bookmark("t", 9, 9), Bookmark("t", 0, 0)]
+    assert store.get_messages("q", wanted) == [message(9), None, message(0)]
+    assert store.get_messages("other", wanted) == [None, None, None]
+    assert store.get_messages("q", []) == []
+
+
+def test_stored_message_round_trip_keeps_every_field(store: KeyValueStore) -> None:
+    full = StoredMessage(b"\x00", b"", (("a", b""), ("a", None)), -5, -(2**40), "bad json")
+    empty = StoredMessage(None, None)
+    batch = StoreBatch()
+    batch.put_message("q", Bookmark("t", 0, 0), full)
+    batch.put_message("q", Bookmark("t", 0, 1), empty)
+    store.write(batch)
+    assert store.get_messages("q", [Bookmark("t", 0, 0), Bookmark("t", 0, 1)]) == [full, empty]
+
+
+def test_changelog_offsets(store: KeyValueStore) -> None:
+    assert store.changelog_offset("cl", 0) is None
+    batch = StoreBatch()
+    batch.set_changelog_offset("cl", 0, 10)
+    batch.set_changelog_offset("cl", 1, 0)
+    batch.set_changelog_offset("cl2", 0, 3)
+    store.write(batch)
+    assert store.changelog_offset("cl", 0) == 10
+    assert store.changelog_offset("cl", 1) == 0
+    assert store.changelog_offset("cl2", 0) == 3
+    assert store.changelog_offset("cl", 2) is None
+
+
+def test_queues_and_wipe_queue(store: KeyValueStore) -> None:
+    batch = StoreBatch()
+    batch.put_entry("a", Bookmark("t", 0, 0), entry())
+    batch.put_entry("ab", Bookmark("t", 0, 0), entry())
+    batch.put_low_water("b", TopicPartition("t", 0), 3)
+    batch.put_message("c", Bookmark("t", 0, 0), message())
+    batch.put_message("a", Bookmark("t", 0, 0), message())
+    batch.put_read_position("a", TopicPartition("t", 0), 1)
+    batch.set_changelog_offset("cl", 0, 5)
+    store.write(batch)
+    assert store.queues() == {"a", "ab", "b", "c"}
+    store.wipe_queue("a")
+    assert store.queues() == {"ab", "b", "c"}
+    assert list(store.entries("a")) == [] and store.positions("a") == {}
+    assert list(store.messages("a")) == []
+    assert [bm for bm, _ in store.entries("ab")] == [Bookmark("t", 0, 0)]
+    assert store.changelog_offset("cl", 0) == 5
+
+
+def test_a_batch_that_cannot_be_built_writes_nothing(store: KeyValueStore) -> None:
+    batch = StoreBatch()
+    batch.put_entry("q", Bookmark("t", 0, 0), entry())
+    batch.set_changelog_offset("cl", 0, 1)
+    with pytest.raises(SerializationError):
+        batch.put_message("q", Bookmark("t", 0, 1), StoredMessage("not bytes", None))  # type: ignore[arg-type]
+    with pytest.raises(StateError):
+        batch.put_entry("bad\x00queue", Bookmark("t", 0, 0), entry())
+    with pytest.raises(StateError):
+        batch.put_entry("q", Bookmark("t", 0, -1), entry())
+    assert list(store.entries("q")) == []
+    assert store.changelog_offset("cl", 0) is None
+    store.write(batch)  # what was added before the failures is still one consistent batch
+    assert len(list(store.entries("q"))) == 1 and store.changelog_offset("cl", 0) == 1
+
+
+def test_an_empty_batch_is_a_no_op(store: KeyValueStore) -> None:
+    empty = StoreBatch()
+    assert not empty and len(empty) == 0
+    store.write(empty)
+    assert store.queues() == set()
+
+
+def test_iteration_pages_through_many_keys_and_sees_later_writes(
+    store: KeyValueStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(KeyValueStore, "_PAGE", 7)
+    batch = StoreBatch()
+    for offset in range(100):
+        batch.put_entry("q", Bookmark("t", 0, offset), entry(offset))
+    store.write(batch)
+    seen = []
+    for bm, state in store.entries("q"):
+        seen.append(bm.offset)
+        assert state.deliveries == bm.offset
+        if bm.offset == 50:
+            # Writing while an iteration is open must not block (no iterator is kept open).
+            more = StoreBatch()
+            more.put_entry("q", Bookmark("t", 0, 1000), entry(1000))
+            store.write(more)
+    assert seen == [*range(100), 1000]
+
+
+def test_a_closed_store_refuses_to_work(store: KeyValueStore) -> None:
+    store.close()
+    store.close()  # idempotent
+    with pytest.raises(StateError, match="closed"):
+        store.write(StoreBatch())
+    with pytest.raises(StateError, match="closed"):
+        list(store.entries("q"))
+    with pytest.raises(StateError, match="closed"):
+        store.get_messages("q", [Bookmark("t", 0, 0)])
+
+
+# -- RocksDB only --------------------------------------------------------------------------------
+
+
+def test_reopen_keeps_everything(rocks_factory: StoreFactory) -> None:
+    store = rocks_factory()
+    batch = StoreBatch()
+    batch.put_entry("q", Bookmark("t", 0, 1), entry(3))
+    batch.put_low_water("q", TopicPartition("t", 0), 1)
+    batch.put_read_position("q", TopicPartition("t", 0), 2)
+    batch.put_message("q", Bookmark("t", 0, 1), message(1))
+    batch.set_changelog_offset("cl", 0, 42)
+    store.write(batch)
+    half_read = store.messages("q")
+    next(half_read)  # an abandoned iteration must not keep the database (and its lock) open
+    store.close()
+    again = rocks_factory()
+    assert list(again.entries("q")) == [(Bookmark("t", 0, 1), entry(3))]
+    assert again.positions("q") == {TopicPartition("t", 0): PartitionPosition(1, 2)}
+    assert again.get_messages("q", [Bookmark("t", 0, 1)]) == [message(1)]
+    assert again.changelog_offset("cl", 0) == 42
+
+
+def test_a_state_dir_in_use_raises_state_error_with_its_path(
+    rocks_factory: StoreFactory, tmp_path: Path
+) -> None:
+    rocks_factory()
+    path = tmp_path / "state"
+    with pytest.raises(StateError, match="in use") as info:
+        RocksDBStore(path)
+    assert str(path) in str(info.value)
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys\n"
+            "from layer.state import RocksDBStore\n"
+            "from layer.exceptions import StateError\n"
+            "try:\n"
+            "    RocksDBStore(sys.argv[1])\n"
+            "except StateError as exc:\n"
+            "    print(exc)\n",
+            str(path),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.returncode == 0, child.stderr
+    assert "in use" in child.stdout and str(path) in child.stdout
+
+
+_KILLED_WRITER = textwrap.dedent(
+    """
+    import sys
+    from layer.codec import ChangeKind
+    from layer.engine.model import Bookmark, TopicPartition
+    from layer.state import EntryState, RocksDBStore, StoreBatch, StoredMessage
+
+    store = RocksDBStore(sys.argv[1])
+    per_batch = int(sys.argv[2])
+    payload = b"x" * 2000
+    i = 0
+    while True:
+        batch = StoreBatch()
+        for j in range(per_batch):
+            bm = Bookmark("t", j % 3, i * per_batch + j)
+            batch.put_entry("q", bm, EntryState(ChangeKind.LEASED, i, 0, "s", None, None, i))
+            batch.put_message("q", bm, StoredMessage(None, payload, (), i))
+        batch.put_read_position("q", TopicPartition("t", 0), i + 1)
+        batch.set_changelog_offset("cl", 0, i + 1)
+        store.write(batch)
+        print(i, flush=True)
+        i += 1
+    """
+)
+
+
+def test_sigkill_while_writing_loses_no_completed_batch_and_leaves_no_partial_one(
+    rocks_factory: StoreFactory, tmp_path: Path
+) -> None:
+    path = tmp_path / "state"
+    per_batch = 100
+    for round_ in range(3):
+        child = subprocess.Popen(
+            [sys.executable, "-c", _KILLED_WRITER, str(path), str(per_batch)],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert child.stdout is not None
+        reported = -1
+        deadline = time.monotonic() + 60
+        # Kill at a different moment each round, always while batches are being written.
+        while reported < 40 + 37 * round_ and time.monotonic() < deadline:
+            line = child.stdout.readline()
+            if not line:
+                break
+            reported = int(line)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+        child.stdout.close()
+        assert child.returncode == -signal.SIGKILL
+        assert reported >= 40
+
+        store = RocksDBStore(path)
+        try:
+            written = store.changelog_offset("cl", 0)
+            assert written is not None and written >= reported + 1
+            assert store.positions("q")[TopicPartition("t", 0)].read_position == written
+            entries = list(store.entries("q"))
+            assert len(entries) == written * per_batch
+            for bm, state in entries:
+                assert state.deliveries == bm.offset // per_batch < written
+            messages = list(store.messages("q"))
+            assert len(messages) == written * per_batch
+            assert all(m.timestamp_ms == bm.offset // per_batch for bm, m in messages)
+            store.wipe_queue("q")
+            empty = StoreBatch()
+            empty.set_changelog_offset("cl", 0, 0)
+            store.write(empty)
+        finally:
+            store.close()
