@@ -1,1 +1,30 @@
-"""qlayer: message-queue semantics (AMPS-style queues) on Apache Kafka."""
+"""qlayer: message-queue semantics (AMPS-style queues) on Apache Kafka.
+
+Consumers use ``QueueClient`` (blocking) or ``AsyncQueueClient`` (asyncio) against a running
+coordinator (``qlayer coordinator --config FILE``).
+"""
+
+from layer.client import AsyncQueueClient, QueueClient
+from layer.engine.model import Bookmark
+from layer.exceptions import (
+    ClientError,
+    ConfigError,
+    LeaseError,
+    NotLeaseHolder,
+    QLayerError,
+    UnknownBookmark,
+    UnknownQueue,
+)
+
+__all__ = [
+    "AsyncQueueClient",
+    "Bookmark",
+    "ClientError",
+    "ConfigError",
+    "LeaseError",
+    "NotLeaseHolder",
+    "QLayerError",
+    "QueueClient",
+    "UnknownBookmark",
+    "UnknownQueue",
+]

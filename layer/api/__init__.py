@@ -1,0 +1,23 @@
+"""The API: gRPC transport (Avro frames) in front of the coordinator's ``QueueService``."""
+
+from layer.api.server import ApiServer
+from layer.api.service import (
+    AckFailure,
+    DeliveredMessage,
+    DeliverySink,
+    QueueInfo,
+    QueueService,
+    QueueStats,
+    Subscription,
+)
+
+__all__ = [
+    "AckFailure",
+    "ApiServer",
+    "DeliveredMessage",
+    "DeliverySink",
+    "QueueInfo",
+    "QueueService",
+    "QueueStats",
+    "Subscription",
+]

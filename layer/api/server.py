@@ -1,0 +1,488 @@
+"""The gRPC server (grpc.aio) in front of a ``QueueService``.
+
+Service ``qlayer.Queue``, Avro frames (``layer.api.frames``) instead of protobuf:
+
+- ``Subscribe`` (bidirectional stream): the client sends Subscribe, then Ack batches and finally
+  Close; the server answers Subscribed, then Messages batches and one AckResult per Ack. However
+  the stream ends (Close, client cancel, dropped connection, server stop), the subscription is
+  closed exactly once, which returns the consumer's leases at once.
+- ``Publish``, ``Stats``, ``ListQueues`` (unary).
+
+Errors map to gRPC status codes: UnknownQueue -> NOT_FOUND, InvalidRequest -> INVALID_ARGUMENT,
+BrokerError -> UNAVAILABLE, a missing or wrong bearer token -> UNAUTHENTICATED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+
+from layer.api.frames import (
+    CLIENT_FRAME_CODEC,
+    LIST_QUEUES_CODEC,
+    PUBLISH_CODEC,
+    PUBLISHED_CODEC,
+    QUEUE_LIST_CODEC,
+    SERVER_FRAME_CODEC,
+    STATS_CODEC,
+    STATS_REPLY_CODEC,
+    Ack,
+    AckResult,
+    Close,
+    Error,
+    FrameCodec,
+    ListQueues,
+    Messages,
+    Publish,
+    Published,
+    QueueList,
+    Stats,
+    StatsReply,
+    Subscribe,
+    Subscribed,
+)
+from layer.api.service import AckFailure, DeliveredMessage, QueueService, Subscription
+from layer.exceptions import (
+    BrokerError,
+    ConfigError,
+    InvalidRequest,
+    QLayerError,
+    SerializationError,
+    UnknownQueue,
+)
+
+__all__ = ["SERVICE_NAME", "ApiServer"]
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "qlayer.Queue"
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# A Messages frame is cut once its payload passes this, well under MAX_MESSAGE_BYTES.
+_FRAME_PAYLOAD_BYTES = 4 * 1024 * 1024
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class _Malformed:
+    """A request that did not decode. The deserializer returns it instead of raising, because a
+    raising deserializer makes grpc end the call with INTERNAL; the handler decides instead."""
+
+    reason: str
+
+
+def _lenient(codec: FrameCodec[T]) -> Callable[[bytes], T | _Malformed]:
+    def decode(data: bytes) -> T | _Malformed:
+        try:
+            return codec.decode(data)
+        except SerializationError as exc:
+            return _Malformed(str(exc))
+
+    return decode
+
+
+@dataclass(frozen=True, slots=True)
+class _SinkClosed:
+    reason: str
+
+
+class _End:
+    """The stream should finish (the client sent Close or stopped sending)."""
+
+
+_END = _End()
+_Outgoing = list[DeliveredMessage] | AckResult | Error | _SinkClosed | _End
+
+
+class _StreamSink:
+    """The DeliverySink of one stream: everything to write goes through one queue, so the
+    stream's single writer sends it in order and batches what piled up meanwhile."""
+
+    def __init__(self) -> None:
+        self._out: asyncio.Queue[_Outgoing] = asyncio.Queue()
+
+    def deliver(self, messages: Sequence[DeliveredMessage]) -> None:
+        if messages:
+            self._out.put_nowait(list(messages))
+
+    def close(self, reason: str) -> None:
+        self._out.put_nowait(_SinkClosed(reason))
+
+    def send(self, frame: AckResult | Error) -> None:
+        self._out.put_nowait(frame)
+
+    def finish(self) -> None:
+        self._out.put_nowait(_END)
+
+    async def take(self) -> list[_Outgoing]:
+        items = [await self._out.get()]
+        while not self._out.empty():
+            items.append(self._out.get_nowait())
+        return items
+
+
+def _payload_size(message: DeliveredMessage) -> int:
+    size = 64 + len(message.key or b"") + len(message.value or b"")
+    return size + sum(len(k) + len(v or b"") for k, v in message.headers)
+
+
+def _message_frames(messages: list[DeliveredMessage]) -> list[Messages]:
+    frames: list[Messages] = []
+    batch: list[DeliveredMessage] = []
+    size = 0
+    for message in messages:
+        batch.append(message)
+        size += _payload_size(message)
+        if size >= _FRAME_PAYLOAD_BYTES:
+            frames.append(Messages(batch))
+            batch, size = [], 0
+    if batch:
+        frames.append(Messages(batch))
+    return frames
+
+
+def _status_of(exc: QLayerError) -> grpc.StatusCode:
+    if isinstance(exc, UnknownQueue):
+        return grpc.StatusCode.NOT_FOUND
+    if isinstance(exc, InvalidRequest):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(exc, BrokerError):
+        return grpc.StatusCode.UNAVAILABLE
+    return grpc.StatusCode.INTERNAL
+
+
+async def _abort(
+    context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str
+) -> NoReturn:
+    await context.abort(code, message)
+    raise AssertionError("context.abort returned")  # it always raises
+
+
+class _Closer:
+    """Closes a subscription exactly once, from whichever path notices the end first."""
+
+    def __init__(self, subscription: Subscription, open_: set[_Closer]) -> None:
+        self._subscription = subscription
+        self._open = open_
+        self._task: asyncio.Task[None] | None = None
+        # Captured now: grpc may run the done callback outside a running-loop context.
+        self._loop = asyncio.get_running_loop()
+        open_.add(self)
+
+    def close(self) -> asyncio.Task[None]:
+        if self._task is None:
+            self._task = self._loop.create_task(self._close())
+        return self._task
+
+    async def _close(self) -> None:
+        try:
+            await self._subscription.close()
+        except Exception:
+            log.exception("closing subscription failed subscription=%s", self._subscription.id)
+        else:
+            log.debug("subscription closed subscription=%s", self._subscription.id)
+        finally:
+            self._open.discard(self)
+
+
+class ApiServer:
+    """Serves a ``QueueService`` over gRPC.
+
+    ``listen`` is ``host:port`` (port 0 picks a free one; ``start`` returns it). With
+    ``auth_token`` every call needs metadata ``authorization: Bearer <token>``. ``tls`` is
+    ``(certificate_chain_pem, private_key_pem)``. The keepalive settings make a vanished peer
+    (crashed host, cut network) end its streams within ``keepalive_time_s + keepalive_timeout_s``;
+    a killed process is noticed at once through its closed socket.
+    """
+
+    def __init__(
+        self,
+        service: QueueService,
+        listen: str = "127.0.0.1:7070",
+        auth_token: str | None = None,
+        tls: tuple[bytes, bytes] | None = None,
+        *,
+        keepalive_time_s: float = 5.0,
+        keepalive_timeout_s: float = 5.0,
+    ) -> None:
+        self._service = service
+        self._listen = listen
+        self._expected_auth = f"Bearer {auth_token}".encode() if auth_token else None
+        self._tls = tls
+        self._options = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.keepalive_time_ms", int(keepalive_time_s * 1000)),
+            ("grpc.keepalive_timeout_ms", int(keepalive_timeout_s * 1000)),
+            # grpc (1.85) times out an unanswered keepalive ping by this (default 60 s), not
+            # by the keepalive timeout alone; without it a silent peer lingers for a minute.
+            ("grpc.http2.ping_timeout_ms", int(keepalive_timeout_s * 1000)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+            # Our clients ping every 10 s; accept pings that often without a GOAWAY.
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
+        ]
+        self._server: grpc.aio.Server | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()  # acks in flight
+        self._unclosed: set[_Closer] = set()  # one per subscription not closed yet
+        self.port: int | None = None
+
+    async def start(self) -> int:
+        """Bind and start serving; returns the bound port."""
+        if self._server is not None:
+            raise RuntimeError("ApiServer already started")
+        server = grpc.aio.server(options=self._options)
+        server.add_generic_rpc_handlers((self._handler(),))
+        try:
+            if self._tls is None:
+                port = server.add_insecure_port(self._listen)
+            else:
+                cert, key = self._tls
+                creds = grpc.ssl_server_credentials([(key, cert)])
+                port = server.add_secure_port(self._listen, creds)
+        except RuntimeError as exc:
+            raise ConfigError(f"cannot listen on {self._listen}: {exc}") from exc
+        if not port:
+            raise ConfigError(f"cannot listen on {self._listen}")
+        await server.start()
+        self._server, self.port = server, port
+        log.info(
+            "api server listening address=%s port=%d tls=%s", self._listen, port, bool(self._tls)
+        )
+        return port
+
+    async def stop(self, grace: float | None = 5.0) -> None:
+        """Stop accepting calls, give running ones ``grace`` seconds, then cancel them (each
+        subscription is closed on the way out)."""
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        await server.stop(grace)
+        # The handlers were cancelled but may not have run their cleanup yet: close every
+        # subscription here, so that when stop returns every lease has been given back.
+        closing = [closer.close() for closer in list(self._unclosed)]
+        if closing:
+            await asyncio.wait(closing)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=grace)
+        for task in list(self._tasks):
+            task.cancel()
+        log.info("api server stopped port=%s", self.port)
+
+    def _handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            SERVICE_NAME,
+            {
+                "Subscribe": grpc.stream_stream_rpc_method_handler(
+                    self._subscribe,
+                    request_deserializer=_lenient(CLIENT_FRAME_CODEC),
+                    response_serializer=SERVER_FRAME_CODEC.encode,
+                ),
+                "Publish": grpc.unary_unary_rpc_method_handler(
+                    self._publish,
+                    request_deserializer=_lenient(PUBLISH_CODEC),
+                    response_serializer=PUBLISHED_CODEC.encode,
+                ),
+                "Stats": grpc.unary_unary_rpc_method_handler(
+                    self._stats,
+                    request_deserializer=_lenient(STATS_CODEC),
+                    response_serializer=STATS_REPLY_CODEC.encode,
+                ),
+                "ListQueues": grpc.unary_unary_rpc_method_handler(
+                    self._list_queues,
+                    request_deserializer=_lenient(LIST_QUEUES_CODEC),
+                    response_serializer=QUEUE_LIST_CODEC.encode,
+                ),
+            },
+        )
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    async def _authorize(self, context: grpc.aio.ServicerContext) -> None:
+        if self._expected_auth is None:
+            return
+        presented = b""
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization":
+                presented = value.encode() if isinstance(value, str) else value
+        if not hmac.compare_digest(presented, self._expected_auth):
+            await _abort(
+                context,
+                grpc.StatusCode.UNAUTHENTICATED,
+                "missing or wrong bearer token (metadata authorization: Bearer <token>)",
+            )
+
+    @staticmethod
+    async def _request(context: grpc.aio.ServicerContext, request: object, kind: type[T]) -> T:
+        if isinstance(request, _Malformed):
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.reason)
+        if not isinstance(request, kind):
+            await _abort(
+                context, grpc.StatusCode.INVALID_ARGUMENT, f"expected {kind.__name__} request"
+            )
+        return request
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # --- unary calls --------------------------------------------------------------------------
+
+    async def _publish(self, request: object, context: grpc.aio.ServicerContext) -> Published:
+        await self._authorize(context)
+        req = await self._request(context, request, Publish)
+        try:
+            bookmark = await self._service.publish(req.queue, req.value, req.key, req.headers)
+        except QLayerError as exc:
+            await _abort(context, _status_of(exc), str(exc))
+        return Published(bookmark)
+
+    async def _stats(self, request: object, context: grpc.aio.ServicerContext) -> StatsReply:
+        await self._authorize(context)
+        req = await self._request(context, request, Stats)
+        try:
+            stats = await self._service.stats(req.queue)
+        except QLayerError as exc:
+            await _abort(context, _status_of(exc), str(exc))
+        return StatsReply(list(stats))
+
+    async def _list_queues(self, request: object, context: grpc.aio.ServicerContext) -> QueueList:
+        await self._authorize(context)
+        await self._request(context, request, ListQueues)
+        try:
+            queues = self._service.queues()
+        except QLayerError as exc:
+            await _abort(context, _status_of(exc), str(exc))
+        return QueueList(list(queues))
+
+    # --- the subscription stream --------------------------------------------------------------
+
+    async def _subscribe(self, requests: object, context: grpc.aio.ServicerContext) -> None:
+        # Read the first frame before refusing anything: failing the call while the client's
+        # first write is in flight makes grpc report INTERNAL to it instead of our status.
+        first = await context.read()
+        await self._authorize(context)
+        if first is grpc.aio.EOF:
+            return
+        if isinstance(first, _Malformed):
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, first.reason)
+        if not isinstance(first, Subscribe):
+            await _abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the first frame must be Subscribe, got {type(first).__name__}",
+            )
+        sink = _StreamSink()
+        subscription = await self._open(first, sink, context)
+        closer = _Closer(subscription, self._unclosed)
+        # Belt and braces: the finally below runs on cancellation too, but the done callback
+        # also covers a handler that grpc tears down without resuming it.
+        context.add_done_callback(lambda _: closer.close())
+        reader: asyncio.Task[None] | None = None
+        try:
+            await context.write(
+                Subscribed(subscription.id, subscription.backlog, subscription.lease_period_s)
+            )
+            log.debug(
+                "subscribed queue=%s subscription=%s backlog=%d client=%s",
+                first.queue,
+                subscription.id,
+                subscription.backlog,
+                first.client_name,
+            )
+            reader = asyncio.get_running_loop().create_task(
+                self._read_frames(context, subscription, sink)
+            )
+            await self._write_frames(context, sink)
+        finally:
+            if reader is not None:
+                reader.cancel()
+            await asyncio.shield(closer.close())
+
+    async def _open(
+        self, frame: Subscribe, sink: _StreamSink, context: grpc.aio.ServicerContext
+    ) -> Subscription:
+        # Shielded: if the call is cancelled while the service is subscribing, the subscription
+        # it creates must still be closed, or its leases would stay with a client that is gone.
+        pending = asyncio.ensure_future(
+            self._service.subscribe(frame.queue, frame.max_backlog, sink, frame.client_name)
+        )
+        try:
+            return await asyncio.shield(pending)
+        except asyncio.CancelledError:
+            pending.add_done_callback(self._close_orphan)
+            raise
+        except QLayerError as exc:
+            await _abort(context, _status_of(exc), str(exc))
+
+    def _close_orphan(self, pending: asyncio.Future[Subscription]) -> None:
+        if not pending.cancelled() and pending.exception() is None:
+            _Closer(pending.result(), self._unclosed).close()
+
+    async def _read_frames(
+        self, context: grpc.aio.ServicerContext, subscription: Subscription, sink: _StreamSink
+    ) -> None:
+        try:
+            while True:
+                frame = await context.read()
+                if frame is grpc.aio.EOF or isinstance(frame, Close):
+                    return
+                if isinstance(frame, Ack):
+                    # One task per batch, created in arrival order so the service starts them
+                    # in order; reading goes on meanwhile (an ack waits for durability).
+                    self._spawn(self._ack(subscription, frame, sink))
+                elif isinstance(frame, _Malformed):
+                    log.warning(
+                        "malformed frame skipped subscription=%s reason=%s",
+                        subscription.id,
+                        frame.reason,
+                    )
+                    sink.send(Error("malformed_frame", frame.reason))
+                else:
+                    sink.send(Error("unexpected_frame", f"{type(frame).__name__} after Subscribe"))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the call broke; the writer is told to finish below
+            log.debug(
+                "subscription stream read ended subscription=%s error=%r", subscription.id, exc
+            )
+        finally:
+            sink.finish()
+
+    async def _ack(self, subscription: Subscription, frame: Ack, sink: _StreamSink) -> None:
+        try:
+            failures = await subscription.ack(frame.op, frame.bookmarks, frame.seconds)
+        except Exception as exc:
+            if not isinstance(exc, QLayerError):
+                log.exception("ack failed subscription=%s", subscription.id)
+            message = f"ack not confirmed: {exc}"
+            failures = [AckFailure(b, "ack_failed", message) for b in frame.bookmarks]
+        sink.send(AckResult(frame.request_id, list(failures)))
+
+    async def _write_frames(self, context: grpc.aio.ServicerContext, sink: _StreamSink) -> None:
+        while True:
+            messages: list[DeliveredMessage] = []
+            end: _End | _SinkClosed | None = None
+            for item in await sink.take():
+                if isinstance(item, list):
+                    messages.extend(item)
+                elif isinstance(item, _End | _SinkClosed):
+                    end = end or item
+                else:
+                    await context.write(item)
+            if isinstance(end, _SinkClosed):
+                await _abort(
+                    context, grpc.StatusCode.UNAVAILABLE, f"subscription closed: {end.reason}"
+                )
+            if end is not None:
+                return
+            for frame in _message_frames(messages):
+                await context.write(frame)

@@ -1,0 +1,119 @@
+"""What the API server needs from the coordinator: the seam between transport and queue logic.
+
+The gRPC server (``layer.api.server``) decodes frames and calls a ``QueueService``; the
+coordinator implements it. Everything runs on one asyncio loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from layer.engine.model import AckError, AckOp, Bookmark
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveredMessage:
+    """A message handed to a subscription."""
+
+    bookmark: Bookmark
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    timestamp_ms: int
+    deliveries: int
+    cancels: int
+    lease_deadline_ms: int | None  # wall-clock epoch ms; None for at-most-once
+
+
+@dataclass(frozen=True, slots=True)
+class AckFailure:
+    bookmark: str  # as sent by the client (it may not even parse)
+    error: AckError | str  # an AckError, or "malformed_bookmark"
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    queue: str
+    available: int
+    leased: int
+    inactive: int
+    subscriptions: int
+    oldest_available_age_s: float | None
+    delivered_total: int
+    acked_total: int
+    dead_lettered_total: int
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    name: str
+    underlying_topic: str
+    semantics: str
+    message_type: str
+    lease_period_s: float
+    max_per_subscription_backlog: int
+    dead_letter_topic: str | None
+    default_publish_target: str | None
+
+
+class DeliverySink(Protocol):
+    """Where the coordinator pushes a subscription's messages. Never blocks."""
+
+    def deliver(self, messages: Sequence[DeliveredMessage]) -> None: ...
+
+    def close(self, reason: str) -> None:
+        """The coordinator ends the subscription (shutdown); the stream should finish."""
+        ...
+
+
+class Subscription(Protocol):
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def backlog(self) -> int:
+        """The effective max backlog (capped by the queue)."""
+        ...
+
+    @property
+    def lease_period_s(self) -> float: ...
+
+    async def ack(
+        self, op: AckOp, bookmarks: Sequence[str], seconds: float = 0.0
+    ) -> list[AckFailure]:
+        """Apply ``op`` to the bookmarks. Returns only when every accepted change is durable
+        (at-least-once acks answered only after their done record is in the changelog).
+        The returned list holds the refused bookmarks; empty means all accepted."""
+        ...
+
+    async def close(self) -> None:
+        """The client went away: return all its leases at once. Idempotent."""
+        ...
+
+
+class QueueService(Protocol):
+    async def subscribe(
+        self, queue: str, max_backlog: int, sink: DeliverySink, client: str = ""
+    ) -> Subscription:
+        """Raises ``UnknownQueue`` for an unknown queue, ``InvalidRequest`` for a bad backlog."""
+        ...
+
+    async def publish(
+        self,
+        queue: str,
+        value: bytes,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes | None]] = (),
+    ) -> Bookmark:
+        """Publish to the queue's publish target; returns the bookmark once the broker has it."""
+        ...
+
+    async def stats(self, queue: str | None = None) -> list[QueueStats]:
+        """Stats of one queue (``UnknownQueue`` if not configured) or of all."""
+        ...
+
+    def queues(self) -> list[QueueInfo]: ...

@@ -1,0 +1,248 @@
+"""What the blocking and the asyncio client share: channel settings, error mapping, the message
+type and the ack batcher (pure bookkeeping, no I/O, no locking: each client adds its own)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import grpc
+
+from layer.api.frames import Ack, AckResult, Publish
+from layer.api.service import AckFailure, DeliveredMessage
+from layer.engine.model import AckError, AckOp
+from layer.exceptions import (
+    ClientError,
+    InvalidRequest,
+    LeaseError,
+    NotLeaseHolder,
+    QLayerError,
+    UnknownBookmark,
+    UnknownQueue,
+)
+
+SERVICE = "/qlayer.Queue/"
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+ACK_BATCH_SIZE = 256  # an ack batch this large is sent at once
+ACK_FLUSH_INTERVAL_S = 0.005  # pending acks are sent at the latest this long after the first
+
+CHANNEL_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # Ping every 10 s, give up after 5 s without an answer: a dead server or cut network fails
+    # the subscription within seconds instead of leaving the consumer waiting forever.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.http2.ping_timeout_ms", 5_000),  # what grpc 1.85 times pings out by
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+Headers = list[tuple[str, bytes | None]]
+
+
+def default_client_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def call_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def error_from_rpc(exc: grpc.RpcError) -> QLayerError:
+    """The qlayer exception for a failed call (``raise error_from_rpc(exc) from exc``)."""
+    code = exc.code() if hasattr(exc, "code") else None
+    details = (exc.details() if hasattr(exc, "details") else None) or str(exc)
+    if code == grpc.StatusCode.NOT_FOUND:
+        return UnknownQueue(details)
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidRequest(details)
+    name = code.name if code is not None else "UNKNOWN"
+    return ClientError(f"{name}: {details}")
+
+
+def lease_error(failure: AckFailure) -> LeaseError:
+    message = f"{failure.bookmark}: {failure.message}"
+    if failure.error == AckError.UNKNOWN_BOOKMARK:
+        return UnknownBookmark(message)
+    if failure.error == AckError.NOT_LEASE_HOLDER:
+        return NotLeaseHolder(message)
+    return LeaseError(message)
+
+
+def publish_request(
+    queue: str,
+    data: bytes | str | Mapping[str, Any],
+    key: bytes | str | None,
+    headers: Sequence[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None] | None,
+) -> Publish:
+    if isinstance(data, bytes):
+        value = data
+    elif isinstance(data, str):
+        value = data.encode()
+    elif isinstance(data, Mapping):
+        value = json.dumps(data, separators=(",", ":")).encode()
+    else:
+        raise InvalidRequest(f"cannot publish {type(data).__name__}: use bytes, str or dict")
+    items = headers.items() if isinstance(headers, Mapping) else headers or ()
+    return Publish(
+        queue=queue,
+        value=value,
+        key=key.encode() if isinstance(key, str) else key,
+        headers=[(k, v.encode() if isinstance(v, str) else v) for k, v in items],
+    )
+
+
+class MessageBase:
+    """A delivered message. ``bookmark`` (``topic/partition/offset``) is its identity;
+    ``data`` is the payload (``b""`` for a null value); ``lease_deadline`` is wall-clock epoch
+    seconds (None for at-most-once queues)."""
+
+    __slots__ = (
+        "bookmark",
+        "cancels",
+        "data",
+        "deliveries",
+        "headers",
+        "key",
+        "lease_deadline",
+        "offset",
+        "partition",
+        "timestamp",
+        "topic",
+    )
+
+    def __init__(self, delivered: DeliveredMessage) -> None:
+        self.topic, self.partition, self.offset = delivered.bookmark
+        self.bookmark = str(delivered.bookmark)
+        self.key = delivered.key
+        self.data = delivered.value or b""
+        self.headers: Headers = list(delivered.headers)
+        self.timestamp = delivered.timestamp_ms / 1000.0
+        self.deliveries = delivered.deliveries
+        self.cancels = delivered.cancels
+        deadline = delivered.lease_deadline_ms
+        self.lease_deadline = deadline / 1000.0 if deadline is not None else None
+
+    def json(self) -> Any:
+        """The payload parsed as JSON."""
+        return json.loads(self.data)
+
+    def header(self, key: str) -> bytes | None:
+        """The last value of header ``key`` (None if absent or valueless)."""
+        for k, v in reversed(self.headers):
+            if k == key:
+                return v
+        return None
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(bookmark={self.bookmark!r}, deliveries={self.deliveries}, "
+            f"data={self.data[:40]!r})"
+        )
+
+
+W = TypeVar("W")
+
+
+@dataclass(slots=True)
+class _Batch(Generic[W]):
+    op: AckOp
+    seconds: float
+    bookmarks: list[str] = field(default_factory=list)
+    waiters: list[W | None] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Resolution(Generic[W]):
+    """The outcome of one AckResult."""
+
+    done: list[tuple[W, AckFailure | None]]  # waiters to complete
+    unwaited_failures: list[AckFailure]  # refusals nobody waits for
+    acked: int  # bookmarks confirmed by an ACK op
+
+
+class AckBatcher(Generic[W]):
+    """Pending and in-flight ack batches of one subscription.
+
+    Consecutive operations with the same op (and seconds) share a batch, so ordering across ops
+    is kept: ``ack a, cancel b, ack c`` makes three batches, sent in that order.
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[_Batch[W]] = []
+        self._pending_count = 0
+        self._first_pending_at = 0.0
+        self._in_flight: dict[int, _Batch[W]] = {}
+        self._next_id = 1
+
+    @property
+    def pending(self) -> int:
+        return self._pending_count
+
+    @property
+    def first_pending_at(self) -> float:
+        """``time.monotonic()`` when the oldest pending operation was added."""
+        return self._first_pending_at
+
+    @property
+    def last_request_id(self) -> int:
+        return self._next_id - 1
+
+    def in_flight_through(self, request_id: int) -> bool:
+        """Is any batch up to ``request_id`` still unanswered?"""
+        return any(rid <= request_id for rid in self._in_flight)
+
+    def add(self, op: AckOp, bookmark: str, seconds: float, waiter: W | None) -> int:
+        """Queue one operation; returns the size of the batch it joined."""
+        if not self._pending_count:
+            self._first_pending_at = time.monotonic()
+        last = self._pending[-1] if self._pending else None
+        if last is None or last.op != op or last.seconds != seconds:
+            last = _Batch(op, seconds)
+            self._pending.append(last)
+        last.bookmarks.append(bookmark)
+        last.waiters.append(waiter)
+        self._pending_count += 1
+        return len(last.bookmarks)
+
+    def take(self) -> list[Ack]:
+        """The pending batches as frames to send now (they become in flight)."""
+        frames: list[Ack] = []
+        for batch in self._pending:
+            request_id = self._next_id
+            self._next_id += 1
+            self._in_flight[request_id] = batch
+            frames.append(Ack(request_id, batch.op, batch.bookmarks, batch.seconds))
+        self._pending = []
+        self._pending_count = 0
+        return frames
+
+    def resolve(self, result: AckResult) -> Resolution[W]:
+        batch = self._in_flight.pop(result.request_id, None)
+        if batch is None:
+            return Resolution([], list(result.failures), 0)
+        refused = {f.bookmark: f for f in result.failures}
+        done: list[tuple[W, AckFailure | None]] = []
+        unwaited: list[AckFailure] = []
+        acked = 0
+        for bookmark, waiter in zip(batch.bookmarks, batch.waiters, strict=True):
+            failure = refused.get(bookmark)
+            if failure is None and batch.op == AckOp.ACK:
+                acked += 1
+            if waiter is not None:
+                done.append((waiter, failure))
+            elif failure is not None:
+                unwaited.append(failure)
+        return Resolution(done, unwaited, acked)
+
+    def abandon(self) -> list[W]:
+        """The stream ended: forget everything; returns the waiters to fail."""
+        batches = [*self._pending, *self._in_flight.values()]
+        self._pending, self._pending_count, self._in_flight = [], 0, {}
+        return [w for b in batches for w in b.waiters if w is not None]

@@ -1,0 +1,449 @@
+"""The blocking client: ``QueueClient`` and its ``Subscription`` iterator.
+
+A subscription is one gRPC stream. Three threads serve it: grpc's own thread draining the
+request queue onto the stream, a reader moving server frames into a local buffer, and a flusher
+sending pending acks at most ``ACK_FLUSH_INTERVAL_S`` after the first one was queued.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from layer.api.frames import (
+    CLIENT_FRAME_CODEC,
+    LIST_QUEUES_CODEC,
+    PUBLISH_CODEC,
+    PUBLISHED_CODEC,
+    QUEUE_LIST_CODEC,
+    SERVER_FRAME_CODEC,
+    STATS_CODEC,
+    STATS_REPLY_CODEC,
+    AckResult,
+    ClientFrame,
+    Close,
+    Error,
+    ListQueues,
+    Messages,
+    Stats,
+    Subscribe,
+    Subscribed,
+)
+from layer.api.service import AckFailure, DeliveredMessage, QueueInfo, QueueStats
+from layer.client._common import (
+    ACK_BATCH_SIZE,
+    ACK_FLUSH_INTERVAL_S,
+    CHANNEL_OPTIONS,
+    SERVICE,
+    AckBatcher,
+    MessageBase,
+    call_metadata,
+    default_client_name,
+    error_from_rpc,
+    lease_error,
+    publish_request,
+)
+from layer.engine.model import AckOp
+from layer.exceptions import ClientError, QLayerError
+
+__all__ = ["Message", "QueueClient", "Subscription"]
+
+log = logging.getLogger(__name__)
+
+
+class _End:
+    pass
+
+
+_END = _End()
+
+
+class Message(MessageBase):
+    """A message of a blocking ``Subscription``.
+
+    ``ack()``, ``cancel()``, ``expire()`` and ``extend(seconds)`` only queue the operation: it is
+    sent with others in one batch. With ``wait=True`` the call returns once the server made it
+    durable, or raises ``LeaseError`` (``UnknownBookmark``, ``NotLeaseHolder``) if refused.
+    """
+
+    __slots__ = ("_subscription",)
+
+    def __init__(self, subscription: Subscription, delivered: DeliveredMessage) -> None:
+        super().__init__(delivered)
+        self._subscription = subscription
+
+    def ack(self, wait: bool = False, timeout: float | None = None) -> None:
+        self._subscription._operate(AckOp.ACK, self.bookmark, 0.0, wait, timeout)
+
+    def cancel(self, wait: bool = False, timeout: float | None = None) -> None:
+        self._subscription._operate(AckOp.CANCEL, self.bookmark, 0.0, wait, timeout)
+
+    def expire(self, wait: bool = False, timeout: float | None = None) -> None:
+        self._subscription._operate(AckOp.EXPIRE, self.bookmark, 0.0, wait, timeout)
+
+    def extend(self, seconds: float, wait: bool = False, timeout: float | None = None) -> None:
+        self._subscription._operate(AckOp.EXTEND, self.bookmark, seconds, wait, timeout)
+
+
+class Subscription:
+    """An open subscription: iterate it (or call ``next``) for messages.
+
+    Acks are batched: pending ones are sent when the consumer asks for a message and none is
+    buffered (before blocking), when a batch reaches ``ACK_BATCH_SIZE``, or after
+    ``ACK_FLUSH_INTERVAL_S``. Refusals nobody waited for land in ``ack_failures`` (and the log).
+    """
+
+    def __init__(
+        self,
+        channel: grpc.Channel,
+        queue_name: str,
+        max_backlog: int,
+        metadata: tuple[tuple[str, str], ...],
+        client_name: str,
+        timeout: float | None,
+    ) -> None:
+        self.queue = queue_name
+        self.ack_failures: list[AckFailure] = []
+        self.acked_count = 0
+        self._cond = threading.Condition()
+        self._acks: AckBatcher[Future[None]] = AckBatcher()
+        self._requests: queue.Queue[ClientFrame | None] = queue.Queue()
+        self._buffer: queue.Queue[Message | _End] = queue.Queue()
+        self._subscribed: Future[Subscribed] = Future()
+        self._error: QLayerError | None = None
+        self._ended = False
+        self._closing = False
+        stub = channel.stream_stream(
+            SERVICE + "Subscribe",
+            request_serializer=CLIENT_FRAME_CODEC.encode,
+            response_deserializer=SERVER_FRAME_CODEC.decode,
+        )
+        self._requests.put(Subscribe(queue_name, max_backlog, client_name))
+        self._call = stub(iter(self._requests.get, None), metadata=metadata)
+        self._reader = threading.Thread(
+            target=self._read, name=f"qlayer-sub-reader-{queue_name}", daemon=True
+        )
+        self._reader.start()
+        try:
+            subscribed = self._subscribed.result(timeout)
+        except TimeoutError:
+            self._shutdown()
+            raise ClientError(f"no answer to subscribing to queue {queue_name!r}") from None
+        except BaseException:
+            self._shutdown()
+            raise
+        self.id = subscribed.subscription_id
+        self.backlog = subscribed.backlog
+        self.lease_period_s = subscribed.lease_period_s
+        self._flusher = threading.Thread(
+            target=self._flush_loop, name=f"qlayer-sub-flusher-{queue_name}", daemon=True
+        )
+        self._flusher.start()
+
+    # --- consuming ----------------------------------------------------------------------------
+
+    def next(self, timeout: float | None = None) -> Message | None:
+        """The next message; None after ``timeout`` seconds or once the subscription is closed.
+        Raises ``ClientError`` if the stream failed."""
+        if self._buffer.empty():
+            # About to block: whatever the consumer acked must reach the server first, or a
+            # small backlog would never free up.
+            self._send_pending()
+        try:
+            item = self._buffer.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if isinstance(item, _End):
+            self._buffer.put(item)  # every later call sees the end too
+            if self._error is not None:
+                raise ClientError(str(self._error)) from self._error
+            return None
+        return item
+
+    def __iter__(self) -> Iterator[Message]:
+        while (message := self.next()) is not None:
+            yield message
+
+    @property
+    def closed(self) -> bool:
+        return self._ended
+
+    # --- acks ---------------------------------------------------------------------------------
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Send pending acks and wait until the server answered every ack sent so far.
+        Raises ``TimeoutError`` after ``timeout`` seconds, ``ClientError`` if the stream ended."""
+        with self._cond:
+            self._send_locked()
+            target = self._acks.last_request_id
+            if not self._cond.wait_for(
+                lambda: self._ended or not self._acks.in_flight_through(target), timeout
+            ):
+                raise TimeoutError(f"acks not confirmed within {timeout} s")
+            if self._ended and self._error is not None:
+                raise ClientError(f"subscription ended: {self._error}") from self._error
+
+    def ack(self, bookmark: str, wait: bool = False, timeout: float | None = None) -> None:
+        """Ack a message by bookmark (``topic/partition/offset``): one this subscription holds,
+        any message of the queue where its leasing is lenient, or one not active yet."""
+        self._operate(AckOp.ACK, bookmark, 0.0, wait, timeout)
+
+    def cancel(self, bookmark: str, wait: bool = False, timeout: float | None = None) -> None:
+        """Return a leased message to the queue by bookmark (its cancel count goes up)."""
+        self._operate(AckOp.CANCEL, bookmark, 0.0, wait, timeout)
+
+    def expire(self, bookmark: str, wait: bool = False, timeout: float | None = None) -> None:
+        """Remove a message by bookmark and dead-letter it."""
+        self._operate(AckOp.EXPIRE, bookmark, 0.0, wait, timeout)
+
+    def extend(
+        self, bookmark: str, seconds: float, wait: bool = False, timeout: float | None = None
+    ) -> None:
+        """Move a lease's deadline to ``seconds`` from now."""
+        self._operate(AckOp.EXTEND, bookmark, seconds, wait, timeout)
+
+    def _operate(
+        self, op: AckOp, bookmark: str, seconds: float, wait: bool, timeout: float | None
+    ) -> None:
+        waiter: Future[None] | None = Future() if wait else None
+        with self._cond:
+            if self._ended:
+                raise ClientError(f"subscription to {self.queue!r} is closed; {op} not sent")
+            size = self._acks.add(op, bookmark, seconds, waiter)
+            if wait or size >= ACK_BATCH_SIZE:
+                self._send_locked()
+            elif size == 1:
+                self._cond.notify_all()  # start the flusher's clock
+        if waiter is not None:
+            waiter.result(timeout)  # raises the LeaseError, ClientError or TimeoutError
+
+    def _send_pending(self) -> None:
+        with self._cond:
+            self._send_locked()
+
+    def _send_locked(self) -> None:
+        if self._ended:
+            return
+        for frame in self._acks.take():
+            self._requests.put(frame)
+
+    def _flush_loop(self) -> None:
+        with self._cond:
+            while not self._ended:
+                if not self._acks.pending:
+                    self._cond.wait()
+                    continue
+                delay = self._acks.first_pending_at + ACK_FLUSH_INTERVAL_S - time.monotonic()
+                if delay > 0:
+                    self._cond.wait(delay)
+                    continue
+                self._send_locked()
+
+    # --- the stream ---------------------------------------------------------------------------
+
+    def _read(self) -> None:
+        error: QLayerError | None = None
+        try:
+            for frame in self._call:
+                if isinstance(frame, Messages):
+                    for delivered in frame.messages:
+                        self._buffer.put(Message(self, delivered))
+                elif isinstance(frame, AckResult):
+                    self._resolve(frame)
+                elif isinstance(frame, Subscribed):
+                    self._subscribed.set_result(frame)
+                elif isinstance(frame, Error):
+                    log.warning(
+                        "server reported an error queue=%s code=%s message=%s",
+                        self.queue,
+                        frame.code,
+                        frame.message,
+                    )
+        except grpc.RpcError as exc:
+            if not self._closing:  # once closing, how the call ended no longer matters
+                error = error_from_rpc(exc)
+        except Exception as exc:  # a frame that did not decode, mostly
+            error = ClientError(f"subscription stream failed: {exc}")
+        if error is None and not self._subscribed.done():
+            error = ClientError("the server ended the stream before confirming the subscription")
+        self._end(error)
+
+    def _resolve(self, result: AckResult) -> None:
+        with self._cond:
+            resolution = self._acks.resolve(result)
+            for failure in resolution.unwaited_failures:
+                log.warning(
+                    "ack refused queue=%s bookmark=%s error=%s message=%s",
+                    self.queue,
+                    failure.bookmark,
+                    failure.error,
+                    failure.message,
+                )
+            self.acked_count += resolution.acked
+            self.ack_failures.extend(resolution.unwaited_failures)
+            self._cond.notify_all()
+        for waiter, refusal in resolution.done:
+            if refusal is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(lease_error(refusal))
+
+    def _end(self, error: QLayerError | None) -> None:
+        with self._cond:
+            if self._ended:
+                return
+            self._ended = True
+            self._error = error
+            waiters = self._acks.abandon()
+            self._cond.notify_all()
+        if error is not None and not self._closing:
+            log.warning("subscription ended queue=%s error=%s", self.queue, error)
+        lost = ClientError(f"subscription ended before the server confirmed the ack ({error})")
+        for waiter in waiters:
+            waiter.set_exception(lost)
+        if not self._subscribed.done():
+            self._subscribed.set_exception(error or ClientError("subscription ended"))
+        self._buffer.put(_END)
+        self._requests.put(None)  # ends grpc's request-iterator thread
+
+    # --- closing ------------------------------------------------------------------------------
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Send pending acks (waiting up to ``timeout`` for their confirmation), end the stream;
+        the server returns every message still leased to this subscription. Idempotent."""
+        if self._closing:
+            return
+        try:
+            self.flush(timeout)
+        except (TimeoutError, ClientError) as exc:
+            log.warning("acks unconfirmed at close queue=%s error=%s", self.queue, exc)
+        self._closing = True
+        if not self._ended:
+            self._requests.put(Close())
+            self._requests.put(None)
+        self._reader.join(timeout)
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        self._closing = True
+        self._call.cancel()
+        self._reader.join(1.0)
+        self._end(None)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class QueueClient:
+    """A blocking client: ``QueueClient("host:7070", token=...)``, best used as a context
+    manager (``close()`` closes every subscription, then the channel)."""
+
+    def __init__(
+        self,
+        target: str,
+        token: str | None = None,
+        tls_root_cert: bytes | None = None,
+        *,
+        client_name: str | None = None,
+        timeout: float | None = 30.0,
+    ) -> None:
+        self.target = target
+        self._metadata = call_metadata(token)
+        self._client_name = client_name or default_client_name()
+        self._timeout = timeout
+        if tls_root_cert is not None:
+            creds = grpc.ssl_channel_credentials(root_certificates=tls_root_cert)
+            self._channel = grpc.secure_channel(target, creds, options=CHANNEL_OPTIONS)
+        else:
+            self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._subscriptions: list[Subscription] = []
+        self._lock = threading.Lock()
+        self._publish = self._channel.unary_unary(
+            SERVICE + "Publish",
+            request_serializer=PUBLISH_CODEC.encode,
+            response_deserializer=PUBLISHED_CODEC.decode,
+        )
+        self._stats = self._channel.unary_unary(
+            SERVICE + "Stats",
+            request_serializer=STATS_CODEC.encode,
+            response_deserializer=STATS_REPLY_CODEC.decode,
+        )
+        self._queues = self._channel.unary_unary(
+            SERVICE + "ListQueues",
+            request_serializer=LIST_QUEUES_CODEC.encode,
+            response_deserializer=QUEUE_LIST_CODEC.decode,
+        )
+
+    def subscribe(self, queue: str, max_backlog: int = 1) -> Subscription:
+        """Open a subscription; at most ``max_backlog`` messages (capped by the queue) are
+        leased to it and unacknowledged at a time. Raises ``UnknownQueue``."""
+        subscription = Subscription(
+            self._channel, queue, max_backlog, self._metadata, self._client_name, self._timeout
+        )
+        with self._lock:
+            self._subscriptions = [s for s in self._subscriptions if not s.closed]
+            self._subscriptions.append(subscription)
+        return subscription
+
+    def publish(
+        self,
+        queue: str,
+        data: bytes | str | Mapping[str, Any],
+        key: bytes | str | None = None,
+        headers: Sequence[tuple[str, bytes | str | None]]
+        | Mapping[str, bytes | str | None]
+        | None = None,
+    ) -> str:
+        """Publish to the queue's publish target (a dict is sent as JSON); returns the bookmark
+        once the broker has the message."""
+        request = publish_request(queue, data, key, headers)
+        reply = self._call(self._publish, request)
+        return str(reply.bookmark)
+
+    def stats(self, queue: str | None = None) -> list[QueueStats]:
+        """Stats of one queue, or of every queue."""
+        return list(self._call(self._stats, Stats(queue)).queues)
+
+    def queues(self) -> list[QueueInfo]:
+        """The configured queues."""
+        return list(self._call(self._queues, ListQueues()).queues)
+
+    def _call(self, method: Any, request: Any) -> Any:
+        try:
+            return method(request, metadata=self._metadata, timeout=self._timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from exc
+
+    def close(self) -> None:
+        with self._lock:
+            subscriptions, self._subscriptions = self._subscriptions, []
+        for subscription in subscriptions:
+            subscription.close()
+        self._channel.close()
+
+    def __enter__(self) -> QueueClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
