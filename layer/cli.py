@@ -1,0 +1,275 @@
+"""The ``qlayer`` command line.
+
+Exit codes: 0 success, 1 runtime failure (broker or coordinator failed), 2 bad usage or bad
+configuration, 3 the server refused the request (unknown queue, refused ack), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+from collections.abc import Sequence
+
+from layer.exceptions import (
+    ClientError,
+    ConfigError,
+    InvalidRequest,
+    LeaseError,
+    QLayerError,
+    UnknownQueue,
+)
+
+log = logging.getLogger("layer.cli")
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+DEFAULT_SERVER = "127.0.0.1:7070"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="qlayer",
+        description=(
+            "Message queues on Kafka. Publishers write to ordinary Kafka topics; the coordinator "
+            "turns them into queues (leases, acks, redelivery, dead letters); consumers use the "
+            "coordinator's API."
+        ),
+        epilog=(
+            "Start here:  qlayer demo   (embedded broker, coordinator, publish, consume)\n"
+            "Then:        qlayer broker  &  qlayer coordinator --config qlayer.toml"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--debug", action="store_true", help="log debug output and show tracebacks")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    b = sub.add_parser(
+        "broker",
+        help="run the embedded Kafka-compatible broker (Tansu, in memory) in the foreground",
+        description="Run the embedded broker until SIGINT/SIGTERM. Data lives in memory only.",
+    )
+    b.add_argument("--port", type=int, default=0, help="port to listen on (default: a free one)")
+
+    c = sub.add_parser(
+        "coordinator",
+        help="run a coordinator: the queues of a config file, served over gRPC",
+        description=(
+            "Run the queues defined in a TOML config file. Flags override the file; the "
+            "environment (QLAYER_BOOTSTRAP_SERVERS, QLAYER_KAFKA_<KEY>) overrides the file too. "
+            "Without a bootstrap address an embedded in-memory broker is started (development "
+            "only)."
+        ),
+    )
+    c.add_argument("--config", required=True, help="the TOML config file")
+    c.add_argument("--bootstrap", help="Kafka bootstrap servers, host:port[,host:port]")
+    c.add_argument("--listen", help="API address host:port (default from config: 127.0.0.1:7070)")
+    c.add_argument("--state-dir", help="RocksDB state directory")
+
+    def client_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--server", default=DEFAULT_SERVER, help=f"coordinator (default {DEFAULT_SERVER})"
+        )
+        sp.add_argument("--token", help="bearer token, if the coordinator requires one")
+
+    pub = sub.add_parser(
+        "publish",
+        help="publish messages to a queue (its publish target topic)",
+        description="Publish DATA, or one message per line of standard input when DATA is '-'.",
+    )
+    pub.add_argument("queue")
+    pub.add_argument("data", help="the message (use '-' to read lines from standard input)")
+    pub.add_argument("--key", help="the Kafka message key")
+    pub.add_argument(
+        "--header", action="append", default=[], metavar="K=V", help="a header (repeatable)"
+    )
+    client_args(pub)
+
+    con = sub.add_parser(
+        "consume",
+        help="consume messages from a queue, print them and ack them (or --cancel)",
+        description="Print each message as a JSON line and ack it (or cancel it with --cancel).",
+    )
+    con.add_argument("queue")
+    con.add_argument(
+        "--max-backlog", type=int, default=1, help="unacked messages in flight (default 1)"
+    )
+    con.add_argument("--count", type=int, default=0, help="stop after N messages (default: run on)")
+    con.add_argument(
+        "--timeout", type=float, default=0, help="stop after N idle seconds (default: never)"
+    )
+    con.add_argument("--cancel", action="store_true", help="cancel instead of ack (returns them)")
+    client_args(con)
+
+    st = sub.add_parser("stats", help="print queue statistics as JSON")
+    st.add_argument("queue", nargs="?")
+    client_args(st)
+
+    d = sub.add_parser(
+        "demo",
+        help="run the end-to-end demo: broker, coordinator, 1,000 orders, 3 consumers",
+        description="Start everything it needs, show a consumer dying midway, clean up.",
+    )
+    d.add_argument("--messages", type=int, default=1000)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if not args.debug:
+        logging.getLogger("grpc").setLevel(logging.WARNING)
+    if args.command is None:
+        _parser().print_help()
+        return EXIT_USAGE
+    try:
+        return int(COMMANDS[args.command](args) or 0)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except (ConfigError, InvalidRequest) as exc:
+        return _fail(args, exc, EXIT_USAGE)
+    except (UnknownQueue, LeaseError) as exc:
+        return _fail(args, exc, EXIT_REFUSED)
+    except (ClientError, QLayerError) as exc:
+        return _fail(args, exc, EXIT_FAILURE)
+
+
+def _fail(args: argparse.Namespace, exc: BaseException, code: int) -> int:
+    if args.debug:
+        log.exception("qlayer %s failed", args.command)
+    print(f"qlayer {args.command}: {exc}", file=sys.stderr)
+    return code
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    from connectors.embedded import EmbeddedBroker
+
+    broker = EmbeddedBroker(port=args.port or None)
+    broker.start()
+    print(
+        f"embedded broker serving on {broker.bootstrap_servers} (in memory; Ctrl-C stops it)",
+        flush=True,
+    )
+    stop = False
+
+    def on_signal(_sig: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        while not stop and broker.running:
+            time.sleep(0.2)
+    finally:
+        broker.stop()
+    return EXIT_OK if stop else EXIT_FAILURE
+
+
+def cmd_coordinator(args: argparse.Namespace) -> int:
+    from layer.config import load
+    from layer.coordinator.app import print_ready, serve
+
+    overrides = {
+        k: v
+        for k, v in {
+            "bootstrap_servers": args.bootstrap,
+            "listen": args.listen,
+            "state_dir": args.state_dir,
+        }.items()
+        if v is not None
+    }
+    config = load(args.config, overrides=overrides)
+    return asyncio.run(serve(config, ready=print_ready))
+
+
+def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from layer.client import QueueClient
+
+    return QueueClient(args.server, token=args.token)
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    headers = []
+    for h in args.header:
+        k, sep, v = h.partition("=")
+        if not sep:
+            raise InvalidRequest(f"header {h!r} is not K=V")
+        headers.append((k, v.encode()))
+    lines = sys.stdin if args.data == "-" else [args.data]
+    with _client(args) as client:
+        for line in lines:
+            line = line.rstrip("\n")
+            if not line:
+                continue
+            bookmark = client.publish(
+                args.queue,
+                line.encode(),
+                key=args.key.encode() if args.key else None,
+                headers=headers,
+            )
+            print(bookmark, flush=True)
+    return EXIT_OK
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    n = 0
+    with _client(args) as client, client.subscribe(args.queue, max_backlog=args.max_backlog) as sub:
+        while args.count <= 0 or n < args.count:
+            msg = sub.next(timeout=args.timeout or None)
+            if msg is None:
+                break
+            try:
+                data: object = json.loads(msg.data)
+            except ValueError:
+                data = msg.data.decode(errors="replace")
+            print(
+                json.dumps(
+                    {"bookmark": msg.bookmark, "deliveries": msg.deliveries, "data": data},
+                    default=str,
+                ),
+                flush=True,
+            )
+            if args.cancel:
+                msg.cancel()
+            else:
+                msg.ack()
+            n += 1
+        sub.flush(timeout=10)
+    return EXIT_OK
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    with _client(args) as client:
+        for s in client.stats(args.queue):
+            print(json.dumps(dataclasses.asdict(s), default=str), flush=True)
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from layer.demo import run_demo
+
+    return run_demo(messages=args.messages)
+
+
+COMMANDS = {
+    "broker": cmd_broker,
+    "coordinator": cmd_coordinator,
+    "publish": cmd_publish,
+    "consume": cmd_consume,
+    "stats": cmd_stats,
+    "demo": cmd_demo,
+}
+
+if __name__ == "__main__":
+    raise SystemExit(main())

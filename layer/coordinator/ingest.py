@@ -1,0 +1,211 @@
+"""Reading a queue's underlying topics: one reader thread per queue, batches handed to the loop.
+
+Each queue tracks its topics independently (many queues may share a topic), so each has its own
+consumer. The coordinator owns partition assignment itself (``assign()``, no consumer group):
+positions come from the queue's own state, never from group offsets.
+
+Flow control: the reader stops fetching while the loop holds ``max_buffered`` unprocessed
+messages, so a queue with a target depth, or a slow loop, never makes memory grow.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import cast
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, Message
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from layer.engine.model import Bookmark, TopicPartition
+
+log = logging.getLogger(__name__)
+
+
+def bookmark_of(msg: Message) -> Bookmark:
+    """A fetched (error-free) message's bookmark; librdkafka fills all three for those."""
+    return Bookmark(cast(str, msg.topic()), cast(int, msg.partition()), cast(int, msg.offset()))
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionStarted:
+    """A partition the queue has never tracked starts at ``offset`` (start_from resolved)."""
+
+    partition: TopicPartition
+    offset: int
+
+
+@dataclass(slots=True)
+class Fetched:
+    """One fetch: messages in offset order per partition, plus per-partition high watermarks."""
+
+    messages: list[Message]
+    high_watermarks: dict[TopicPartition, int]
+    started: list[PartitionStarted]
+
+
+class IngestReader:
+    """Reads the underlying topics of one queue in a thread; ``on_batch`` runs in that thread."""
+
+    def __init__(
+        self,
+        queue: str,
+        consumer_settings: dict[str, object],
+        topic: str,
+        topic_is_regex: bool,
+        positions: dict[TopicPartition, int],
+        start_from: str,
+        on_batch: Callable[[Fetched], None],
+        buffered: Callable[[], int],
+        max_buffered: int = 20_000,
+        batch_size: int = 2_000,
+        refresh_interval: float = 5.0,
+    ) -> None:
+        self._queue = queue
+        self._settings = dict(consumer_settings)
+        self._topic = topic
+        self._pattern = re.compile(topic) if topic_is_regex else None
+        self._positions = dict(positions)
+        self._start_from = start_from
+        self._on_batch = on_batch
+        self._buffered = buffered
+        self._max_buffered = max_buffered
+        self._batch_size = batch_size
+        self._refresh_interval = refresh_interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"ingest-{queue}", daemon=True)
+        self._assigned: set[TopicPartition] = set()
+        self._unresolved: set[TopicPartition] = set()
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    @property
+    def partitions(self) -> set[TopicPartition]:
+        return set(self._assigned)
+
+    def _matching_partitions(self, consumer: Consumer) -> list[TopicPartition]:
+        if self._pattern is None:
+            md = consumer.list_topics(self._topic, timeout=10)
+            topics = {self._topic: md.topics.get(self._topic)}
+        else:
+            md = consumer.list_topics(timeout=10)
+            topics = {
+                name: meta
+                for name, meta in md.topics.items()
+                if not name.startswith("__") and self._pattern.fullmatch(name)
+            }
+        found: list[TopicPartition] = []
+        for name, meta in topics.items():
+            if meta is None or meta.error is not None:
+                continue
+            found.extend(TopicPartition(name, p) for p in meta.partitions)
+        return found
+
+    def _refresh_assignment(self, consumer: Consumer) -> None:
+        new = [tp for tp in self._matching_partitions(consumer) if tp not in self._assigned]
+        if not new:
+            return
+        assign = []
+        for tp in sorted(new):
+            if tp in self._positions:
+                offset = self._positions[tp]
+            elif self._start_from == "latest":
+                offset = OFFSET_END
+                self._unresolved.add(tp)
+            else:
+                offset = OFFSET_BEGINNING
+                self._unresolved.add(tp)
+            assign.append(KafkaTopicPartition(tp.topic, tp.partition, offset))
+            self._assigned.add(tp)
+        consumer.incremental_assign(assign)
+        log.info(
+            "queue=%s assigned partitions=%s",
+            self._queue,
+            [f"{a.topic}/{a.partition}" for a in assign],
+        )
+
+    def _resolve_starts(
+        self, consumer: Consumer, messages: list[Message]
+    ) -> list[PartitionStarted]:
+        """A partition read from a logical offset starts where the consumer actually began."""
+        started: list[PartitionStarted] = []
+        first: dict[TopicPartition, int] = {}
+        for m in messages:
+            bm = bookmark_of(m)
+            tp = TopicPartition(bm.topic, bm.partition)
+            if tp in self._unresolved and tp not in first:
+                first[tp] = bm.offset
+        pending = [tp for tp in self._unresolved if tp not in first]
+        if pending:
+            for kp in consumer.position(
+                [KafkaTopicPartition(t.topic, t.partition) for t in pending]
+            ):
+                if kp.offset >= 0:
+                    first[TopicPartition(kp.topic, kp.partition)] = kp.offset
+        for tp, offset in first.items():
+            # From the beginning, Kafka's first offset is 0 unless retention removed the head; a
+            # partition that starts later simply has a gap below its first message.
+            start = 0 if self._start_from != "latest" else offset
+            started.append(PartitionStarted(tp, min(start, offset)))
+            self._unresolved.discard(tp)
+        return started
+
+    def _run(self) -> None:
+        consumer = Consumer(self._settings)
+        try:
+            self._refresh_assignment(consumer)
+            next_refresh = 0.0
+            paused = False
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if now >= next_refresh:
+                    self._refresh_assignment(consumer)
+                    next_refresh = now + self._refresh_interval
+                if self._buffered() >= self._max_buffered:
+                    if not paused and self._assigned:
+                        consumer.pause(consumer.assignment())
+                        paused = True
+                    self._stop.wait(0.005)
+                    # keep the consumer's session and fetch state alive while paused
+                    consumer.poll(0)
+                    continue
+                if paused:
+                    consumer.resume(consumer.assignment())
+                    paused = False
+                msgs = consumer.consume(self._batch_size, 0.05)
+                good: list[Message] = []
+                for m in msgs:
+                    err = m.error()
+                    if err is None:
+                        good.append(m)
+                    elif err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    else:
+                        log.warning("queue=%s fetch error: %s", self._queue, err)
+                started = self._resolve_starts(consumer, good) if self._unresolved else []
+                if not good and not started:
+                    continue
+                hw: dict[TopicPartition, int] = {}
+                seen = {TopicPartition(*bookmark_of(m)[:2]) for m in good}
+                for tp in seen:
+                    _low, high = consumer.get_watermark_offsets(
+                        KafkaTopicPartition(tp.topic, tp.partition), cached=True
+                    )
+                    if high >= 0:
+                        hw[tp] = high
+                self._on_batch(Fetched(good, hw, started))
+        except BaseException as exc:  # reported to the loop, which fails the coordinator
+            self.error = exc
+            log.exception("queue=%s ingest reader failed", self._queue)
+        finally:
+            consumer.close()

@@ -1,0 +1,655 @@
+"""The coordinator: wires queue engines to Kafka, RocksDB and the API.
+
+One asyncio loop owns every engine. Work happens in *rounds*: admit fetched messages, tick and
+dispatch the engines, drain their effects, commit the round's changelog records and dead letters
+in one Kafka transaction (in a worker thread), apply them to RocksDB with the changelog offsets
+in one write batch, and only then hand out deliveries and answer acks. While a round commits,
+the next one's events accumulate: that is the group commit, and no message ever costs a broker
+round trip of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import threading
+import logging
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaException, Producer
+
+from connectors.admin import TopicAdmin, TopicSpec
+from connectors.kafka import (
+    BrokerProfile,
+    client_settings,
+    consumer_settings,
+    producer_settings,
+)
+from layer.api.service import (
+    AckFailure,
+    DeliveredMessage,
+    DeliverySink,
+    QueueInfo,
+    QueueStats,
+)
+from layer.codec import ChangeKind, encode, encode_change
+from layer.config import Config
+from layer.coordinator.ingest import Fetched, IngestReader
+from layer.coordinator.runtime import QueueRuntime, SubscriptionState
+from layer.engine.model import (
+    AckOp,
+    Arrival,
+    Bookmark,
+    Change,
+    Delivery,
+    Done,
+    DoneReason,
+    Forget,
+    Leased,
+    LowWater,
+    Returned,
+    Semantics,
+    TopicPartition,
+)
+from layer.engine.queue import QueueEngine
+from layer.exceptions import BrokerError, InvalidRequest, QLayerError, UnknownQueue
+from layer.state.base import Store, StoreBatch, StoredMessage
+from layer.state.changelog import ChangelogWriter
+from layer.state.recovery import restore
+
+log = logging.getLogger(__name__)
+
+ChangelogRecord = tuple[str, bytes, bytes | None]
+ExtraRecord = tuple[str, bytes | None, bytes, list[tuple[str, bytes]]]
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionHandle:
+    """What the API holds for one open subscription (a ``layer.api.service.Subscription``)."""
+
+    _coordinator: Coordinator
+    _state: SubscriptionState
+    lease_period_s: float
+
+    @property
+    def id(self) -> str:
+        return self._state.id
+
+    @property
+    def backlog(self) -> int:
+        return self._state.backlog
+
+    async def ack(
+        self, op: AckOp, bookmarks: Sequence[str], seconds: float = 0.0
+    ) -> list[AckFailure]:
+        return await self._coordinator._ack(self._state, op, bookmarks, seconds)
+
+    async def close(self) -> None:
+        self._coordinator._close_subscription(self._state)
+
+
+class Coordinator:
+    """Implements ``layer.api.service.QueueService`` over Kafka topics."""
+
+    def __init__(
+        self,
+        config: Config,
+        store: Store,
+        bootstrap_servers: str,
+        profile: BrokerProfile,
+        clock: Callable[[], float] = time.time,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._clock = clock
+        self._profile = profile
+        self._progress = progress or (lambda line: log.info("%s", line))
+        self._base_settings = client_settings(bootstrap_servers, dict(config.broker.kafka))
+        self._runtimes: dict[str, QueueRuntime] = {}
+        self._readers: dict[str, IngestReader] = {}
+        self._waiters: list[asyncio.Future[None]] = []
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._failed: BaseException | None = None
+        self._pump_task: asyncio.Task[None] | None = None
+        self._commit_pool = ThreadPoolExecutor(1, thread_name_prefix="changelog")
+        self._writer: ChangelogWriter | None = None
+        self._producer: Producer | None = None
+        self._producer_stop = threading.Event()
+        self._poll_task: asyncio.Future[None] | None = None
+        self._sub_ids = itertools.count(1)
+        self._instance = uuid.uuid4().hex[:8]
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.rounds = 0
+
+    # ----------------------------------------------------------------------------------------
+    # life cycle
+    # ----------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        cfg = self._config
+        admin = TopicAdmin(self._base_settings)
+        specs = []
+        for q in cfg.queues:
+            specs.append(
+                TopicSpec(
+                    cfg.coordinator.changelog_topic(q.name),
+                    partitions=1,
+                    config={"cleanup.policy": "compact"},
+                )
+            )
+            if q.dead_letter_topic:
+                specs.append(TopicSpec(q.dead_letter_topic, partitions=1))
+            if not q.topic_is_regex:
+                specs.append(TopicSpec(q.underlying_topic, partitions=1))
+            if q.default_publish_target:
+                specs.append(TopicSpec(q.default_publish_target, partitions=1))
+        # queues may share topics: create each once (a duplicate in one request is an error)
+        admin.ensure_topics(list({spec.name: spec for spec in specs}.values()))
+
+        # The writer comes first: initialising its transactions fences a killed predecessor and
+        # aborts its open transaction, which a read_committed restore would otherwise wait on.
+        self._writer = await asyncio.to_thread(
+            ChangelogWriter,
+            producer_settings(self._base_settings),
+            f"{cfg.coordinator.id}-changelog",
+        )
+        restore_settings = consumer_settings(self._base_settings, self._profile)
+        for q in cfg.queues:
+            topic = cfg.coordinator.changelog_topic(q.name)
+            started = time.monotonic()
+
+            def report(done: int, total: int, queue: str = q.name) -> None:
+                self._progress(f"restoring queue={queue}: {done}/{total} changelog records")
+
+            result = await asyncio.to_thread(
+                restore, self._store, restore_settings, topic, q.name, report
+            )
+            self._progress(
+                f"restored queue={q.name}: {result.records_applied} changelog records"
+                f" in {time.monotonic() - started:.2f}s"
+            )
+            self._runtimes[q.name] = self._load_runtime(q.name)
+
+        self._producer = Producer(producer_settings(self._base_settings, linger_ms=2))
+        self._poll_task = asyncio.ensure_future(asyncio.to_thread(self._poll_producer))
+        for name, rt in self._runtimes.items():
+            self._readers[name] = self._start_reader(rt)
+        self._pump_task = asyncio.create_task(self._pump(), name="coordinator-pump")
+
+    def _load_runtime(self, name: str) -> QueueRuntime:
+        """Build a queue's engine from the store (itself just restored from the changelog)."""
+        q = self._config.queue(name)
+        engine = QueueEngine(name, q.engine_settings())
+        rt = QueueRuntime(q, engine, self._config.coordinator.changelog_topic(name))
+        now = self._clock()
+        positions = self._store.positions(name)
+        entries = dict(self._store.entries(name))
+        partitions = set(positions) | {TopicPartition(bm.topic, bm.partition) for bm in entries}
+        for tp in sorted(partitions):
+            pos = positions.get(tp)
+            low = pos.low_water if pos is not None and pos.low_water is not None else 0
+            engine.start_partition(tp, low)
+            rt.known_partitions.add(tp)
+        done = {bm for bm, e in entries.items() if e.kind is ChangeKind.DONE}
+        counts = {
+            bm: (e.deliveries, e.cancels)
+            for bm, e in entries.items()
+            if e.kind is not ChangeKind.DONE
+        }
+        engine.restore_done(sorted(done))
+        batch = StoreBatch()
+        arrivals = []
+        for bm, stored in self._store.messages(name):
+            # Done, or below a low-water mark replayed from the changelog: the crash came after
+            # the commit but before the local copy was deleted.
+            if bm in done or bm.offset < engine.low_water(TopicPartition(bm.topic, bm.partition)):
+                batch.delete_message(name, bm)
+                continue
+            deliveries, cancels = counts.pop(bm, (0, 0))
+            ts = stored.timestamp_ms / 1000.0 if stored.timestamp_ms else now
+            arrivals.append(Arrival(bm, ts, stored.priority, deliveries, cancels))
+        if arrivals:
+            engine.add(arrivals, now)
+        for tp, pos in positions.items():
+            if pos.read_position is not None and pos.read_position > engine.low_water(tp):
+                engine.mark_read(tp, pos.read_position)
+        rt.restored_done = done - {a.bookmark for a in arrivals}
+        rt.restored_counts = counts
+        if batch:
+            self._store.write(batch)
+        self._progress(
+            f"loaded queue={name}: {len(arrivals)} messages from local state,"
+            f" {len(counts)} to re-read, {len(done)} done above the low-water marks"
+        )
+        return rt
+
+    def _start_reader(self, rt: QueueRuntime) -> IngestReader:
+        q = rt.config
+        # Resume where this store read up to; never below the low-water mark, which the
+        # changelog may have moved past a stale local read position.
+        positions = {}
+        for tp, pos in self._store.positions(q.name).items():
+            if tp in rt.known_partitions:
+                positions[tp] = max(pos.read_position or 0, rt.engine.low_water(tp))
+        for tp in rt.known_partitions:
+            positions.setdefault(tp, rt.engine.low_water(tp))
+        loop = self._loop
+        assert loop is not None
+
+        def on_batch(fetched: Fetched) -> None:
+            loop.call_soon_threadsafe(self._on_fetched, rt, fetched)
+
+        reader = IngestReader(
+            q.name,
+            consumer_settings(self._base_settings, self._profile),
+            q.underlying_topic,
+            q.topic_is_regex,
+            positions,
+            q.start_from,
+            on_batch,
+            lambda: len(rt.inbox),
+            refresh_interval=self._config.coordinator.topic_refresh_interval,
+        )
+        reader.start()
+        return reader
+
+    def _on_fetched(self, rt: QueueRuntime, fetched: Fetched) -> None:
+        for started in fetched.started:
+            if started.partition not in rt.known_partitions:
+                rt.engine.start_partition(started.partition, started.offset)
+                rt.known_partitions.add(started.partition)
+                rt.pending_changes.append(LowWater(started.partition, started.offset))
+        for tp, high in fetched.high_watermarks.items():
+            rt.engine.set_high_watermark(tp, high)
+        rt.inbox.extend(fetched.messages)
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Serve until ``stop()``; raises if the coordinator failed (the process should exit)."""
+        assert self._pump_task is not None
+        await self._pump_task
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._pump_task is not None:
+            with contextlib.suppress(BaseException):  # already logged; stopping anyway
+                await self._pump_task
+        for rt in self._runtimes.values():
+            for sub in list(rt.subscriptions.values()):
+                sub.sink.close("coordinator stopping")
+        for reader in self._readers.values():
+            await asyncio.to_thread(reader.stop)
+        self._producer_stop.set()
+        if self._poll_task is not None:
+            await self._poll_task
+        if self._producer is not None:
+            await asyncio.to_thread(self._producer.flush, 5)
+        if self._writer is not None:
+            await asyncio.to_thread(self._writer.close)
+        self._commit_pool.shutdown(wait=True)
+
+    # ----------------------------------------------------------------------------------------
+    # rounds
+    # ----------------------------------------------------------------------------------------
+
+    async def _pump(self) -> None:
+        try:
+            while not self._stopping:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=0.05)
+                self._wake.clear()
+                for reader in self._readers.values():
+                    if reader.error is not None:
+                        raise BrokerError(f"reading queue topics failed: {reader.error}")
+                await self._round()
+        except BaseException as exc:
+            self._failed = exc
+            for fut in self._waiters:
+                if not fut.done():
+                    fut.set_exception(QLayerError("the coordinator failed; retry"))
+            if not isinstance(exc, asyncio.CancelledError):
+                log.critical("coordinator failed: %s", exc, exc_info=exc)
+            raise
+
+    async def _round(self) -> None:
+        now = self._clock()
+        now_ms = int(now * 1000)
+        store = self._store
+        local = StoreBatch()
+        for rt in self._runtimes.values():
+            rt.admit(now, local)
+        if local:
+            store.write(local)
+
+        records: list[ChangelogRecord] = []
+        extra: list[ExtraRecord] = []
+        batch = StoreBatch()
+        pushes: list[tuple[QueueRuntime, list[tuple[str, list[DeliveredMessage]]]]] = []
+        for rt in self._runtimes.values():
+            engine = rt.engine
+            engine.tick(now)
+            engine.dispatch(now)
+            effects = engine.drain()
+            changes = rt.pending_changes + effects.changes
+            rt.pending_changes = []
+            if not changes and not effects.deliveries:
+                continue
+            name = rt.name
+            need = [d.bookmark for d in effects.deliveries]
+            dead = [c for c in changes if isinstance(c, Done) and c.reason.dead_letter]
+            need.extend(c.bookmark for c in dead)
+            payloads = dict(zip(need, store.get_messages(name, need), strict=True)) if need else {}
+            for change in changes:
+                key, value = encode_change(name, change, now_ms)
+                records.append((rt.changelog_topic, key, value))
+                self._apply(rt, change, value, batch, payloads, extra)
+            if effects.deliveries:
+                pushes.append((rt, self._materialize(rt, effects.deliveries, payloads)))
+        waiters, self._waiters = self._waiters, []
+
+        if records or extra:
+            assert self._writer is not None
+            loop = asyncio.get_running_loop()
+            offsets = await loop.run_in_executor(
+                self._commit_pool, self._writer.commit, records, extra
+            )
+            for (topic, partition), last in offsets.items():
+                batch.set_changelog_offset(topic, partition, last + 1)
+        if batch:
+            store.write(batch)
+        self.rounds += 1
+        for rt, by_sub in pushes:
+            for sub_id, messages in by_sub:
+                sub = rt.subscriptions.get(sub_id)
+                if sub is not None and not sub.closed:
+                    sub.sink.deliver(messages)
+                    rt.counters.delivered += len(messages)
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    def _apply(
+        self,
+        rt: QueueRuntime,
+        change: Change,
+        value: bytes | None,
+        batch: StoreBatch,
+        payloads: dict[Bookmark, StoredMessage | None],
+        extra: list[ExtraRecord],
+    ) -> None:
+        """Mirror one committed change into the local store (the entry is the changelog value)."""
+        name = rt.name
+        if isinstance(change, Leased | Returned):
+            assert value is not None
+            batch.put_entry_value(name, change.bookmark, value)
+        elif isinstance(change, Done):
+            assert value is not None
+            batch.put_entry_value(name, change.bookmark, value)
+            batch.delete_message(name, change.bookmark)
+            if change.reason is DoneReason.ACKED:
+                rt.counters.acked += 1
+            if change.reason.dead_letter:
+                rt.counters.dead_lettered += 1
+                if rt.config.dead_letter_topic:
+                    extra.append(self._dead_letter(rt, change, payloads.get(change.bookmark)))
+        elif isinstance(change, LowWater):
+            batch.put_low_water(name, change.partition, change.offset)
+        elif isinstance(change, Forget):
+            batch.delete_entry(name, change.bookmark)
+
+    def _dead_letter(
+        self, rt: QueueRuntime, change: Done, stored: StoredMessage | None
+    ) -> ExtraRecord:
+        bm = change.bookmark
+        envelope = {
+            "queue": rt.name,
+            "topic": bm.topic,
+            "partition": bm.partition,
+            "offset": bm.offset,
+            "bookmark": str(bm),
+            "key": stored.key if stored else None,
+            "headers": [{"key": k, "value": v} for k, v in (stored.headers if stored else ())],
+            "payload": stored.value if stored else None,
+            "reason": change.reason.value,
+            "detail": stored.error if stored else None,
+            "deliveries": change.deliveries,
+            "cancels": change.cancels,
+            "message_timestamp_ms": stored.timestamp_ms if stored else 0,
+            "dead_lettered_at_ms": int(change.at * 1000),
+        }
+        assert rt.config.dead_letter_topic is not None
+        headers = [
+            ("qlayer.reason", change.reason.value.encode()),
+            ("qlayer.bookmark", str(bm).encode()),
+        ]
+        return (
+            rt.config.dead_letter_topic,
+            str(bm).encode(),
+            encode("dead_letter", envelope),
+            headers,
+        )
+
+    @staticmethod
+    def _materialize(
+        rt: QueueRuntime,
+        deliveries: Sequence[Delivery],
+        payloads: dict[Bookmark, StoredMessage | None],
+    ) -> list[tuple[str, list[DeliveredMessage]]]:
+        by_sub: dict[str, list[DeliveredMessage]] = defaultdict(list)
+        for d in deliveries:
+            stored = payloads.get(d.bookmark)
+            if stored is None:  # cannot happen while the store is intact; never hand out a hole
+                log.error("queue=%s bookmark=%s has no stored payload", rt.name, d.bookmark)
+                continue
+            by_sub[d.subscription].append(
+                DeliveredMessage(
+                    bookmark=d.bookmark,
+                    key=stored.key,
+                    value=stored.value,
+                    headers=list(stored.headers),
+                    timestamp_ms=stored.timestamp_ms,
+                    deliveries=d.deliveries,
+                    cancels=d.cancels,
+                    lease_deadline_ms=int(d.deadline * 1000) if d.deadline is not None else None,
+                )
+            )
+        return list(by_sub.items())
+
+    # ----------------------------------------------------------------------------------------
+    # QueueService
+    # ----------------------------------------------------------------------------------------
+
+    def _runtime(self, queue: str) -> QueueRuntime:
+        rt = self._runtimes.get(queue)
+        if rt is None:
+            raise UnknownQueue(
+                f"queue {queue!r} is not configured"
+                f" (configured: {', '.join(sorted(self._runtimes))})"
+            )
+        return rt
+
+    def _check_alive(self) -> None:
+        if self._failed is not None or self._stopping:
+            raise QLayerError("the coordinator is stopping; reconnect")
+
+    async def subscribe(
+        self, queue: str, max_backlog: int, sink: DeliverySink, client: str = ""
+    ) -> SubscriptionHandle:
+        self._check_alive()
+        rt = self._runtime(queue)
+        if max_backlog < 1:
+            raise InvalidRequest(f"max_backlog must be at least 1, got {max_backlog}")
+        sub_id = f"{self._instance}-{next(self._sub_ids)}"
+        backlog = rt.engine.subscribe(sub_id, max_backlog, self._clock())
+        state = SubscriptionState(sub_id, queue, sink, backlog, client)
+        rt.subscriptions[sub_id] = state
+        log.info("queue=%s subscription=%s client=%s backlog=%d", queue, sub_id, client, backlog)
+        self._wake.set()
+        return SubscriptionHandle(self, state, rt.config.lease_period)
+
+    async def _ack(
+        self, sub: SubscriptionState, op: AckOp, texts: Sequence[str], seconds: float
+    ) -> list[AckFailure]:
+        self._check_alive()
+        rt = self._runtimes[sub.queue]
+        if sub.closed:
+            return [
+                AckFailure(t, "subscription_closed", "the subscription is closed") for t in texts
+            ]
+        failures: list[AckFailure] = []
+        bookmarks: list[Bookmark] = []
+        originals: list[str] = []
+        for text in texts:
+            try:
+                bookmarks.append(Bookmark.parse(text))
+                originals.append(text)
+            except ValueError as exc:
+                failures.append(
+                    AckFailure(text, "malformed_bookmark", f"malformed bookmark: {exc}")
+                )
+        if op is AckOp.EXTEND and not seconds > 0:
+            return failures + [
+                AckFailure(t, "invalid_request", f"extend needs seconds > 0, got {seconds}")
+                for t in originals
+            ]
+        outcomes = rt.engine.ack(sub.id, bookmarks, op, self._clock(), seconds)
+        accepted = 0
+        for text, outcome in zip(originals, outcomes, strict=True):
+            if outcome.error is None:
+                accepted += 1
+            else:
+                failures.append(AckFailure(text, outcome.error, _ack_message(outcome.error, text)))
+        self._wake.set()
+        durable = (
+            accepted and op is not AckOp.EXTEND and rt.config.semantics == Semantics.AT_LEAST_ONCE
+        )
+        if durable:
+            assert self._loop is not None
+            fut: asyncio.Future[None] = self._loop.create_future()
+            self._waiters.append(fut)
+            await fut
+        return failures
+
+    def _close_subscription(self, sub: SubscriptionState) -> None:
+        if sub.closed:
+            return
+        sub.closed = True
+        rt = self._runtimes[sub.queue]
+        rt.subscriptions.pop(sub.id, None)
+        if not self._stopping and self._failed is None:
+            rt.engine.disconnect(sub.id, self._clock())
+            self._wake.set()
+        log.info("queue=%s subscription=%s closed", sub.queue, sub.id)
+
+    async def publish(
+        self,
+        queue: str,
+        value: bytes,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes | None]] = (),
+    ) -> Bookmark:
+        self._check_alive()
+        rt = self._runtime(queue)
+        target = rt.config.publish_target
+        if target is None:
+            raise InvalidRequest(
+                f"queue {queue!r} reads a topic pattern; set default_publish_target to publish"
+            )
+        assert self._loop is not None and self._producer is not None
+        loop = self._loop
+        fut: asyncio.Future[Bookmark] = loop.create_future()
+
+        def delivered(err: object, msg: object) -> None:
+            if err is not None:
+                loop.call_soon_threadsafe(
+                    _set_exception, fut, BrokerError(f"publish to {target!r} failed: {err}")
+                )
+            else:
+                bm = Bookmark(msg.topic(), msg.partition(), msg.offset())  # type: ignore[attr-defined]
+                loop.call_soon_threadsafe(_set_result, fut, bm)
+
+        try:
+            self._producer.produce(
+                target, value=value, key=key, headers=list(headers) or None, on_delivery=delivered
+            )
+        except (KafkaException, BufferError) as exc:
+            raise BrokerError(f"publish to {target!r} failed: {exc}") from exc
+        return await fut
+
+    def _poll_producer(self) -> None:
+        assert self._producer is not None
+        while not self._producer_stop.is_set():
+            self._producer.poll(0.05)
+
+    async def stats(self, queue: str | None = None) -> list[QueueStats]:
+        names = [queue] if queue is not None else sorted(self._runtimes)
+        now = self._clock()
+        out = []
+        for name in names:
+            rt = self._runtime(name)
+            s = rt.engine.stats(now)
+            out.append(
+                QueueStats(
+                    queue=name,
+                    available=s.available,
+                    leased=s.leased,
+                    inactive=s.inactive + len(rt.inbox),
+                    subscriptions=s.subscriptions,
+                    oldest_available_age_s=(
+                        now - s.oldest_available_at if s.oldest_available_at is not None else None
+                    ),
+                    delivered_total=rt.counters.delivered,
+                    acked_total=rt.counters.acked,
+                    dead_lettered_total=rt.counters.dead_lettered,
+                    extra={
+                        "ingested_total": float(rt.counters.ingested),
+                        "unparseable_total": float(rt.counters.unparseable),
+                        "rounds_total": float(self.rounds),
+                    },
+                )
+            )
+        return out
+
+    def queues(self) -> list[QueueInfo]:
+        return [
+            QueueInfo(
+                name=q.name,
+                underlying_topic=q.underlying_topic,
+                semantics=str(q.semantics),
+                message_type=q.message_type,
+                lease_period_s=q.lease_period,
+                max_per_subscription_backlog=q.max_per_subscription_backlog,
+                dead_letter_topic=q.dead_letter_topic,
+                default_publish_target=q.default_publish_target,
+            )
+            for q in self._config.queues
+        ]
+
+
+def _ack_message(error: object, bookmark: str) -> str:
+    texts = {
+        "unknown_bookmark": "is not a message of this queue, or is already done",
+        "not_lease_holder": "is leased to another subscription (leasing is strict)",
+        "not_leased": "is not leased",
+    }
+    return f"bookmark {bookmark} {texts.get(str(error), str(error))}"
+
+
+def _set_result(fut: asyncio.Future[Bookmark], value: Bookmark) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future[Bookmark], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)

@@ -1,0 +1,47 @@
+"""Fixtures that run real coordinator processes (see tests/harness.py)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness import CoordinatorProcess, write_config
+
+
+@pytest.fixture
+def coordinator_factory(broker: Any, tmp_path: Path) -> Iterator[Callable[..., CoordinatorProcess]]:
+    """Start ``qlayer coordinator`` processes over the session broker; all stopped at teardown.
+
+    ``coordinator_factory(queues=[{...}], **coordinator_options)`` returns a started process;
+    queue tables are the TOML ``[[queue]]`` options.
+    """
+    started: list[CoordinatorProcess] = []
+
+    def make(
+        queues: list[dict[str, Any]], start: bool = True, **coordinator: Any
+    ) -> CoordinatorProcess:
+        n = len(started)
+        home = tmp_path / f"coordinator-{n}"
+        home.mkdir()
+        coordinator.setdefault("id", f"test-{uuid.uuid4().hex[:8]}")
+        cfg = write_config(home / "qlayer.toml", broker.bootstrap_servers, queues, coordinator)
+        proc = CoordinatorProcess(cfg, home / "state", home / "coordinator.log")
+        started.append(proc)
+        if start:
+            proc.start()
+        return proc
+
+    yield make
+    for proc in started:
+        proc.stop()
+
+
+@pytest.fixture
+def names() -> Callable[[str], str]:
+    """Unique topic / queue names per test."""
+    suffix = uuid.uuid4().hex[:8]
+    return lambda base: f"{base}-{suffix}"

@@ -1,0 +1,150 @@
+"""Real coordinator processes for integration and fault tests: start, SIGKILL, restart, wipe."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def write_config(
+    path: Path,
+    bootstrap: str,
+    queues: Sequence[Mapping[str, Any]],
+    coordinator: Mapping[str, Any] | None = None,
+    broker: Mapping[str, Any] | None = None,
+) -> Path:
+    lines = ["[broker]", f"bootstrap_servers = {toml_value(bootstrap)}"]
+    for k, v in (broker or {}).items():
+        lines.append(f"{k} = {toml_value(v)}")
+    lines.append("")
+    lines.append("[coordinator]")
+    for k, v in (coordinator or {}).items():
+        lines.append(f"{k} = {toml_value(v)}")
+    for q in queues:
+        lines.append("")
+        lines.append("[[queue]]")
+        for k, v in q.items():
+            lines.append(f"{k} = {toml_value(v)}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class CoordinatorProcess:
+    """``qlayer coordinator`` as a child process; ``address`` once it serves."""
+
+    def __init__(self, config_path: Path, state_dir: Path, log_path: Path) -> None:
+        self.config_path = config_path
+        self.state_dir = state_dir
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.address: str | None = None
+        self.starts = 0
+        self._reader: threading.Thread | None = None
+
+    def start(self, timeout: float = 60.0) -> str:
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
+        log.write(f"--- start {self.starts + 1} ---\n".encode())
+        log.flush()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "layer.cli",
+                "coordinator",
+                "--config",
+                str(self.config_path),
+                "--state-dir",
+                str(self.state_dir),
+                "--listen",
+                "127.0.0.1:0",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=log,
+        )
+        log.close()
+        self.starts += 1
+        found: list[str] = []
+        done = threading.Event()
+
+        def read() -> None:
+            assert self.proc is not None and self.proc.stdout is not None
+            with self.proc.stdout:
+                for raw in self.proc.stdout:
+                    line = raw.decode(errors="replace").strip()
+                    if line.startswith("qlayer coordinator serving on "):
+                        found.append(line.rsplit(" ", 1)[1])
+                        done.set()
+            done.set()
+
+        self._reader = threading.Thread(target=read, daemon=True)
+        self._reader.start()
+        if not done.wait(timeout) or not found:
+            self.kill()
+            raise AssertionError(
+                f"coordinator did not start within {timeout}s; log tail:\n{self.log_tail()}"
+            )
+        self.address = found[0]
+        return self.address
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+        self._join_reader()
+
+    def _join_reader(self) -> None:
+        if self._reader is not None:
+            self._reader.join(10)
+            self._reader = None
+
+    def stop(self, timeout: float = 20.0) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._join_reader()
+        return self.proc.returncode
+
+    def wipe_state(self) -> None:
+        assert self.proc is None or self.proc.poll() is not None, "wipe a stopped coordinator"
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
