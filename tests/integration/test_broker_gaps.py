@@ -165,3 +165,29 @@ def test_read_committed_and_aborted_transactions(
         assert seen == [b"committed"]
     else:
         assert seen == [b"aborted", b"committed"]
+
+
+def test_fetch_answers_early_within_the_profile_wait(
+    broker, kafka_settings, topic_factory, producer_factory
+) -> None:
+    """With the profile's fetch.wait.max.ms a consumer sees a new record at once (the latency
+    floor of every delivery); with 500 ms Tansu makes it wait ~250 ms."""
+    topic = topic_factory()
+    producer = producer_factory(linger_ms=0)
+    consumer = Consumer(consumer_settings(kafka_settings, broker.profile))
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        producer.produce(topic, b"warm-up", partition=0)
+        producer.flush(10)
+        assert consumer.consume(1, 10), "the first record did not arrive"
+        waits = []
+        for _ in range(10):
+            started = time.monotonic()
+            producer.produce(topic, b"x", partition=0)
+            producer.flush(10)
+            assert consumer.consume(1, 5), "a record did not arrive"
+            waits.append(time.monotonic() - started)
+        waits.sort()
+        assert waits[5] < 0.1, f"median publish-to-fetch {waits[5] * 1000:.0f} ms"
+    finally:
+        consumer.close()
