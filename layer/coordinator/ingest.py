@@ -18,9 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, Message
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
+from connectors.kafka import read_high_watermarks
 from layer.engine.model import Bookmark, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ class IngestReader:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"ingest-{queue}", daemon=True)
         self._assigned: set[TopicPartition] = set()
-        self._unresolved: set[TopicPartition] = set()
+        self._started: list[PartitionStarted] = []  # resolved at assignment, not reported yet
         self.error: BaseException | None = None
 
     def start(self) -> None:
@@ -115,16 +116,24 @@ class IngestReader:
         new = [tp for tp in self._matching_partitions(consumer) if tp not in self._assigned]
         if not new:
             return
+        # "latest" is the high watermark from a fetch response: ListOffsets(latest), which
+        # OFFSET_END would use, is wrong on some brokers (Tansu: the last batch's base offset + 1)
+        fresh = [tp for tp in new if tp not in self._positions]
+        latest: dict[tuple[str, int], int] = {}
+        if fresh and self._start_from == "latest":
+            latest = read_high_watermarks(self._settings, [(t.topic, t.partition) for t in fresh])
         assign = []
         for tp in sorted(new):
             if tp in self._positions:
                 offset = self._positions[tp]
             elif self._start_from == "latest":
-                offset = OFFSET_END
-                self._unresolved.add(tp)
+                offset = latest[(tp.topic, tp.partition)]
+                self._started.append(PartitionStarted(tp, offset))
             else:
+                # From the beginning, Kafka's first offset is 0 unless retention removed the
+                # head; a partition that starts later simply has a gap below its first message.
                 offset = OFFSET_BEGINNING
-                self._unresolved.add(tp)
+                self._started.append(PartitionStarted(tp, 0))
             assign.append(KafkaTopicPartition(tp.topic, tp.partition, offset))
             self._assigned.add(tp)
         consumer.incremental_assign(assign)
@@ -133,32 +142,6 @@ class IngestReader:
             self._queue,
             [f"{a.topic}/{a.partition}" for a in assign],
         )
-
-    def _resolve_starts(
-        self, consumer: Consumer, messages: list[Message]
-    ) -> list[PartitionStarted]:
-        """A partition read from a logical offset starts where the consumer actually began."""
-        started: list[PartitionStarted] = []
-        first: dict[TopicPartition, int] = {}
-        for m in messages:
-            bm = bookmark_of(m)
-            tp = TopicPartition(bm.topic, bm.partition)
-            if tp in self._unresolved and tp not in first:
-                first[tp] = bm.offset
-        pending = [tp for tp in self._unresolved if tp not in first]
-        if pending:
-            for kp in consumer.position(
-                [KafkaTopicPartition(t.topic, t.partition) for t in pending]
-            ):
-                if kp.offset >= 0:
-                    first[TopicPartition(kp.topic, kp.partition)] = kp.offset
-        for tp, offset in first.items():
-            # From the beginning, Kafka's first offset is 0 unless retention removed the head; a
-            # partition that starts later simply has a gap below its first message.
-            start = 0 if self._start_from != "latest" else offset
-            started.append(PartitionStarted(tp, min(start, offset)))
-            self._unresolved.discard(tp)
-        return started
 
     def _run(self) -> None:
         consumer = Consumer(self._settings)
@@ -192,7 +175,7 @@ class IngestReader:
                         continue
                     else:
                         log.warning("queue=%s fetch error: %s", self._queue, err)
-                started = self._resolve_starts(consumer, good) if self._unresolved else []
+                started, self._started = self._started, []
                 if not good and not started:
                     continue
                 hw: dict[TopicPartition, int] = {}
