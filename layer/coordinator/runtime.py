@@ -20,7 +20,7 @@ from layer.config import QueueConfig
 from layer.coordinator.ingest import bookmark_of
 from layer.engine.model import Arrival, Bookmark, Change, TopicPartition
 from layer.engine.queue import QueueEngine
-from layer.state.base import StoreBatch, StoredMessage
+from layer.state.base import Store, StoreBatch, StoredMessage
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,10 @@ class QueueRuntime:
     pending_changes: list[Change] = field(default_factory=list)
     known_partitions: set[TopicPartition] = field(default_factory=set)
     counters: Counters = field(default_factory=Counters)
+    # Payloads of recently admitted messages, so handing them out needs no RocksDB read. Bounded:
+    # beyond ``payload_cache_size`` messages, payloads are read back from the store.
+    payload_cache: dict[Bookmark, StoredMessage] = field(default_factory=dict)
+    payload_cache_size: int = 20_000
 
     def __post_init__(self) -> None:
         self._priority_path = json_path(self.config.priority) if self.config.priority else None
@@ -135,6 +139,8 @@ class QueueRuntime:
                 continue
             stored, priority = self.parse(msg)
             batch.put_message(name, bookmark, stored)
+            if len(self.payload_cache) < self.payload_cache_size:
+                self.payload_cache[bookmark] = stored
             deliveries, cancels = self.restored_counts.pop(bookmark, (0, 0))
             ts = stored.timestamp_ms / 1000.0 if stored.timestamp_ms else now
             arrivals.append(Arrival(bookmark, ts, priority, deliveries, cancels))
@@ -146,6 +152,23 @@ class QueueRuntime:
             self.engine.mark_read(tp, position)
             batch.put_read_position(name, tp, position)
         return len(arrivals)
+
+    def payloads(
+        self, store: Store, bookmarks: list[Bookmark]
+    ) -> dict[Bookmark, StoredMessage | None]:
+        """The stored copies of these messages: from the cache, the rest in one store read."""
+        cache = self.payload_cache
+        found: dict[Bookmark, StoredMessage | None] = {}
+        missing = []
+        for bm in bookmarks:
+            stored = cache.get(bm)
+            if stored is None:
+                missing.append(bm)
+            else:
+                found[bm] = stored
+        if missing:
+            found.update(zip(missing, store.get_messages(self.name, missing), strict=True))
+        return found
 
     def active_subscriptions(self) -> Iterable[SubscriptionState]:
         return (s for s in self.subscriptions.values() if not s.closed)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import threading
 import logging
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -348,7 +348,7 @@ class Coordinator:
             need = [d.bookmark for d in effects.deliveries]
             dead = [c for c in changes if isinstance(c, Done) and c.reason.dead_letter]
             need.extend(c.bookmark for c in dead)
-            payloads = dict(zip(need, store.get_messages(name, need), strict=True)) if need else {}
+            payloads = rt.payloads(store, need) if need else {}
             for change in changes:
                 key, value = encode_change(name, change, now_ms)
                 records.append((rt.changelog_topic, key, value))
@@ -396,6 +396,7 @@ class Coordinator:
             assert value is not None
             batch.put_entry_value(name, change.bookmark, value)
             batch.delete_message(name, change.bookmark)
+            rt.payload_cache.pop(change.bookmark, None)
             if change.reason is DoneReason.ACKED:
                 rt.counters.acked += 1
             if change.reason.dead_letter:

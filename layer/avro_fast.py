@@ -1,0 +1,166 @@
+"""Hand-written Avro binary for the records on the hot path: ChangelogValue and StoredMessage.
+
+fastavro's schemaless writer costs ~10 µs a call for these small records (validation, buffer
+set-up), and the coordinator writes several per message. These functions produce the same bytes
+as ``layer.codec`` for the current schema versions (tests/unit/test_avro_fast.py compares them
+with fastavro on generated records), so ``avro/*.avsc`` stays the contract: a schema change
+that these functions do not follow fails that test.
+
+Avro binary, as used here: int/long are zig-zag varints; a string or bytes is its length then
+its bytes; a union is the branch index then the value; an array is one block (count, items)
+then 0; an enum is its symbol's index.
+"""
+
+from __future__ import annotations
+
+from layer.exceptions import SerializationError
+
+CHANGELOG_VALUE_VERSION = 1
+STORED_MESSAGE_VERSION = 1
+
+_KIND_INDEX = {"LEASED": 0, "RETURNED": 1, "DONE": 2, "POSITION": 3}
+
+# small non-negative longs are by far the most common: precompute their encodings
+_SMALL = [bytes([(n << 1)]) if (n << 1) < 0x80 else b"" for n in range(64)]
+
+
+def long(n: int) -> bytes:
+    if 0 <= n < 64:
+        return _SMALL[n]
+    z = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while z > 0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+def _opt_long(n: int | None) -> bytes:
+    return b"\x00" if n is None else b"\x02" + long(n)
+
+
+def _opt_str(s: str | None) -> bytes:
+    if s is None:
+        return b"\x00"
+    raw = s.encode()
+    return b"\x02" + long(len(raw)) + raw
+
+
+def _opt_bytes(b: bytes | None) -> bytes:
+    return b"\x00" if b is None else b"\x02" + long(len(b)) + b
+
+
+def changelog_value(
+    kind: str,
+    deliveries: int,
+    cancels: int,
+    holder: str | None,
+    lease_deadline_ms: int | None,
+    reason: str | None,
+    at_ms: int,
+    low_water: int | None,
+) -> bytes:
+    return b"".join(
+        (
+            b"\x01",  # CHANGELOG_VALUE_VERSION
+            long(_KIND_INDEX[kind]),
+            long(deliveries),
+            long(cancels),
+            _opt_str(holder),
+            _opt_long(lease_deadline_ms),
+            _opt_str(reason),
+            long(at_ms),
+            _opt_long(low_water),
+        )
+    )
+
+
+def stored_message(
+    key: bytes | None,
+    value: bytes | None,
+    headers: tuple[tuple[str, bytes | None], ...],
+    timestamp_ms: int,
+    priority: int | None,
+    error: str | None,
+) -> bytes:
+    parts = [b"\x01", _opt_bytes(key), _opt_bytes(value)]  # STORED_MESSAGE_VERSION
+    if headers:
+        parts.append(long(len(headers)))
+        for hk, hv in headers:
+            raw = hk.encode()
+            parts.append(long(len(raw)))
+            parts.append(raw)
+            parts.append(_opt_bytes(hv))
+    parts.append(b"\x00")
+    parts.append(long(timestamp_ms))
+    parts.append(_opt_long(priority))
+    parts.append(_opt_str(error))
+    return b"".join(parts)
+
+
+class _Reader:
+    __slots__ = ("data", "pos")
+
+    def __init__(self, data: bytes, pos: int) -> None:
+        self.data = data
+        self.pos = pos
+
+    def long(self) -> int:
+        data = self.data
+        pos = self.pos
+        b = data[pos]
+        pos += 1
+        z = b & 0x7F
+        shift = 7
+        while b & 0x80:
+            b = data[pos]
+            pos += 1
+            z |= (b & 0x7F) << shift
+            shift += 7
+        self.pos = pos
+        return (z >> 1) ^ -(z & 1)
+
+    def raw(self) -> bytes:
+        n = self.long()
+        if n < 0 or self.pos + n > len(self.data):
+            raise IndexError("length past the end")
+        start = self.pos
+        self.pos = start + n
+        return self.data[start : self.pos]
+
+    def branch(self) -> bool:
+        index = self.long()
+        if index not in (0, 1):
+            raise ValueError(f"union branch {index}")
+        return index == 1
+
+
+def read_stored_message(
+    data: bytes,
+) -> tuple[
+    bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...], int, int | None, str | None
+]:
+    """The fields of a StoredMessage written with version 1 (the caller checks the version)."""
+    r = _Reader(data, 1)
+    try:
+        key = r.raw() if r.branch() else None
+        value = r.raw() if r.branch() else None
+        headers: list[tuple[str, bytes | None]] = []
+        while (count := r.long()) != 0:
+            if count < 0:  # a block with its byte size: Avro allows it, our writer never uses it
+                count = -count
+                r.long()
+            for _ in range(count):
+                hk = r.raw().decode()
+                headers.append((hk, r.raw() if r.branch() else None))
+        timestamp_ms = r.long()
+        priority = r.long() if r.branch() else None
+        error = r.raw().decode() if r.branch() else None
+    except (IndexError, ValueError, UnicodeDecodeError) as exc:
+        raise SerializationError(f"schema 'stored_message': cannot decode: {exc!r}") from exc
+    if r.pos != len(data):
+        raise SerializationError(
+            f"schema 'stored_message': {len(data) - r.pos} trailing bytes after the record"
+        )
+    return key, value, tuple(headers), timestamp_ms, priority, error
