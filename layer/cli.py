@@ -120,8 +120,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # the long-running commands report progress; client commands only print their result and,
+    # on failure, one line (the client library's own warnings would make it two)
+    quiet = args.command not in ("broker", "coordinator", "demo")
     logging.basicConfig(
-        level=logging.DEBUG if args.debug else logging.INFO,
+        level=logging.DEBUG if args.debug else logging.ERROR if quiet else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )

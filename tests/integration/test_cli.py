@@ -1,0 +1,104 @@
+"""The ``qlayer`` command line against real processes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.harness import ROOT
+
+pytestmark = pytest.mark.integration
+
+
+def qlayer(
+    *args: str, stdin: str | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "layer.cli", *args],
+        cwd=ROOT,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_help_teaches() -> None:
+    r = qlayer("--help")
+    assert r.returncode == 0
+    for command in ("broker", "coordinator", "publish", "consume", "stats", "demo"):
+        assert command in r.stdout
+    assert "qlayer demo" in r.stdout  # where to start
+
+
+def test_no_command_is_a_usage_error() -> None:
+    assert qlayer().returncode == 2
+
+
+def test_broker_serves_until_sigint() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "layer.cli", "broker"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("embedded broker serving on 127.0.0.1:")
+        bootstrap = line.split()[4]
+        from confluent_kafka.admin import AdminClient
+
+        AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10)  # it really serves
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_publish_consume_stats(broker, coordinator_factory, names) -> None:
+    topic, q = names("t"), names("q")
+    c = coordinator_factory([{"name": q, "underlying_topic": topic}])
+    server = ["--server", str(c.address)]
+    r = qlayer(
+        "publish", q, "-", *server, "--key", "k", "--header", "h=v", stdin='{"a": 1}\n{"a": 2}\n'
+    )
+    assert r.returncode == 0, r.stderr
+    assert [line.rsplit("/", 2)[0] for line in r.stdout.split()] == [topic, topic]
+
+    r = qlayer("consume", q, *server, "--count", "1", "--cancel")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["data"] == {"a": 1}
+
+    r = qlayer("consume", q, *server, "--count", "2", "--timeout", "5")
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [x["data"]["a"] for x in lines] == [1, 2]
+    assert lines[0]["deliveries"] >= 2  # the cancelled one came back
+
+    r = qlayer("stats", q, *server)
+    assert r.returncode == 0, r.stderr
+    stats = json.loads(r.stdout)
+    assert stats["acked_total"] == 2 and stats["available"] == 0
+
+
+def test_unknown_queue_exits_3_with_one_line(broker, coordinator_factory, names) -> None:
+    c = coordinator_factory([{"name": names("q"), "underlying_topic": names("t")}])
+    r = qlayer("consume", "nope", "--server", str(c.address), "--count", "1")
+    assert r.returncode == 3
+    assert len(r.stderr.strip().splitlines()) == 1 and "nope" in r.stderr
+
+
+def test_unreachable_coordinator_exits_1() -> None:
+    r = qlayer("stats", "--server", "127.0.0.1:1")
+    assert r.returncode == 1
+    assert len(r.stderr.strip().splitlines()) == 1
