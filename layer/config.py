@@ -724,8 +724,11 @@ def _check_queue(queue: QueueConfig, section: _Section, coordinator: Coordinator
         raise section.error(
             "target_queue_depth", "cannot be combined with 'priority' (as AMPS does)"
         )
-    if queue.priority is not None and queue.message_type == MessageType.BYTES:
-        raise section.error("priority", 'needs message_type "json" or "avro" to read a field')
+    if queue.priority is not None and queue.message_type != MessageType.JSON:
+        # the coordinator reads priority paths from JSON payloads only, so far
+        raise section.error(
+            "priority", f'needs message_type "json" (this queue is "{queue.message_type}")'
+        )
     if queue.avro_schema is not None:
         if queue.message_type != MessageType.AVRO:
             raise section.error("avro_schema", 'is only for message_type "avro"')

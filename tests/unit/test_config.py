@@ -114,7 +114,7 @@ topic_refresh_interval = "1m"
 [[queue]]
 name = "orders"
 underlying_topic = "^orders$|^orders-direct$"
-message_type = "avro"
+message_type = "json"
 semantics = "at-least-once"
 lease_period = "2m"
 max_per_subscription_backlog = 50
@@ -127,6 +127,11 @@ dead_letter_topic = "orders.dead-letters"
 default_publish_target = "orders-direct"
 leasing = "lenient"
 start_from = "latest"
+
+[[queue]]
+name = "events"
+underlying_topic = "events"
+message_type = "avro"
 avro_schema = "orders.avsc"
 
 [[queue]]
@@ -165,7 +170,7 @@ target_queue_depth = 1000
     assert config.queue("orders") == QueueConfig(
         name="orders",
         underlying_topic="^orders$|^orders-direct$",
-        message_type=MessageType.AVRO,
+        message_type=MessageType.JSON,
         semantics=Semantics.AT_LEAST_ONCE,
         lease_period=120.0,
         max_per_subscription_backlog=50,
@@ -178,6 +183,11 @@ target_queue_depth = 1000
         default_publish_target="orders-direct",
         leasing=Leasing.LENIENT,
         start_from=StartFrom.LATEST,
+    )
+    assert config.queue("events") == QueueConfig(
+        name="events",
+        underlying_topic="events",
+        message_type=MessageType.AVRO,
         avro_schema=tmp_path / "orders.avsc",
     )
     assert config.queue("audit") == QueueConfig(
@@ -188,7 +198,7 @@ target_queue_depth = 1000
         fairness=Fairness.ROUND_ROBIN,
         target_queue_depth=1000,
     )
-    assert [q.name for q in config.queues] == ["orders", "audit"]
+    assert [q.name for q in config.queues] == ["orders", "events", "audit"]
 
 
 def test_engine_settings_carry_the_queue_options():
@@ -428,7 +438,11 @@ def test_with_overrides():
         ),
         (
             'message_type = "bytes"\npriority = "/p"',
-            'option \'priority\': needs message_type "json" or "avro" to read a field',
+            'option \'priority\': needs message_type "json" (this queue is "bytes")',
+        ),
+        (
+            'message_type = "avro"\npriority = "/p"',
+            'option \'priority\': needs message_type "json" (this queue is "avro")',
         ),
         ('avro_schema = "x.avsc"', "option 'avro_schema' is only for message_type \"avro\""),
         (
