@@ -165,7 +165,15 @@ class IngestReader:
                 if paused:
                     consumer.resume(consumer.assignment())
                     paused = False
-                msgs = consumer.consume(self._batch_size, 0.05)
+                # A batch consume waits its whole timeout unless the batch fills, which at a
+                # light load would add the timeout to every delivery: wait for the first
+                # message only, then take what is already fetched without waiting.
+                msgs = consumer.consume(self._batch_size, 0)
+                if not msgs:
+                    first = consumer.poll(0.05)
+                    if first is None:
+                        continue
+                    msgs = [first, *consumer.consume(self._batch_size - 1, 0)]
                 good: list[Message] = []
                 for m in msgs:
                     err = m.error()
