@@ -121,9 +121,12 @@ class QueueRuntime:
         )
         return stored, priority
 
-    def admit(self, now: float, batch: StoreBatch) -> int:
-        """Move fetched messages from the inbox into the engine, as far as its room allows."""
-        room = self.engine.room()
+    def admit(self, now: float, batch: StoreBatch, limit: int = 4096) -> int:
+        """Move fetched messages from the inbox into the engine, as far as its room allows.
+
+        At most ``limit`` a round: a burst of publishes must not make one round so long that
+        deliveries and acks wait behind it."""
+        room = min(self.engine.room(), limit)
         if not self.inbox or room <= 0:
             return 0
         arrivals: list[Arrival] = []

@@ -327,7 +327,8 @@ class Coordinator:
         store = self._store
         local = StoreBatch()
         for rt in self._runtimes.values():
-            rt.admit(now, local)
+            if rt.admit(now, local) and rt.inbox:
+                self._wake.set()  # more to admit: go round again at once
         if local:
             store.write(local)
 
