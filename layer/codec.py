@@ -241,17 +241,6 @@ def decode(name: str, data: bytes) -> Any:
 # ---------------------------------------------------------------------------------------------
 
 
-def _zigzag_varint(n: int) -> bytes:
-    """Avro's encoding of a long: zig-zag, then little-endian base-128 varint."""
-    z = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while z > 0x7F:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
-
-
 @lru_cache(maxsize=65536)
 def _key_prefix(queue: str, topic: str, partition: int) -> bytes:
     # An Avro record is the concatenation of its fields, and offset 0 encodes as the single byte
@@ -266,7 +255,7 @@ def _key_prefix(queue: str, topic: str, partition: int) -> bytes:
 def encode_key(key: ChangelogKey) -> bytes:
     if key.offset < POSITION_OFFSET:
         raise SerializationError(f"schema {CHANGELOG_KEY!r}: negative offset in {key}")
-    return _key_prefix(key.queue, key.topic, key.partition) + _zigzag_varint(key.offset)
+    return _key_prefix(key.queue, key.topic, key.partition) + avro_fast.long(key.offset)
 
 
 def decode_key(data: bytes) -> ChangelogKey:
@@ -376,7 +365,7 @@ def encode_change(
         at_ms = _ms(change.at) if isinstance(change, Done) else time.time_ns() // 1_000_000
     if isinstance(change, Leased):
         bm = change.bookmark
-        key = _key_prefix(queue, bm.topic, bm.partition) + _zigzag_varint(bm.offset)
+        key = _key_prefix(queue, bm.topic, bm.partition) + avro_fast.long(bm.offset)
         return key, encode_value(
             ChangeKind.LEASED,
             deliveries=change.deliveries,
@@ -387,7 +376,7 @@ def encode_change(
         )
     if isinstance(change, Returned | Done):
         bm = change.bookmark
-        key = _key_prefix(queue, bm.topic, bm.partition) + _zigzag_varint(bm.offset)
+        key = _key_prefix(queue, bm.topic, bm.partition) + avro_fast.long(bm.offset)
         kind = ChangeKind.RETURNED if isinstance(change, Returned) else ChangeKind.DONE
         return key, encode_value(
             kind,
@@ -398,11 +387,11 @@ def encode_change(
         )
     if isinstance(change, LowWater):
         tp = change.partition
-        key = _key_prefix(queue, tp.topic, tp.partition) + _zigzag_varint(POSITION_OFFSET)
+        key = _key_prefix(queue, tp.topic, tp.partition) + avro_fast.long(POSITION_OFFSET)
         return key, encode_value(ChangeKind.POSITION, at_ms=at_ms, low_water=change.offset)
     if isinstance(change, Forget):
         bm = change.bookmark
-        return _key_prefix(queue, bm.topic, bm.partition) + _zigzag_varint(bm.offset), None
+        return _key_prefix(queue, bm.topic, bm.partition) + avro_fast.long(bm.offset), None
     raise SerializationError(f"schema {CHANGELOG_VALUE!r}: not a change: {change!r}")
 
 
