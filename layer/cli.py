@@ -75,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
             "--server", default=DEFAULT_SERVER, help=f"coordinator (default {DEFAULT_SERVER})"
         )
         sp.add_argument("--token", help="bearer token, if the coordinator requires one")
+        sp.add_argument("--tls-ca", metavar="PEM", help="CA certificate: connect with TLS")
 
     pub = sub.add_parser(
         "publish",
@@ -197,7 +198,14 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from layer.client import QueueClient
 
-    return QueueClient(args.server, token=args.token)
+    root = None
+    if args.tls_ca:
+        try:
+            with open(args.tls_ca, "rb") as f:
+                root = f.read()
+        except OSError as exc:
+            raise InvalidRequest(f"--tls-ca {args.tls_ca}: {exc.strerror}") from exc
+    return QueueClient(args.server, token=args.token, tls_root_cert=root)
 
 
 def cmd_publish(args: argparse.Namespace) -> int:

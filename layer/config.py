@@ -147,6 +147,8 @@ class CoordinatorConfig:
     changelog_topic_prefix: str = "qlayer.changelog."
     auth_token: str | None = None
     topic_refresh_interval: float = 5.0  # seconds between looks for new topics matching a regex
+    tls_cert: Path | None = None  # PEM certificate (chain) of the API; with tls_key, serve TLS
+    tls_key: Path | None = None  # PEM private key of the API
 
     def __repr__(self) -> str:
         token = None if self.auth_token is None else _MASK
@@ -154,7 +156,8 @@ class CoordinatorConfig:
             f"CoordinatorConfig(id={self.id!r}, listen={self.listen!r}, "
             f"state_dir={self.state_dir!r}, commit_interval={self.commit_interval!r}, "
             f"changelog_topic_prefix={self.changelog_topic_prefix!r}, auth_token={token!r}, "
-            f"topic_refresh_interval={self.topic_refresh_interval!r})"
+            f"topic_refresh_interval={self.topic_refresh_interval!r}, "
+            f"tls_cert={self.tls_cert!r}, tls_key={self.tls_key!r})"
         )
 
     @property
@@ -575,6 +578,8 @@ _COORDINATOR_KEYS = (
     "changelog_topic_prefix",
     "auth_token",
     "topic_refresh_interval",
+    "tls_cert",
+    "tls_key",
 )
 
 
@@ -628,7 +633,7 @@ def _coordinator(
             section.origins[option] = _OVERRIDE_FLAGS[option]
     if "state_dir" in overrides:
         state_dir_base = Path.cwd()  # a flag's relative path means the shell's directory
-    return CoordinatorConfig(
+    config = CoordinatorConfig(
         id=section.get("id", default.id, _name),
         listen=section.get("listen", default.listen, _listen),
         state_dir=section.get("state_dir", base_dir / default.state_dir, _path(state_dir_base)),
@@ -642,7 +647,16 @@ def _coordinator(
         topic_refresh_interval=section.get(
             "topic_refresh_interval", default.topic_refresh_interval, _duration(allow_zero=False)
         ),
+        tls_cert=section.get("tls_cert", None, _path(base_dir)),
+        tls_key=section.get("tls_key", None, _path(base_dir)),
     )
+    for option, other in (("tls_cert", "tls_key"), ("tls_key", "tls_cert")):
+        path = getattr(config, option)
+        if (path is None) != (getattr(config, other) is None):
+            raise section.error(option if path is not None else other, f"needs {other} too")
+        if path is not None and not path.is_file():
+            raise section.error(option, f"no such file: {path}")
+    return config
 
 
 _QUEUE_KEYS = (

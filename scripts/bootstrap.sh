@@ -14,6 +14,7 @@ elif ! "$PYTHON" -m venv --help >/dev/null 2>&1; then
 fi
 if ! command -v make >/dev/null 2>&1; then need_apt+=(make); fi
 if ! command -v java >/dev/null 2>&1; then need_apt+=(openjdk-17-jre-headless); fi
+if ! command -v openssl >/dev/null 2>&1; then need_apt+=(openssl); fi  # TLS tests make certs
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "bootstrap: installing ${need_apt[*]} with apt-get" >&2

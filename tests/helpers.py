@@ -6,8 +6,11 @@ project root, so the root is on ``sys.path``).
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -33,3 +36,20 @@ def wait_until(
             text = message() if callable(message) else message
             raise AssertionError(f"{text} (waited {timeout:.1f}s)")
         time.sleep(interval)
+
+
+def self_signed_cert(folder: Path) -> tuple[Path, Path]:
+    """A throwaway certificate for 127.0.0.1/localhost and its key: (cert.pem, key.pem).
+
+    Needs the ``openssl`` command (scripts/bootstrap.sh installs it); without it this fails."""
+    openssl = shutil.which("openssl")
+    assert openssl is not None, "the openssl command is missing (make test installs it)"
+    key, cert = folder / "key.pem", folder / "cert.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-days", "1", "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(cert),
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return cert, key

@@ -50,7 +50,11 @@ async def serve(
     code = 0
     try:
         await coordinator.start()
-        server = ApiServer(coordinator, config.coordinator.listen, config.coordinator.auth_token)
+        c = config.coordinator
+        tls = None
+        if c.tls_cert is not None and c.tls_key is not None:
+            tls = (c.tls_cert.read_bytes(), c.tls_key.read_bytes())
+        server = ApiServer(coordinator, c.listen, c.auth_token, tls)
         port = await server.start()
         host = config.coordinator.listen.rsplit(":", 1)[0]
         if ready is not None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -51,6 +50,7 @@ from layer.exceptions import (
     UnknownBookmark,
     UnknownQueue,
 )
+from tests.helpers import self_signed_cert
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -627,16 +627,8 @@ def test_bearer_token_is_required_when_configured(serve: Callable[..., ServerThr
     assert server.service.ack_calls == []
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 def test_tls(serve: Callable[..., ServerThread], tmp_path: Path) -> None:
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-         "-nodes", "-days", "1", "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(cert),
-         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
+    cert, key = self_signed_cert(tmp_path)
     server = serve(tls=(cert.read_bytes(), key.read_bytes()), auth_token="t")
     with QueueClient(server.target, token="t", tls_root_cert=cert.read_bytes()) as client:
         client.publish("orders", b"secret")

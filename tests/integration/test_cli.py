@@ -102,3 +102,28 @@ def test_unreachable_coordinator_exits_1() -> None:
     r = qlayer("stats", "--server", "127.0.0.1:1")
     assert r.returncode == 1
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_tls_and_token_end_to_end(broker, coordinator_factory, names, tmp_path) -> None:
+    from layer.client import QueueClient
+    from layer.exceptions import ClientError
+    from tests.helpers import self_signed_cert
+
+    cert, key = self_signed_cert(tmp_path)
+    topic, q = names("t"), names("q")
+    c = coordinator_factory(
+        [{"name": q, "underlying_topic": topic}],
+        tls_cert=str(cert),
+        tls_key=str(key),
+        auth_token="s3cret",
+    )
+    secure = ["--server", str(c.address), "--tls-ca", str(cert), "--token", "s3cret"]
+    r = qlayer("publish", q, '{"x": 1}', *secure)
+    assert r.returncode == 0, r.stderr
+    r = qlayer("consume", q, "--count", "1", *secure)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["data"] == {"x": 1}
+    # without the token, or without TLS, the coordinator refuses
+    assert qlayer("stats", q, "--server", str(c.address), "--tls-ca", str(cert)).returncode == 1
+    with QueueClient(str(c.address), token="s3cret") as plain, pytest.raises(ClientError):
+        plain.stats(q)

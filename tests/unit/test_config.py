@@ -728,3 +728,20 @@ def test_infinite_duration_is_rejected():
     with pytest.raises(ValueError, match="finite"):
         parse_duration(float("inf"))
     assert "finite" in error(QUEUE + "lease_period = inf")
+
+
+def test_tls_options(tmp_path):
+    (tmp_path / "c.pem").write_text("cert")
+    (tmp_path / "k.pem").write_text("key")
+    base = '[[queue]]\nname = "q"\nunderlying_topic = "t"\n'
+    cfg = tmp_path / "qlayer.toml"
+    cfg.write_text('[coordinator]\ntls_cert = "c.pem"\ntls_key = "k.pem"\n' + base)
+    config = load(cfg, env={})
+    assert config.coordinator.tls_cert == tmp_path / "c.pem"
+    assert config.coordinator.tls_key == tmp_path / "k.pem"
+    cfg.write_text('[coordinator]\ntls_cert = "c.pem"\n' + base)
+    with pytest.raises(ConfigError, match="option 'tls_cert': needs tls_key too"):
+        load(cfg, env={})
+    cfg.write_text('[coordinator]\ntls_cert = "c.pem"\ntls_key = "nope.pem"\n' + base)
+    with pytest.raises(ConfigError, match="option 'tls_key': no such file"):
+        load(cfg, env={})
