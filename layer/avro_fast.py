@@ -111,6 +111,9 @@ class _Reader:
         pos = self.pos
         b = data[pos]
         pos += 1
+        if b < 0x80:  # one byte: union branches, short lengths, small counts
+            self.pos = pos
+            return (b >> 1) ^ -(b & 1)
         z = b & 0x7F
         shift = 7
         while b & 0x80:
@@ -129,11 +132,20 @@ class _Reader:
         self.pos = start + n
         return self.data[start : self.pos]
 
+    def skip(self) -> None:
+        n = self.long()
+        if n < 0 or self.pos + n > len(self.data):
+            raise IndexError("length past the end")
+        self.pos += n
+
     def branch(self) -> bool:
-        index = self.long()
-        if index not in (0, 1):
-            raise ValueError(f"union branch {index}")
-        return index == 1
+        b = self.data[self.pos]  # a two-branch union's index is one byte: 0x00 or 0x02
+        self.pos += 1
+        if b == 0x02:
+            return True
+        if b == 0x00:
+            return False
+        raise ValueError(f"union branch byte {b:#x}")
 
 
 def read_stored_message(
@@ -164,3 +176,27 @@ def read_stored_message(
             f"schema 'stored_message': {len(data) - r.pos} trailing bytes after the record"
         )
     return key, value, tuple(headers), timestamp_ms, priority, error
+
+
+def read_stored_meta(data: bytes) -> tuple[int, int | None]:
+    """Only ``(timestamp_ms, priority)`` of a version-1 StoredMessage: what a restart needs to
+    rebuild the queue's order, without copying payloads."""
+    r = _Reader(data, 1)
+    try:
+        if r.branch():
+            r.skip()  # key
+        if r.branch():
+            r.skip()  # value
+        while (count := r.long()) != 0:
+            if count < 0:
+                count = -count
+                r.long()
+            for _ in range(count):
+                r.skip()  # header key
+                if r.branch():
+                    r.skip()  # header value
+        timestamp_ms = r.long()
+        priority = r.long() if r.branch() else None
+    except (IndexError, ValueError) as exc:
+        raise SerializationError(f"schema 'stored_message': cannot decode: {exc!r}") from exc
+    return timestamp_ms, priority

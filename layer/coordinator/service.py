@@ -208,15 +208,15 @@ class Coordinator:
         engine.restore_done(sorted(done))
         batch = StoreBatch()
         arrivals = []
-        for bm, stored in self._store.messages(name):
+        for bm, timestamp_ms, priority in self._store.message_meta(name):
             # Done, or below a low-water mark replayed from the changelog: the crash came after
             # the commit but before the local copy was deleted.
             if bm in done or bm.offset < engine.low_water(TopicPartition(bm.topic, bm.partition)):
                 batch.delete_message(name, bm)
                 continue
             deliveries, cancels = counts.pop(bm, (0, 0))
-            ts = stored.timestamp_ms / 1000.0 if stored.timestamp_ms else now
-            arrivals.append(Arrival(bm, ts, stored.priority, deliveries, cancels))
+            ts = timestamp_ms / 1000.0 if timestamp_ms else now
+            arrivals.append(Arrival(bm, ts, priority, deliveries, cancels))
         if arrivals:
             engine.add(arrivals, now)
         for tp, pos in positions.items():

@@ -286,6 +286,11 @@ class Store(Protocol):
         self, queue: str, start: Bookmark | None = None
     ) -> Iterator[tuple[Bookmark, StoredMessage]]: ...
 
+    def message_meta(self, queue: str) -> Iterator[tuple[Bookmark, int, int | None]]:
+        """``(bookmark, timestamp_ms, priority)`` of every stored message, in bookmark order,
+        without decoding payloads (a restart rebuilds the queue from these)."""
+        ...
+
     def get_messages(
         self, queue: str, bookmarks: Sequence[Bookmark]
     ) -> list[StoredMessage | None]: ...
@@ -383,6 +388,18 @@ class KeyValueStore:
         first = prefix if start is None else message_key(queue, start)
         for key, value in self._iterate(MESSAGES, first, prefix_end(prefix)):
             yield parse_message_key(key, n), StoredMessage.decode(value)
+
+    def message_meta(self, queue: str) -> Iterator[tuple[Bookmark, int, int | None]]:
+        self._check_open()
+        prefix = queue_prefix(queue)
+        n = len(prefix)
+        for key, value in self._iterate(MESSAGES, prefix, prefix_end(prefix)):
+            if value[:1] == b"\x01" and avro_fast.STORED_MESSAGE_VERSION == 1:
+                timestamp_ms, priority = avro_fast.read_stored_meta(value)
+            else:
+                stored = StoredMessage.decode(value)
+                timestamp_ms, priority = stored.timestamp_ms, stored.priority
+            yield parse_message_key(key, n), timestamp_ms, priority
 
     def get_messages(self, queue: str, bookmarks: Sequence[Bookmark]) -> list[StoredMessage | None]:
         self._check_open()

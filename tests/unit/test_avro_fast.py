@@ -77,3 +77,16 @@ def test_garbage_is_a_serialization_error(data: bytes) -> None:
 
     with contextlib.suppress(SerializationError):
         avro_fast.read_stored_message(b"\x01" + data)
+
+
+@given(
+    opt_bytes,
+    opt_bytes,
+    st.lists(st.tuples(st.text(max_size=10), opt_bytes), max_size=5),
+    longs,
+    st.none() | longs,
+    opt_str,
+)
+def test_stored_meta_reads_timestamp_and_priority(key, value, headers, ts, priority, error) -> None:
+    data = avro_fast.stored_message(key, value, tuple(headers), ts, priority, error)
+    assert avro_fast.read_stored_meta(data) == (ts, priority)

@@ -409,3 +409,17 @@ def test_sigkill_while_writing_loses_no_completed_batch_and_leaves_no_partial_on
             store.write(empty)
         finally:
             store.close()
+
+
+def test_message_meta_reads_order_fields_without_payloads(store: KeyValueStore) -> None:
+    batch = StoreBatch()
+    batch.put_message(
+        "q", Bookmark("t", 1, 7), StoredMessage(b"k", b"v" * 100, (("h", b"x"),), 5, 9)
+    )
+    batch.put_message("q", Bookmark("t", 0, 3), StoredMessage(None, b"w", (), 6, None, "bad json"))
+    batch.put_message("other", Bookmark("t", 0, 1), StoredMessage(None, b"z", (), 1))
+    store.write(batch)
+    assert list(store.message_meta("q")) == [
+        (Bookmark("t", 0, 3), 6, None),
+        (Bookmark("t", 1, 7), 5, 9),
+    ]
