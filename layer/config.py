@@ -57,6 +57,7 @@ _SECRET_HINTS = ("password", "secret", "key", "token")
 _MASK = "***"
 ENV_BOOTSTRAP = "QLAYER_BOOTSTRAP_SERVERS"
 ENV_PROFILE = "QLAYER_BROKER_PROFILE"
+ENV_AUTH_TOKEN = "QLAYER_AUTH_TOKEN"
 ENV_KAFKA_PREFIX = "QLAYER_KAFKA_"
 # librdkafka keys that have a typed home here: two spellings of one setting would disagree.
 _OWNED_KAFKA_KEYS = {
@@ -347,7 +348,7 @@ def _build(
             kind = "table" if isinstance(value, dict | list) else "option"
             raise top.error(None, f"unknown {kind} {key!r}{_suggest(key, _TOP_LEVEL)}")
     broker = _broker(top.table("broker", "[broker]"), env, overrides)
-    coordinator = _coordinator(top.table("coordinator", "[coordinator]"), base_dir, overrides)
+    coordinator = _coordinator(top.table("coordinator", "[coordinator]"), base_dir, overrides, env)
 
     queues_raw = data.get("queue", [])
     if not isinstance(queues_raw, list) or not all(isinstance(q, dict) for q in queues_raw):
@@ -622,9 +623,14 @@ def _broker(
 
 
 def _coordinator(
-    section: _Section, base_dir: Path, overrides: Mapping[str, object]
+    section: _Section, base_dir: Path, overrides: Mapping[str, object], env: Mapping[str, str]
 ) -> CoordinatorConfig:
     section.check_keys(_COORDINATOR_KEYS)
+    if env.get(ENV_AUTH_TOKEN, "") != "":  # keeps the token out of the file
+        section.values["auth_token"], section.origins["auth_token"] = (
+            env[ENV_AUTH_TOKEN],
+            ENV_AUTH_TOKEN,
+        )
     default = CoordinatorConfig()
     state_dir_base = base_dir
     for option in ("listen", "state_dir"):

@@ -745,3 +745,11 @@ def test_tls_options(tmp_path):
     cfg.write_text('[coordinator]\ntls_cert = "c.pem"\ntls_key = "nope.pem"\n' + base)
     with pytest.raises(ConfigError, match="option 'tls_key': no such file"):
         load(cfg, env={})
+
+
+def test_auth_token_from_the_environment_wins_and_is_masked():
+    text = '[coordinator]\nauth_token = "in-file"\n[[queue]]\nname = "q"\nunderlying_topic = "t"\n'
+    config = loads(text, env={"QLAYER_AUTH_TOKEN": "from-env"})
+    assert config.coordinator.auth_token == "from-env"
+    assert "from-env" not in repr(config)
+    assert loads(text, env={"QLAYER_AUTH_TOKEN": ""}).coordinator.auth_token == "in-file"
