@@ -1,0 +1,253 @@
+"""qlayer's configuration objects: frozen, typed, validated once by ``layer.config.loader``."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, TypeVar, cast
+
+from layer.engine.model import EngineSettings, Fairness, Leasing, Semantics
+from layer.exceptions import ConfigError, UnknownQueue
+
+MAX_TOPIC_LENGTH = 249  # Kafka's limit on a topic name
+_TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
+_NAME_RULE = "1-200 characters of A-Z a-z 0-9 . _ -"
+_SECRET_HINTS = ("password", "secret", "key", "token")
+_MASK = "***"
+ENV_BOOTSTRAP = "QLAYER_BOOTSTRAP_SERVERS"
+ENV_PROFILE = "QLAYER_BROKER_PROFILE"
+ENV_AUTH_TOKEN = "QLAYER_AUTH_TOKEN"
+ENV_KAFKA_PREFIX = "QLAYER_KAFKA_"
+# librdkafka keys that have a typed home here: two spellings of one setting would disagree.
+_OWNED_KAFKA_KEYS = {
+    "bootstrap.servers": "broker.bootstrap_servers",
+    "session.timeout.ms": "broker.session_timeout_ms",
+    "group.id": "coordinator.id",
+    "transactional.id": "coordinator.id",
+}
+_OVERRIDE_FLAGS = {"bootstrap": "--bootstrap", "listen": "--listen", "state_dir": "--state-dir"}
+_OVERRIDE_ALIASES = {"bootstrap_servers": "bootstrap"}
+
+_T = TypeVar("_T")
+_E = TypeVar("_E", bound=StrEnum)
+
+
+class BrokerProfile(StrEnum):
+    """Which broker's feature set to expect; ``auto`` finds out on connect."""
+
+    AUTO = "auto"
+    KAFKA = "kafka"
+    TANSU = "tansu"
+
+
+class MessageType(StrEnum):
+    JSON = "json"
+    AVRO = "avro"
+    BYTES = "bytes"
+
+
+class StartFrom(StrEnum):
+    """Where a queue starts reading a partition it has never seen."""
+
+    EARLIEST = "earliest"
+    LATEST = "latest"
+
+
+def _masked(key: str, value: str) -> str:
+    return _MASK if any(hint in key.lower() for hint in _SECRET_HINTS) else value
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    bootstrap_servers: str | None = None  # None = start the embedded broker
+    profile: BrokerProfile = BrokerProfile.AUTO
+    session_timeout_ms: int | None = None  # None = librdkafka's default
+    # librdkafka settings passed through verbatim, e.g. {"security.protocol": "SASL_SSL"}.
+    kafka: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kafka", MappingProxyType(dict(self.kafka)))
+
+    def __repr__(self) -> str:
+        kafka = {key: _masked(key, value) for key, value in self.kafka.items()}
+        return (
+            f"BrokerConfig(bootstrap_servers={self.bootstrap_servers!r}, "
+            f"profile={str(self.profile)!r}, session_timeout_ms={self.session_timeout_ms!r}, "
+            f"kafka={kafka!r})"
+        )
+
+    @property
+    def embedded(self) -> bool:
+        return self.bootstrap_servers is None
+
+    def client_settings(
+        self, bootstrap_servers: str | None = None, *, consumer: bool = False
+    ) -> dict[str, str]:
+        """librdkafka settings for a client: the pass-through ones plus the typed ones.
+
+        ``bootstrap_servers`` is the embedded broker's address when the config has none.
+        ``consumer`` adds consumer-only settings (librdkafka warns when a producer gets them).
+        """
+        servers = bootstrap_servers or self.bootstrap_servers
+        if servers is None:
+            raise ConfigError("no bootstrap servers: the embedded broker's address is needed")
+        settings = dict(self.kafka)
+        settings["bootstrap.servers"] = servers
+        if consumer and self.session_timeout_ms is not None:
+            settings["session.timeout.ms"] = str(self.session_timeout_ms)
+        return settings
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorConfig:
+    id: str = "qlayer"  # names the transactional id and the changelog topics
+    listen: str = "127.0.0.1:7070"  # host:port of the API; port 0 = any free port
+    state_dir: Path = Path(".qlayer/state")  # load() makes it absolute
+    commit_interval: float = 0.005  # seconds: the group commit window
+    changelog_topic_prefix: str = "qlayer.changelog."
+    auth_token: str | None = None
+    topic_refresh_interval: float = 5.0  # seconds between looks for new topics matching a regex
+    tls_cert: Path | None = None  # PEM certificate (chain) of the API; with tls_key, serve TLS
+    tls_key: Path | None = None  # PEM private key of the API
+
+    def __repr__(self) -> str:
+        token = None if self.auth_token is None else _MASK
+        return (
+            f"CoordinatorConfig(id={self.id!r}, listen={self.listen!r}, "
+            f"state_dir={self.state_dir!r}, commit_interval={self.commit_interval!r}, "
+            f"changelog_topic_prefix={self.changelog_topic_prefix!r}, auth_token={token!r}, "
+            f"topic_refresh_interval={self.topic_refresh_interval!r}, "
+            f"tls_cert={self.tls_cert!r}, tls_key={self.tls_key!r})"
+        )
+
+    @property
+    def listen_host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]")
+
+    @property
+    def listen_port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+    def changelog_topic(self, queue_name: str) -> str:
+        return f"{self.changelog_topic_prefix}{self.id}.{queue_name}"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    name: str
+    underlying_topic: str  # a topic name, or a regex when it starts with "^" (Kafka's convention)
+    message_type: MessageType = MessageType.JSON
+    semantics: Semantics = Semantics.AT_LEAST_ONCE
+    lease_period: float = 60.0
+    max_per_subscription_backlog: int = 10_000
+    # Left out, it is AMPS's default for the semantics (set in __post_init__, hence the cast).
+    fairness: Fairness = cast(Fairness, None)
+    priority: str | None = None  # a JSON path such as "/priority"; highest first
+    barrier: str | None = None  # recognised, not supported yet (load rejects it)
+    filter: str | None = None  # recognised, not supported yet (load rejects it)
+    target_queue_depth: int = 0  # 0 = unlimited
+    max_deliveries: int = 0  # 0 = unlimited
+    max_cancels: int = 0  # 0 = unlimited
+    expiration: float | None = None  # seconds in the queue; None = never
+    dead_letter_topic: str | None = None
+    default_publish_target: str | None = None
+    leasing: Leasing = Leasing.STRICT
+    start_from: StartFrom = StartFrom.EARLIEST
+    avro_schema: Path | None = None  # only for message_type avro
+
+    def __post_init__(self) -> None:
+        if self.fairness is None:
+            at_most_once = self.semantics == Semantics.AT_MOST_ONCE
+            default = Fairness.ROUND_ROBIN if at_most_once else Fairness.PROPORTIONAL
+            object.__setattr__(self, "fairness", default)
+
+    @property
+    def topic_is_regex(self) -> bool:
+        return self.underlying_topic.startswith("^")
+
+    def matches(self, topic: str) -> bool:
+        """Whether ``topic`` is one of this queue's underlying topics."""
+        if self.topic_is_regex:
+            return re.search(self.underlying_topic, topic) is not None
+        return topic == self.underlying_topic
+
+    @property
+    def publish_target(self) -> str:
+        """The topic a publish through this queue writes to.
+
+        A queue over a regex has no single topic: without ``default_publish_target`` it can be
+        consumed but not published to, and asking for its target raises ``ConfigError``.
+        """
+        if self.default_publish_target is not None:
+            return self.default_publish_target
+        if self.topic_is_regex:
+            raise ConfigError(
+                f"queue {self.name!r} cannot be published to: its underlying_topic "
+                f"{self.underlying_topic!r} is a regex and it has no default_publish_target"
+            )
+        return self.underlying_topic
+
+    def engine_settings(self) -> EngineSettings:
+        return EngineSettings(
+            semantics=self.semantics,
+            lease_period=self.lease_period,
+            max_per_subscription_backlog=self.max_per_subscription_backlog,
+            fairness=self.fairness,
+            leasing=self.leasing,
+            max_deliveries=self.max_deliveries,
+            max_cancels=self.max_cancels,
+            expiration=self.expiration,
+            target_queue_depth=self.target_queue_depth,
+            priority=self.priority is not None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    source: str  # the file's path, or "<string>"
+    broker: BrokerConfig = field(default_factory=BrokerConfig)
+    coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
+    queues: tuple[QueueConfig, ...] = ()
+
+    def queue(self, name: str) -> QueueConfig:
+        for queue in self.queues:
+            if queue.name == name:
+                return queue
+        known = ", ".join(repr(q.name) for q in self.queues) or "none"
+        raise UnknownQueue(f"queue {name!r} is not configured in {self.source} (queues: {known})")
+
+    def with_overrides(
+        self,
+        *,
+        bootstrap: str | None = None,
+        listen: str | None = None,
+        state_dir: str | os.PathLike[str] | None = None,
+    ) -> Config:
+        """This config with the CLI's flags applied (None leaves a setting as it is)."""
+        # the loader's converters validate overrides exactly as they validate the file
+        from layer.config.loader import _bootstrap, _listen, _path, _Section
+
+        given = {"bootstrap": bootstrap, "listen": listen, "state_dir": state_dir}
+        overrides = {key: value for key, value in given.items() if value is not None}
+        broker = _Section(self.source, "[broker]", {}, {"bootstrap_servers": "--bootstrap"})
+        coordinator = _Section(
+            self.source, "[coordinator]", {}, {"listen": "--listen", "state_dir": "--state-dir"}
+        )
+        config = self
+        if "bootstrap" in overrides:
+            value = broker.convert("bootstrap_servers", overrides["bootstrap"], _bootstrap)
+            config = replace(config, broker=replace(config.broker, bootstrap_servers=value))
+        changes: dict[str, Any] = {}
+        if "listen" in overrides:
+            changes["listen"] = coordinator.convert("listen", overrides["listen"], _listen)
+        if "state_dir" in overrides:
+            changes["state_dir"] = coordinator.convert(
+                "state_dir", overrides["state_dir"], _path(Path.cwd())
+            )
+        return replace(config, coordinator=replace(config.coordinator, **changes))
