@@ -90,10 +90,6 @@ class IngestReader:
         self._stop.set()
         self._thread.join(timeout)
 
-    @property
-    def partitions(self) -> set[TopicPartition]:
-        return set(self._assigned)
-
     def _matching_partitions(self, consumer: Consumer) -> list[TopicPartition]:
         if self._pattern is None:
             md = consumer.list_topics(self._topic, timeout=10)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -172,6 +171,3 @@ class QueueRuntime:
         if missing:
             found.update(zip(missing, store.get_messages(self.name, missing), strict=True))
         return found
-
-    def active_subscriptions(self) -> Iterable[SubscriptionState]:
-        return (s for s in self.subscriptions.values() if not s.closed)
