@@ -128,6 +128,7 @@ class Coordinator:
         self._instance = uuid.uuid4().hex[:8]
         self._loop: asyncio.AbstractEventLoop | None = None
         self.rounds = 0
+        self._last_commit = 0.0  # monotonic start of the last changelog commit
 
     # ----------------------------------------------------------------------------------------
     # life cycle
@@ -307,6 +308,12 @@ class Coordinator:
             while not self._stopping:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=0.05)
+                # the group-commit window: a commit follows the last one by at least
+                # commit_interval, so what arrives meanwhile shares its transaction
+                delay = self._last_commit + self._config.coordinator.commit_interval
+                delay -= time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
                 self._wake.clear()
                 for reader in self._readers.values():
                     if reader.error is not None:
@@ -361,6 +368,7 @@ class Coordinator:
         if records or extra:
             assert self._writer is not None
             loop = asyncio.get_running_loop()
+            self._last_commit = time.monotonic()
             offsets = await loop.run_in_executor(
                 self._commit_pool, self._writer.commit, records, extra
             )
