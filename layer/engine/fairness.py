@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from bisect import bisect_left, bisect_right, insort
+from collections.abc import Callable, Sequence
 from heapq import heapify, heappop, heappush
 from typing import Any
 
@@ -16,20 +17,42 @@ from layer.engine.model import Bookmark, Fairness
 
 
 class Subscriber:
-    """A registered subscription. ``index`` is its place in subscribe order."""
+    """A registered subscription. ``index`` is its place in subscribe order.
 
-    __slots__ = ("name", "index", "backlog", "outstanding", "leases", "handed", "ready", "stamp")
+    ``match`` is its content filter (None: every message); ``parked`` and ``groups`` belong to
+    ``layer.engine.routing``: messages waiting for this subscription's backlog, and the count of
+    unacked messages it holds per message group.
+    """
 
-    def __init__(self, name: str, index: int, backlog: int) -> None:
+    __slots__ = (
+        "name",
+        "index",
+        "backlog",
+        "outstanding",
+        "leases",
+        "handed",
+        "ready",
+        "stamp",
+        "match",
+        "parked",
+        "groups",
+    )
+
+    def __init__(
+        self, name: str, index: int, backlog: int, match: Callable[[Bookmark], bool] | None = None
+    ) -> None:
         self.name = name
         self.index = index
         self.backlog = backlog
+        self.match = match
+        self.parked: list[Any] = []
+        self.groups: dict[Any, int] = {}
         self.outstanding = 0
         # At-least-once: the leased entries, in lease order. Dicts, not sets: iteration order must
         # not depend on memory addresses, or the engine would stop being deterministic.
         self.leases: dict[Any, None] = {}
-        # At-most-once: bookmarks handed out whose backlog slot is not released yet.
-        self.handed: dict[Bookmark, None] = {}
+        # At-most-once: bookmarks handed out whose backlog slot is not released yet (-> group).
+        self.handed: dict[Bookmark, Any] = {}
         self.ready = False  # in the picker's set of subscriptions with room
         self.stamp = 0  # bumped on every change, to invalidate stale heap items
 
@@ -58,6 +81,11 @@ class Picker(ABC):
     def served(self, sub: Subscriber) -> None:
         """``sub`` was just handed a message (its outstanding count already went up)."""
         self.update(sub)
+
+    def choose(self, candidates: Sequence[Subscriber]) -> Subscriber:
+        """The one of ``candidates`` (non-empty, all with room) that gets the next message when
+        only they may take it (content filters, message groups): the same rule as ``pick``."""
+        return min(candidates, key=_subscribe_order)
 
 
 class _OrderedPicker(Picker):
@@ -109,6 +137,10 @@ class RoundRobinPicker(_OrderedPicker):
         self._last = sub.index
         self.update(sub)
 
+    def choose(self, candidates: Sequence[Subscriber]) -> Subscriber:
+        after = [s for s in candidates if s.index > self._last]
+        return min(after or candidates, key=_subscribe_order)
+
 
 class ProportionalPicker(Picker):
     """The subscription with the lowest outstanding/backlog ratio; ties go to subscribe order.
@@ -143,6 +175,9 @@ class ProportionalPicker(Picker):
             heappop(heap)
         return None
 
+    def choose(self, candidates: Sequence[Subscriber]) -> Subscriber:
+        return min(candidates, key=_load)
+
     def _rebuild(self) -> None:
         self._heap = [
             (s.outstanding / s.backlog, s.index, s.stamp, s)
@@ -150,6 +185,14 @@ class ProportionalPicker(Picker):
             if s.outstanding < s.backlog
         ]
         heapify(self._heap)
+
+
+def _subscribe_order(sub: Subscriber) -> int:
+    return sub.index
+
+
+def _load(sub: Subscriber) -> tuple[float, int]:
+    return (sub.outstanding / sub.backlog, sub.index)
 
 
 def make_picker(fairness: Fairness) -> Picker:

@@ -19,6 +19,8 @@ from layer.engine.model import Bookmark
 AVAILABLE = 0
 LEASED = 1
 DONE = 2
+HELD = 3  # behind a pending barrier (or the barrier itself): in the queue, not deliverable yet
+DELAYED = 4  # waiting for its delayed (re)delivery time
 
 # Compaction slack: small indexes are never worth rebuilding.
 _SLACK = 1024
@@ -29,6 +31,8 @@ class Entry:
 
     ``key`` orders delivery: the arrival sequence number, or ``(priority key, sequence)`` for
     priority queues. A returned message keeps its key, so it is "oldest first" again.
+    ``gen`` counts the times the message went back into the main delivery order; references to
+    it parked elsewhere (``layer.engine.routing``) are live only while their ``gen`` matches.
     """
 
     __slots__ = (
@@ -40,6 +44,9 @@ class Entry:
         "holder",
         "deadline",
         "state",
+        "group",
+        "ckey",
+        "gen",
     )
 
     def __init__(
@@ -53,9 +60,12 @@ class Entry:
         self.holder: Any = None  # the Subscriber holding the lease
         self.deadline: float | None = None
         self.state = AVAILABLE
+        self.group: Any = None
+        self.ckey: Any = None
+        self.gen = 0
 
     def __repr__(self) -> str:
-        state = ("available", "leased", "done")[self.state]
+        state = ("available", "leased", "done", "held", "delayed")[self.state]
         return f"Entry({self.bookmark}, {state}, deliveries={self.deliveries})"
 
 
@@ -81,6 +91,17 @@ class FifoOrder:
 
     def push_returned(self, entry: Entry) -> None:
         heappush(self._returned, (entry.key, entry))
+
+    def peek(self) -> Entry | None:
+        """The next available entry, left in place, or None."""
+        fresh, returned = self._fresh, self._returned
+        while fresh and fresh[0].state != AVAILABLE:
+            fresh.popleft()
+        while returned and returned[0][1].state != AVAILABLE:
+            heappop(returned)
+        if returned and (not fresh or returned[0][0] < fresh[0].key):
+            return returned[0][1]
+        return fresh[0] if fresh else None
 
     def pop(self) -> Entry | None:
         """Remove and return the next available entry, or None."""
@@ -124,6 +145,12 @@ class PriorityOrder:
         heappush(self._heap, (entry.key, entry))
 
     push_returned = push_new
+
+    def peek(self) -> Entry | None:
+        heap = self._heap
+        while heap and heap[0][1].state != AVAILABLE:
+            heappop(heap)
+        return heap[0][1] if heap else None
 
     def pop(self) -> Entry | None:
         heap = self._heap
@@ -245,4 +272,34 @@ class LeaseIndex:
             if entry.state == LEASED and entry.deadline == item[0]:
                 kept[id(entry)] = item
         self._heap = list(kept.values())
+        heapify(self._heap)
+
+
+class DelayIndex:
+    """Delayed messages by the time they become available: a heap of ``(time, key, entry)``."""
+
+    __slots__ = ("_heap",)
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, Any, Entry]] = []
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, entry: Entry, when: float) -> None:
+        heappush(self._heap, (when, entry.key, entry))
+
+    def pop_due(self, now: float) -> Entry | None:
+        """Remove and return a delayed entry whose time is ``<= now``, or None."""
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            entry = heappop(heap)[2]
+            if entry.state == DELAYED:
+                return entry
+        return None
+
+    def compact(self, live: int) -> None:
+        if len(self._heap) <= 2 * live + _SLACK:
+            return
+        self._heap = [item for item in self._heap if item[2].state == DELAYED]
         heapify(self._heap)

@@ -68,10 +68,24 @@ class DoneReason(StrEnum):
     MAX_CANCELS = "max_cancels"
     MAX_DELIVERIES = "max_deliveries"
     EXPIRATION = "expiration"  # older than the queue's expiration while not leased
+    BARRIER = "barrier"  # a barrier message, sent to every matching subscription
+    CONFLATED = "conflated"  # replaced by a newer message with the same conflate key
 
     @property
     def dead_letter(self) -> bool:
-        return self not in (DoneReason.ACKED, DoneReason.DELIVERED)
+        return self not in _NOT_DEAD
+
+
+_NOT_DEAD = frozenset(
+    {DoneReason.ACKED, DoneReason.DELIVERED, DoneReason.BARRIER, DoneReason.CONFLATED}
+)
+
+
+class GroupMode(StrEnum):
+    """How a message group stays with one consumer (Qpid's message groups)."""
+
+    STICKY = "sticky"  # while the owning subscription lives
+    SHARED = "shared"  # only while the owner holds unacked messages of the group
 
 
 class ReturnReason(StrEnum):
@@ -109,6 +123,48 @@ class EngineSettings:
     expiration: float | None = None  # seconds in the queue before expiring; None = never
     target_queue_depth: int = 0  # 0 = unlimited
     priority: bool = False  # order by Arrival.priority (highest first) instead of arrival order
+    groups: GroupMode | None = None  # message groups by Arrival.group; None = no groups
+    exclusive: bool = False  # one active subscription (the oldest) gets everything
+    conflate: bool = False  # last-value queue by Arrival.conflate_key
+    # After a lease timeout the message waits min(max, initial * multiplier ** (deliveries - 1))
+    # seconds before it is available again; None = at once.
+    redelivery_backoff: tuple[float, float, float] | None = None
+
+    def validate(self, name: str) -> None:
+        """Raise ValueError naming every setting that is out of range."""
+        problems = []
+        if not self.lease_period > 0:
+            problems.append(f"lease_period must be > 0 (got {self.lease_period})")
+        if self.max_per_subscription_backlog < 1:
+            problems.append(
+                "max_per_subscription_backlog must be >= 1"
+                f" (got {self.max_per_subscription_backlog})"
+            )
+        if self.max_deliveries < 0:
+            problems.append(f"max_deliveries must be >= 0 (got {self.max_deliveries})")
+        if self.max_cancels < 0:
+            problems.append(f"max_cancels must be >= 0 (got {self.max_cancels})")
+        if self.expiration is not None and not self.expiration > 0:
+            problems.append(f"expiration must be > 0 or None (got {self.expiration})")
+        if self.target_queue_depth < 0:
+            problems.append(f"target_queue_depth must be >= 0 (got {self.target_queue_depth})")
+        if self.redelivery_backoff is not None:
+            initial, multiplier, cap = self.redelivery_backoff
+            if not (initial >= 0 and multiplier >= 1 and cap >= initial):
+                problems.append(
+                    "redelivery_backoff needs initial >= 0, multiplier >= 1, max >= initial"
+                    f" (got {self.redelivery_backoff})"
+                )
+        if problems:
+            raise ValueError(f"queue {name!r}: " + "; ".join(problems))
+
+    def backoff(self, deliveries: int) -> float:
+        """The redelivery delay after a lease timeout of a message delivered this many times."""
+        if self.redelivery_backoff is None:
+            return 0.0
+        initial, multiplier, cap = self.redelivery_backoff
+        exponent = min(max(deliveries - 1, 0), 64)
+        return float(min(cap, initial * multiplier**exponent))
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +180,10 @@ class Arrival:
     priority: int | None = None
     deliveries: int = 0
     cancels: int = 0
+    group: object = None  # message group key (hashable); None = no group
+    conflate_key: object = None  # last-value key (hashable); None = never conflated
+    barrier: bool = False  # matches the queue's barrier expression
+    not_before: float | None = None  # not deliverable before this time (delayed message)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,7 +199,8 @@ class Delivery:
     bookmark: Bookmark
     deliveries: int  # including this one
     cancels: int
-    deadline: float | None  # None for at-most-once
+    deadline: float | None  # None for at-most-once and barrier messages
+    barrier: bool = False  # a barrier message: sent, not leased; no ack expected
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +222,7 @@ class Returned:
     reason: ReturnReason
     deliveries: int
     cancels: int
+    not_before: float | None = None  # delayed redelivery: available again at this time
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,3 +281,5 @@ class EngineStats:
     done_total: int
     dead_lettered_total: int
     delivered_total: int
+    delayed: int = 0  # waiting for a delayed (re)delivery time
+    held: int = 0  # behind a barrier not sent yet (counted in neither available nor leased)

@@ -1,105 +1,24 @@
 """The queue engine: a deterministic state machine for one queue. No I/O, no threads, no clock.
 
-CONTRACT (the coordinator is written against exactly this; keep it):
-
-Events in (each takes ``now``, the caller's clock, seconds):
-- ``add(arrivals, now)``: messages read from the underlying topics enter the queue, in read order
-  per partition (offsets strictly increasing per partition). Arrivals whose bookmark was already
-  acked while not yet read (a *remembered ack*, see ``ack``) are skipped and counted done.
-  A message whose restored ``deliveries``/``cancels`` already reach the limits is done at once
-  (dead-lettered with MAX_DELIVERIES / MAX_CANCELS).
-- ``room()``: how many more arrivals ``add`` may take now. Unlimited (a large int) without
-  target_queue_depth; with it, ``target_queue_depth - (available + leased)`` (never < 0). The
-  coordinator does not read further than ``room()`` allows ("not read into state").
-- ``start_partition(partition, low_water)``: the queue tracks this partition from ``low_water``
-  (restored from the changelog, or where the coordinator starts reading a new partition); its read
-  position starts there too.
-- ``restore_done(bookmarks)``: done records restored from the changelog at or above the low-water
-  mark. They count as done for the low-water mark, and are forgotten (Forget) once it passes them.
-  They emit no Done.
-- ``mark_read(partition, next_offset)``: the coordinator read up to ``next_offset`` (exclusive) on
-  this partition, including offsets that never became arrivals (filtered, control records, gaps).
-  Needed for the low-water mark.
-- ``set_high_watermark(partition, offset)``: the broker's high watermark; acks for offsets in
-  ``[read position, high watermark)`` are remembered (see ``ack``), beyond it they are unknown.
-- ``subscribe(subscription, max_backlog, now) -> int``: register (or re-register) a subscription;
-  returns the effective backlog ``min(max_backlog, max_per_subscription_backlog)`` (>= 1).
-- ``disconnect(subscription, now)``: the subscription is gone; every lease it holds is returned at
-  once (Returned DISCONNECT; delivery count kept; a message whose deliveries reached max_deliveries
-  is done with MAX_DELIVERIES instead). At-most-once: simply forgotten.
-- ``ack(subscription, bookmarks, op, now, seconds=0.0) -> list[AckOutcome]``: one outcome per
-  bookmark, in order; a refused bookmark changes nothing.
-    * ACK: done (ACKED). Leasing strict: only the lease holder may ack a leased message; an
-      available (unleased) message may not be acked under strict (NOT_LEASE_HOLDER). Lenient: any
-      subscription may ack any message in the queue (available or leased by anyone). A bookmark at
-      or beyond the partition's read position and below its high watermark is a remembered ack:
-      a Done(ACKED) is emitted now and the message is skipped when it arrives. Anything else
-      (other topic, below the low-water mark, already done, beyond the high watermark) is
-      UNKNOWN_BOOKMARK.
-    * CANCEL (at-least-once): the lease ends, cancels += 1, Returned(CANCEL); if cancels reaches
-      max_cancels the message is done with MAX_CANCELS instead ("expires on the 3rd cancel when
-      max_cancels = 3"). Cancel of an unleased message: NOT_LEASED.
-    * EXPIRE: done with CONSUMER_EXPIRE (dead-lettered), leased or (lenient) available.
-    * EXTEND: the lease deadline becomes ``now + seconds``; no durable change; NOT_LEASED if not
-      leased.
-    * At-most-once: every op only releases the subscription's backlog slot for a bookmark it was
-      handed and has not released yet; anything else is UNKNOWN_BOOKMARK. No state changes.
-- ``tick(now)``: lease timeouts (deadline <= now) return messages (Returned TIMEOUT), or finish
-  them with MAX_DELIVERIES when deliveries >= max_deliveries ("not delivered again after its 10th
-  unsuccessful delivery when max_deliveries = 10") or EXPIRATION when the message is older than
-  ``expiration``. Available (unleased) messages older than ``expiration`` (now - timestamp >=
-  expiration) are done with EXPIRATION. Leased messages never expire while leased.
-- ``dispatch(now)``: hand available messages to subscriptions with free backlog, in queue order
-  (arrival order; with ``priority``, highest priority first and oldest first within a priority,
-  None lowest), choosing the subscription by fairness:
-    fast: the first subscription (in subscribe order) with room;
-    round-robin: the next subscription with room after the one served last;
-    proportional: the one with the lowest outstanding/max_backlog ratio (ties: subscribe order).
-  At-least-once: Leased + Delivery (deliveries += 1, deadline = now + lease_period). At-most-once:
-  Done(DELIVERED) + Delivery (deadline None); the subscription's slot stays used until it acks.
-
-Effects out, via ``drain() -> Effects``: ``changes`` (Leased / Returned / Done / LowWater / Forget)
-in the order decided, and ``deliveries``. After any change that advances a partition's low-water
-mark (the smallest offset not done, or the read position when every read offset is done), a
-LowWater is emitted, followed by Forget for each done bookmark now below it (each done bookmark is
-forgotten exactly once). At most one LowWater per partition per drain (the latest).
-
-Queries: ``stats(now)``, ``available(limit=None)`` (bookmarks in delivery order; browse),
-``lease_of(bookmark)``, ``low_water(partition)``, ``partitions()``, ``outstanding(subscription)``.
-
-Precisions (decided while implementing; the contract above still holds):
-- A lease that ends without ack (cancel, timeout, disconnect) checks the limits in this order:
-  cancels >= max_cancels -> MAX_CANCELS, deliveries >= max_deliveries -> MAX_DELIVERIES, older than
-  ``expiration`` -> EXPIRATION; otherwise Returned. So a cancel at max_deliveries, or a disconnect
-  of an expired message, is done at once rather than returned and finished on the next tick.
-- ``dispatch`` and ``add`` also apply expiration (an expired message is done, never handed out).
-- Every partition must be started before ``add``/``mark_read``/``set_high_watermark``/
-  ``restore_done`` name it (QueueError otherwise). ``add`` needs offsets at or beyond the read
-  position (call it before ``mark_read`` for the same batch); ``restore_done`` must come before
-  reading. A restored done record below the low-water mark is stale: a Forget is emitted for it.
-- A remembered ack is accepted under strict leasing too (nobody can hold an unread message);
-  CANCEL/EXPIRE/EXTEND of an unread message are UNKNOWN_BOOKMARK. Leasing lenient also lets any
-  subscription cancel or extend another's lease.
-- ``ack`` from an unregistered subscription raises QueueError; ``disconnect`` of one is a no-op.
-  Re-subscribing keeps the subscription's place in subscribe order and its leases.
-- ``stats().inactive`` = offsets in [read position, high watermark) not already done (only with
-  target_queue_depth; 0 otherwise). ``lease_of`` returns a ``Lease`` or None (always None for
-  at-most-once). ``low_water`` is the current mark (may be ahead of the last LowWater emitted).
-- LowWater/Forget are appended at the end of ``drain()``'s changes, after the Done that caused them.
+The contract the coordinator is written against is the docstring of ``layer.engine``.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
-from typing import NamedTuple
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
 
 from layer.engine.fairness import Subscriber, make_picker
 from layer.engine.index import (
     AVAILABLE,
+    DELAYED,
     DONE,
+    HELD,
     LEASED,
     AgeIndex,
+    DelayIndex,
     Entry,
     FifoOrder,
     LeaseIndex,
@@ -128,6 +47,7 @@ from layer.engine.model import (
     TopicPartition,
 )
 from layer.engine.partition import PartitionState
+from layer.engine.routing import Router
 from layer.exceptions import QueueError
 
 UNLIMITED = sys.maxsize  # room() without target_queue_depth
@@ -147,31 +67,11 @@ class Lease(NamedTuple):
     cancels: int
 
 
-def _check_settings(name: str, s: EngineSettings) -> None:
-    problems = []
-    if not s.lease_period > 0:
-        problems.append(f"lease_period must be > 0 (got {s.lease_period})")
-    if s.max_per_subscription_backlog < 1:
-        problems.append(
-            f"max_per_subscription_backlog must be >= 1 (got {s.max_per_subscription_backlog})"
-        )
-    if s.max_deliveries < 0:
-        problems.append(f"max_deliveries must be >= 0 (got {s.max_deliveries})")
-    if s.max_cancels < 0:
-        problems.append(f"max_cancels must be >= 0 (got {s.max_cancels})")
-    if s.expiration is not None and not s.expiration > 0:
-        problems.append(f"expiration must be > 0 or None (got {s.expiration})")
-    if s.target_queue_depth < 0:
-        problems.append(f"target_queue_depth must be >= 0 (got {s.target_queue_depth})")
-    if problems:
-        raise ValueError(f"queue {name!r}: " + "; ".join(problems))
-
-
 class QueueEngine:
     """One queue's state machine (see the module docstring for the contract)."""
 
     def __init__(self, name: str, settings: EngineSettings) -> None:
-        _check_settings(name, settings)
+        settings.validate(name)
         self.name = name
         self.settings = settings
         self._alo = settings.semantics == Semantics.AT_LEAST_ONCE
@@ -189,6 +89,15 @@ class QueueEngine:
         self._leases = LeaseIndex()
         self._picker = make_picker(settings.fairness)
         self._subs: dict[str, Subscriber] = {}
+        self._router = Router(self._subs, self._requeue, settings.exclusive, settings.groups)
+        self._delays = DelayIndex()
+        self._delayed = 0
+        # Barriers: the pending ones in arrival order; the first holds every later arrival.
+        self._barriers: deque[Entry] = deque()
+        self._held: deque[Entry] = deque()
+        self._held_count = 0
+        self._conflate = settings.conflate
+        self._latest: dict[object, Entry] = {}  # last-value queues: conflate key -> newest
         self._next_sub = 0
         self._topics: dict[str, dict[int, PartitionState]] = {}
         self._parts: list[PartitionState] = []
@@ -248,7 +157,7 @@ class QueueEngine:
     def room(self) -> int:
         if not self._depth:
             return UNLIMITED
-        return max(0, self._depth - self._available - self._leased)
+        return max(0, self._depth - self._live())
 
     # -- events ------------------------------------------------------------------------------
 
@@ -292,11 +201,30 @@ class QueueEngine:
             part.items.append(entry)
             if not part.dirty:
                 self._touch(part)
-            self._order.push_new(entry)
-            self._ages.push(entry)
-            self._available += 1
+            if arrival.group is not None:
+                entry.group = arrival.group
+            if arrival.conflate_key is not None and self._conflate:
+                self._conflate_older(entry, arrival.conflate_key, now)
+            if arrival.barrier or self._barriers:
+                entry.state = HELD
+                self._held.append(entry)
+                self._held_count += 1
+                if arrival.barrier:
+                    self._barriers.append(entry)
+            elif arrival.not_before is not None and arrival.not_before > now:
+                self._delay(entry, arrival.not_before)
+            else:
+                self._order.push_new(entry)
+                self._ages.push(entry)
+                self._available += 1
 
-    def subscribe(self, subscription: str, max_backlog: int, now: float) -> int:
+    def subscribe(
+        self,
+        subscription: str,
+        max_backlog: int,
+        now: float,
+        match: Callable[[Bookmark], bool] | None = None,
+    ) -> int:
         if max_backlog < 1:
             raise ValueError(
                 f"queue {self.name!r}: max_backlog of {subscription!r} must be >= 1 "
@@ -305,13 +233,26 @@ class QueueEngine:
         backlog = min(max_backlog, self.settings.max_per_subscription_backlog)
         sub = self._subs.get(subscription)
         if sub is None:
-            sub = Subscriber(subscription, self._next_sub, backlog)
+            sub = Subscriber(subscription, self._next_sub, backlog, match)
             self._next_sub += 1
             self._subs[subscription] = sub
         else:
+            # a replace: leases and outstanding count stay, even above the new backlog
             sub.backlog = backlog
+            sub.match = match
         self._picker.update(sub)
+        if self._router.active():
+            self._router.requeue_all()
         return backlog
+
+    def set_backlog(self, subscription: str, backlog: int) -> None:
+        """Change a subscription's backlog without a replace; 0 pauses it (the coordinator
+        shares one backlog between the queues of a multi-queue subscription this way)."""
+        if backlog < 0:
+            raise ValueError(f"queue {self.name!r}: backlog {backlog} must be >= 0")
+        sub = self._subscriber(subscription)
+        sub.backlog = min(backlog, self.settings.max_per_subscription_backlog)
+        self._picker.update(sub)
 
     def disconnect(self, subscription: str, now: float) -> None:
         """Unregister; idempotent (an unknown subscription is ignored)."""
@@ -324,23 +265,28 @@ class QueueEngine:
         sub.handed.clear()
         sub.outstanding = 0
         self._picker.remove(sub)
+        router = self._router
+        router.forget(sub)
+        if router.active():
+            # an exclusive queue's standby may be the active one now; filters may match again
+            router.requeue_all()
 
     def ack(
         self,
-        subscription: str,
+        subscription: str | None,
         bookmarks: Iterable[Bookmark],
         op: AckOp,
         now: float,
         seconds: float = 0.0,
     ) -> list[AckOutcome]:
-        sub = self._subs.get(subscription)
-        if sub is None:
-            raise QueueError(
-                f"queue {self.name!r}: subscription {subscription!r} is not registered"
-            )
-        if op is AckOp.EXTEND and seconds < 0:
-            raise ValueError(f"queue {self.name!r}: extend by {seconds} seconds (must be >= 0)")
+        """``subscription`` None: an ack on behalf of no subscription (ack by filter through the
+        API): under strict leasing it may only finish messages nobody holds."""
+        sub = None if subscription is None else self._subscriber(subscription)
+        if seconds < 0:
+            raise ValueError(f"queue {self.name!r}: {op} by {seconds} seconds (must be >= 0)")
         if not self._alo:
+            if sub is None:
+                return [AckOutcome(bm, self._amo_finish(bm, op, now)) for bm in bookmarks]
             return [AckOutcome(bm, self._release_slot(sub, bm)) for bm in bookmarks]
         return [AckOutcome(bm, self._ack_one(sub, bm, op, now, seconds)) for bm in bookmarks]
 
@@ -348,16 +294,23 @@ class QueueEngine:
         leases = self._leases
         while (entry := leases.pop_due(now)) is not None:
             self._end_lease(entry, ReturnReason.TIMEOUT, now)
+        delays = self._delays
+        while (entry := delays.pop_due(now)) is not None:
+            self._delayed -= 1
+            self._make_available(entry)
         if self._expiration is not None:
             ages, cutoff = self._ages, now - self._expiration
             while (entry := ages.pop_expired(cutoff)) is not None:
                 self._finish(entry, DoneReason.EXPIRATION, now)
 
     def dispatch(self, now: float) -> None:
+        if self._barriers:
+            self._send_barriers(now)
+        if self._router.active():
+            self._dispatch_routed(now)
+            return
         picker, order = self._picker, self._order
         expiration = self._expiration
-        changes, deliveries = self._changes, self._deliveries
-        alo, lease_period = self._alo, self._lease_period
         while self._available:
             sub = picker.pick()
             if sub is None:
@@ -368,28 +321,7 @@ class QueueEngine:
             if expiration is not None and now - entry.timestamp >= expiration:
                 self._finish(entry, DoneReason.EXPIRATION, now)
                 continue
-            bm = entry.bookmark
-            entry.deliveries += 1
-            self._delivered_total += 1
-            if alo:
-                deadline = now + lease_period
-                entry.state = LEASED
-                entry.holder = sub
-                entry.deadline = deadline
-                sub.leases[entry] = None
-                self._available -= 1
-                self._leased += 1
-                self._leases.push(entry, deadline)
-                changes.append(Leased(bm, sub.name, deadline, entry.deliveries, entry.cancels))
-                deliveries.append(Delivery(sub.name, bm, entry.deliveries, entry.cancels, deadline))
-            else:
-                # Done durably before it is handed out: never delivered twice, even across
-                # restarts.
-                sub.handed[bm] = None
-                self._finish(entry, DoneReason.DELIVERED, now)
-                deliveries.append(Delivery(sub.name, bm, entry.deliveries, entry.cancels, None))
-            sub.outstanding += 1
-            picker.served(sub)
+            self._deliver(entry, sub, now)
 
     def drain(self) -> Effects:
         for part in self._dirty:
@@ -404,6 +336,8 @@ class QueueEngine:
         self._order.compact(self._available)
         self._ages.compact(self._available + self._leased)
         self._leases.compact(self._leased)
+        self._delays.compact(self._delayed)
+        self._router.compact(self._available)
         effects = Effects(self._changes, self._deliveries)
         self._changes, self._deliveries = [], []
         return effects
@@ -421,10 +355,18 @@ class QueueEngine:
             done_total=self._done_total,
             dead_lettered_total=self._dead_total,
             delivered_total=self._delivered_total,
+            delayed=self._delayed,
+            held=self._held_count,
         )
 
     def available(self, limit: int | None = None) -> list[Bookmark]:
-        return [entry.bookmark for entry in self._order.browse(limit)]
+        """The messages in the queue that nobody holds and that are not delayed, in delivery
+        order (messages held behind a barrier, the barrier included, come last): a browse."""
+        if not self._router.active() and not self._held_count:
+            return [entry.bookmark for entry in self._order.browse(limit)]
+        ready = sorted(self._entries(AVAILABLE), key=_by_key)
+        ready.extend(e for e in self._held if e.state == HELD)
+        return [entry.bookmark for entry in ready[:limit]]
 
     def lease_of(self, bookmark: Bookmark) -> Lease | None:
         part = self._lookup(bookmark)
@@ -444,16 +386,166 @@ class QueueEngine:
         return [part.tp for part in self._parts]
 
     def outstanding(self, subscription: str) -> list[Bookmark]:
+        sub = self._subscriber(subscription)
+        if self._alo:
+            return [entry.bookmark for entry in sub.leases]
+        return list(sub.handed)
+
+    def group_owner(self, group: object) -> str | None:
+        """The subscription a message group is bound to now, if any."""
+        owner = self._router.owners.get(group)
+        return None if owner is None else owner.name
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _subscriber(self, subscription: str) -> Subscriber:
         sub = self._subs.get(subscription)
         if sub is None:
             raise QueueError(
                 f"queue {self.name!r}: subscription {subscription!r} is not registered"
             )
-        if self._alo:
-            return [entry.bookmark for entry in sub.leases]
-        return list(sub.handed)
+        return sub
 
-    # -- internals ---------------------------------------------------------------------------
+    def _live(self) -> int:
+        return self._available + self._leased + self._delayed + self._held_count
+
+    def _entries(self, state: int) -> Iterable[Entry]:
+        for part in self._parts:
+            items = part.items
+            for i in range(part.head, len(items)):
+                item = items[i]
+                if type(item) is Entry and item.state == state:
+                    yield item
+
+    def _deliver(self, entry: Entry, sub: Subscriber, now: float) -> None:
+        bm = entry.bookmark
+        entry.deliveries += 1
+        self._delivered_total += 1
+        self._router.taken(sub, entry)
+        if self._alo:
+            deadline = now + self._lease_period
+            entry.state = LEASED
+            entry.holder = sub
+            entry.deadline = deadline
+            sub.leases[entry] = None
+            self._available -= 1
+            self._leased += 1
+            self._leases.push(entry, deadline)
+            self._changes.append(Leased(bm, sub.name, deadline, entry.deliveries, entry.cancels))
+            self._deliveries.append(
+                Delivery(sub.name, bm, entry.deliveries, entry.cancels, deadline)
+            )
+        else:
+            # Done durably before it is handed out: never delivered twice, even across restarts.
+            sub.handed[bm] = entry.group
+            self._finish(entry, DoneReason.DELIVERED, now)
+            self._deliveries.append(Delivery(sub.name, bm, entry.deliveries, entry.cancels, None))
+        sub.outstanding += 1
+        self._picker.served(sub)
+
+    def _dispatch_routed(self, now: float) -> None:
+        """Dispatch when filters, groups or an exclusive consumer restrict who may take what:
+        always the best message some subscription with room may take (see ``routing``)."""
+        order, router, picker = self._order, self._router, self._picker
+        expiration = self._expiration
+        subs = self._subs
+        while self._available:
+            ready = [s for s in subs.values() if s.outstanding < s.backlog]
+            if not ready:
+                return
+            best = None
+            best_sub = None
+            for sub in ready:
+                item = router.head(sub)
+                if item is not None and (best is None or item[0] < best[0]):
+                    best, best_sub = item, sub
+            head = order.peek()
+            if head is not None and (best is None or head.key < best[0]):
+                order.pop()
+                if expiration is not None and now - head.timestamp >= expiration:
+                    self._finish(head, DoneReason.EXPIRATION, now)
+                    continue
+                eligible, narrowed = router.eligible(head)
+                if not eligible:
+                    router.unmatched(head, narrowed)
+                    continue
+                with_room = [s for s in eligible if s.outstanding < s.backlog]
+                if with_room:
+                    self._deliver(head, picker.choose(with_room), now)
+                else:
+                    router.park(head, eligible, narrowed)
+                continue
+            if best is None or best_sub is None:
+                return
+            router.pop(best_sub)
+            entry = best[2]
+            if expiration is not None and now - entry.timestamp >= expiration:
+                self._finish(entry, DoneReason.EXPIRATION, now)
+                continue
+            takers = [s for s in best[3] if s.outstanding < s.backlog and router.allowed(s, entry)]
+            if takers:
+                self._deliver(entry, picker.choose(takers), now)
+            else:  # its group found an owner meanwhile: match it again
+                entry.gen += 1
+                self._requeue(entry)
+
+    def _requeue(self, entry: Entry) -> None:
+        """Back into the main delivery order (the router's callback; ``gen`` already bumped)."""
+        self._order.push_returned(entry)
+
+    def _make_available(self, entry: Entry) -> None:
+        entry.state = AVAILABLE
+        entry.gen += 1
+        self._available += 1
+        self._order.push_returned(entry)
+        self._ages.push(entry)
+
+    def _delay(self, entry: Entry, until: float) -> None:
+        entry.state = DELAYED
+        self._delayed += 1
+        self._delays.push(entry, until)
+
+    def _send_barriers(self, now: float) -> None:
+        """Send the first pending barrier once everything before it is done, to every current
+        subscription whose filter matches, then release what it held (up to the next one).
+        With no subscription at all it waits: a barrier sent to nobody would be lost."""
+        barriers = self._barriers
+        while barriers and self._subs and not (self._available + self._leased + self._delayed):
+            barrier = barriers.popleft()
+            bm = barrier.bookmark
+            for sub in self._subs.values():
+                if sub.match is None or sub.match(bm):
+                    self._deliveries.append(
+                        Delivery(sub.name, bm, barrier.deliveries + 1, barrier.cancels, None, True)
+                    )
+            barrier.deliveries += 1
+            self._finish(barrier, DoneReason.BARRIER, now)
+            self._release_held(now)
+
+    def _release_held(self, now: float) -> None:
+        held, barriers = self._held, self._barriers
+        stop = barriers[0] if barriers else None
+        while held:
+            entry = held[0]
+            if entry is stop:
+                return
+            held.popleft()
+            if entry.state != HELD:  # acked or conflated while held
+                continue
+            self._held_count -= 1
+            entry.state = AVAILABLE
+            self._available += 1
+            self._order.push_returned(entry)
+            self._ages.push(entry)
+
+    def _conflate_older(self, entry: Entry, key: object, now: float) -> None:
+        """Last-value queues: ``entry`` replaces the older message with its key unless that one
+        is leased (then both stay; the older is conflated if it comes back)."""
+        entry.ckey = key
+        older = self._latest.get(key)
+        self._latest[key] = entry
+        if older is not None and older.state in _REPLACEABLE:
+            self._finish(older, DoneReason.CONFLATED, now)
 
     def _lookup(self, bm: Bookmark) -> PartitionState | None:
         by_partition = self._topics.get(bm.topic)
@@ -501,6 +593,7 @@ class QueueEngine:
         sub.outstanding -= 1
         if sub.name in self._subs:
             self._picker.update(sub)
+            self._router.returned(sub, entry.group)
         self._leased -= 1
         entry.holder = None
         entry.deadline = None
@@ -512,14 +605,28 @@ class QueueEngine:
             self._available -= 1
         elif state == LEASED:
             self._release(entry)
+        elif state == DELAYED:
+            self._delayed -= 1
+        elif state == HELD:
+            self._held_count -= 1
+            if entry in self._barriers:  # a barrier acked (lenient) before it was sent
+                first = self._barriers[0] is entry
+                self._barriers.remove(entry)
+                if first:
+                    entry.state = DONE
+                    self._release_held(now)
         entry.state = DONE
+        if entry.ckey is not None and self._latest.get(entry.ckey) is entry:
+            del self._latest[entry.ckey]
         bm = entry.bookmark
         part = self._require(bm)
         part.items[part.find(bm.offset)] = bm
         self._touch(part)
         self._emit_done(bm, reason, entry.deliveries, entry.cancels, now)
 
-    def _end_lease(self, entry: Entry, reason: ReturnReason, now: float) -> None:
+    def _end_lease(
+        self, entry: Entry, reason: ReturnReason, now: float, delay: float = 0.0
+    ) -> None:
         """A lease ends without ack: the message is returned, or done when a limit is reached."""
         if reason is ReturnReason.CANCEL:
             entry.cancels += 1
@@ -527,18 +634,25 @@ class QueueEngine:
         expiration = self._expiration
         if done is None and expiration is not None and now - entry.timestamp >= expiration:
             done = DoneReason.EXPIRATION
+        if done is None and entry.ckey is not None and self._latest.get(entry.ckey) is not entry:
+            done = DoneReason.CONFLATED  # a newer message with its key arrived meanwhile
         if done is not None:
             self._finish(entry, done, now)
             return
         self._release(entry)
-        entry.state = AVAILABLE
-        self._available += 1
-        self._order.push_returned(entry)
-        self._ages.push(entry)
-        self._changes.append(Returned(entry.bookmark, reason, entry.deliveries, entry.cancels))
+        if reason is ReturnReason.TIMEOUT:
+            delay = self.settings.backoff(entry.deliveries)
+        not_before = now + delay if delay > 0 else None
+        if not_before is None:
+            self._make_available(entry)
+        else:
+            self._delay(entry, not_before)
+        self._changes.append(
+            Returned(entry.bookmark, reason, entry.deliveries, entry.cancels, not_before)
+        )
 
     def _ack_one(
-        self, sub: Subscriber, bm: Bookmark, op: AckOp, now: float, seconds: float
+        self, sub: Subscriber | None, bm: Bookmark, op: AckOp, now: float, seconds: float
     ) -> AckError | None:
         part = self._lookup(bm)
         if part is None:
@@ -556,7 +670,7 @@ class QueueEngine:
             return _UNKNOWN
         holder = entry.holder
         if op is AckOp.ACK or op is AckOp.EXPIRE:
-            if self._strict and holder is not sub:
+            if self._strict and holder is not sub and (sub is not None or holder is not None):
                 return _NOT_HOLDER
             reason = DoneReason.ACKED if op is AckOp.ACK else DoneReason.CONSUMER_EXPIRE
             self._finish(entry, reason, now)
@@ -566,7 +680,7 @@ class QueueEngine:
         if self._strict and holder is not sub:
             return _NOT_HOLDER
         if op is AckOp.CANCEL:
-            self._end_lease(entry, ReturnReason.CANCEL, now)
+            self._end_lease(entry, ReturnReason.CANCEL, now, seconds)
         else:
             deadline = now + seconds
             entry.deadline = deadline
@@ -577,7 +691,25 @@ class QueueEngine:
         """At-most-once: an ack only gives the subscription its backlog slot back."""
         if bm not in sub.handed:
             return _UNKNOWN
-        del sub.handed[bm]
+        group = sub.handed.pop(bm)
         sub.outstanding -= 1
         self._picker.update(sub)
+        self._router.returned(sub, group)
         return None
+
+    def _amo_finish(self, bm: Bookmark, op: AckOp, now: float) -> AckError | None:
+        """At-most-once, on behalf of no subscription (ack by filter): finish a queued message."""
+        part = self._lookup(bm)
+        entry = None if part is None else part.entry(bm.offset)
+        if entry is None or op not in (AckOp.ACK, AckOp.EXPIRE):
+            return _UNKNOWN
+        reason = DoneReason.ACKED if op is AckOp.ACK else DoneReason.CONSUMER_EXPIRE
+        self._finish(entry, reason, now)
+        return None
+
+
+def _by_key(entry: Entry) -> Any:
+    return entry.key
+
+
+_REPLACEABLE = frozenset({AVAILABLE, DELAYED, HELD})
