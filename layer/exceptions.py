@@ -60,3 +60,32 @@ class InvalidRequest(QLayerError):
 
 class ClientError(QLayerError):
     """The client lost its connection or the server refused the request."""
+
+
+class ExpressionError(InvalidRequest):
+    """The expression is invalid.
+
+    A subclass of ``InvalidRequest`` because most expressions arrive in requests (a subscriber's
+    content filter), where a bad one is the caller's mistake; the config loader wraps it in a
+    ``ConfigError`` that names the file, queue and option. ``text`` is the whole expression,
+    ``position`` the 1-based column (character offset) of the problem, ``reason`` what is wrong
+    and ``hint`` (or None) what was expected instead.
+    """
+
+    def __init__(
+        self, text: str = "", position: int = 1, reason: str = "", hint: str | None = None
+    ) -> None:
+        self.text = text
+        self.position = position
+        self.reason = reason
+        self.hint = hint
+        if not reason:
+            super().__init__()
+            return
+        shown = text if len(text) <= 120 else text[:117] + "..."
+        message = f'expression "{shown}" : {reason} at column {position}'
+        super().__init__(f"{message}; {hint}" if hint else message)
+
+    def __reduce__(self) -> tuple[type[ExpressionError], tuple[str, int, str, str | None]]:
+        # the default pickling passes only the message back to __init__
+        return type(self), (self.text, self.position, self.reason, self.hint)
