@@ -377,9 +377,19 @@ def encode_change(
     if isinstance(change, Returned | Done):
         bm = change.bookmark
         key = _key_prefix(queue, bm.topic, bm.partition) + avro_fast.long(bm.offset)
-        kind = ChangeKind.RETURNED if isinstance(change, Returned) else ChangeKind.DONE
+        if isinstance(change, Returned):
+            # a RETURNED record's lease_deadline_ms is when a delayed message is available again
+            not_before = None if change.not_before is None else _ms(change.not_before)
+            return key, encode_value(
+                ChangeKind.RETURNED,
+                deliveries=change.deliveries,
+                cancels=change.cancels,
+                lease_deadline_ms=not_before,
+                reason=change.reason.value,
+                at_ms=at_ms,
+            )
         return key, encode_value(
-            kind,
+            ChangeKind.DONE,
             deliveries=change.deliveries,
             cancels=change.cancels,
             reason=change.reason.value,

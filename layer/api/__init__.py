@@ -3,6 +3,7 @@
 from layer.api.server import ApiServer
 from layer.api.service import (
     AckFailure,
+    AckWhereResult,
     DeliveredMessage,
     DeliverySink,
     QueueInfo,
@@ -13,6 +14,7 @@ from layer.api.service import (
 
 __all__ = [
     "AckFailure",
+    "AckWhereResult",
     "ApiServer",
     "DeliveredMessage",
     "DeliverySink",

@@ -24,7 +24,8 @@ class DeliveredMessage:
     timestamp_ms: int
     deliveries: int
     cancels: int
-    lease_deadline_ms: int | None  # wall-clock epoch ms; None for at-most-once
+    lease_deadline_ms: int | None  # wall-clock epoch ms; None for at-most-once, barriers, browse
+    barrier: bool = False  # a barrier message: sent to every matching subscription, never acked
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +33,15 @@ class AckFailure:
     bookmark: str  # as sent by the client (it may not even parse)
     error: AckError | str  # an AckError, or "malformed_bookmark"
     message: str
+
+
+@dataclass(frozen=True, slots=True)
+class AckWhereResult:
+    """What an ack by filter did: ``acked`` messages finished; ``skipped`` matched but were
+    leased to someone else under strict leasing (or are not deliverable now)."""
+
+    acked: int
+    skipped: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +100,11 @@ class Subscription(Protocol):
         The returned list holds the refused bookmarks; empty means all accepted."""
         ...
 
+    async def replace(self, queue: str, max_backlog: int, filter: str | None) -> int:
+        """Replace the subscription atomically (queue, content filter, backlog); its leases stay.
+        Returns the new effective backlog. Raises like ``subscribe``."""
+        ...
+
     async def close(self) -> None:
         """The client went away: return all its leases at once. Idempotent."""
         ...
@@ -97,9 +112,27 @@ class Subscription(Protocol):
 
 class QueueService(Protocol):
     async def subscribe(
-        self, queue: str, max_backlog: int, sink: DeliverySink, client: str = ""
+        self,
+        queue: str,
+        max_backlog: int,
+        sink: DeliverySink,
+        client: str = "",
+        filter: str | None = None,
     ) -> Subscription:
-        """Raises ``UnknownQueue`` for an unknown queue, ``InvalidRequest`` for a bad backlog."""
+        """Raises ``UnknownQueue`` for an unknown queue, ``InvalidRequest`` for a bad backlog,
+        ``ExpressionError`` (an ``InvalidRequest``) for a bad filter."""
+        ...
+
+    async def browse(
+        self, queue: str, filter: str | None = None, limit: int | None = None
+    ) -> list[DeliveredMessage]:
+        """The queue's available messages in delivery order (read-only: nothing is leased);
+        ``lease_deadline_ms`` is None, ``deliveries``/``cancels`` are the counts so far."""
+        ...
+
+    async def ack_where(self, queue: str, filter: str, expire: bool = False) -> AckWhereResult:
+        """Ack (or, with ``expire``, expire) every deliverable message matching ``filter`` on
+        behalf of no subscription; durable when it returns."""
         ...
 
     async def publish(

@@ -37,9 +37,11 @@ from layer.config.model import (
     QueueConfig,
     StartFrom,
 )
+from layer.documents import load_avro_schema
 from layer.durations import format_value, parse_duration
-from layer.engine.model import Fairness, Leasing, Semantics
-from layer.exceptions import ConfigError
+from layer.engine.model import Fairness, GroupMode, Leasing, Semantics
+from layer.exceptions import ConfigError, ExpressionError, SerializationError
+from layer.expr import compile_expression
 
 # ---------------------------------------------------------------------------------------------
 # Loading
@@ -293,15 +295,40 @@ def _prefix(value: object) -> str:
     return value
 
 
-def _json_path(value: object) -> str:
+def _expression(value: object) -> str:
     text = _string(value)
-    # Whitespace is refused to catch AMPS expressions such as "/price * /qty".
-    if not text.startswith("/") or "" in text[1:].split("/") or re.search(r"\s", text):
-        raise ValueError(
-            f'expected a JSON path like "/priority" or "/order/rank" (expressions are not '
-            f"supported yet), got {format_value(value)}"
-        )
+    try:
+        compile_expression(text)
+    except ExpressionError as exc:
+        raise ValueError(str(exc)) from None
     return text
+
+
+def _boolean(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {format_value(value)}")
+    return value
+
+
+def _backoff(value: object) -> tuple[float, float, float]:
+    """``{ initial = "1s", multiplier = 2, max = "1m" }``: the delay after the n-th lease timeout
+    is ``min(max, initial * multiplier ** (n - 1))``."""
+    if not isinstance(value, dict):
+        raise ValueError(
+            'expected a table like { initial = "1s", multiplier = 2, max = "1m" }, '
+            f"got {format_value(value)}"
+        )
+    unknown = set(value) - {"initial", "multiplier", "max"}
+    if unknown:
+        raise ValueError(f"unknown key(s) {sorted(unknown)}: expected initial, multiplier, max")
+    initial = parse_duration(value.get("initial", 1.0))
+    multiplier = value.get("multiplier", 2.0)
+    if isinstance(multiplier, bool) or not isinstance(multiplier, int | float) or multiplier < 1:
+        raise ValueError(f"multiplier must be a number >= 1, got {format_value(multiplier)}")
+    cap = parse_duration(value.get("max", 60.0))
+    if initial < 0 or cap < initial:
+        raise ValueError(f"needs 0 <= initial <= max, got initial={initial}s max={cap}s")
+    return (initial, float(multiplier), cap)
 
 
 def _kafka_value(value: object) -> str:
@@ -439,8 +466,15 @@ _QUEUE_KEYS = (
     "leasing",
     "start_from",
     "avro_schema",
+    "barrier",
+    "filter",
+    "group_key",
+    "group_mode",
+    "conflate_key",
+    "exclusive",
+    "redelivery_backoff",
 )
-_QUEUE_PENDING = ("barrier", "filter")  # AMPS options whose implementation comes later
+_QUEUE_PENDING: tuple[str, ...] = ()  # AMPS options whose implementation comes later
 
 
 def _queue(
@@ -479,7 +513,14 @@ def _queue(
             "max_per_subscription_backlog", 10_000, _integer(1)
         ),
         fairness=fairness,
-        priority=section.get("priority", None, _json_path),
+        priority=section.get("priority", None, _expression),
+        barrier=section.get("barrier", None, _expression),
+        filter=section.get("filter", None, _expression),
+        group_key=section.get("group_key", None, _expression),
+        group_mode=section.get("group_mode", GroupMode.STICKY, _choice(GroupMode)),
+        conflate_key=section.get("conflate_key", None, _expression),
+        exclusive=section.get("exclusive", False, _boolean),
+        redelivery_backoff=section.get("redelivery_backoff", None, _backoff),
         target_queue_depth=section.get("target_queue_depth", 0, _integer(0)),
         max_deliveries=section.get("max_deliveries", 0, _integer(0)),
         max_cancels=section.get("max_cancels", 0, _integer(0)),
@@ -496,20 +537,29 @@ def _queue(
 
 def _check_queue(queue: QueueConfig, section: _Section, coordinator: CoordinatorConfig) -> None:
     """The rules that relate options to each other."""
-    if queue.target_queue_depth and queue.priority is not None:
-        raise section.error(
-            "target_queue_depth", "cannot be combined with 'priority' (as AMPS does)"
-        )
-    if queue.priority is not None and queue.message_type != MessageType.JSON:
-        # the coordinator reads priority paths from JSON payloads only, so far
-        raise section.error(
-            "priority", f'needs message_type "json" (this queue is "{queue.message_type}")'
-        )
+    for option in ("priority", "barrier"):
+        if queue.target_queue_depth and getattr(queue, option) is not None:
+            raise section.error(
+                "target_queue_depth", f"cannot be combined with {option!r} (as AMPS does)"
+            )
+    for option in queue.expressions:
+        if queue.message_type == MessageType.BYTES:
+            raise section.error(
+                option, 'needs message_type "json" or "avro": a "bytes" queue has no fields'
+            )
+        if queue.message_type == MessageType.AVRO and queue.avro_schema is None:
+            raise section.error(option, 'needs avro_schema to read the fields of "avro" messages')
+    if queue.group_mode != GroupMode.STICKY and queue.group_key is None:
+        raise section.error("group_mode", "needs group_key")
     if queue.avro_schema is not None:
         if queue.message_type != MessageType.AVRO:
             raise section.error("avro_schema", 'is only for message_type "avro"')
         if not queue.avro_schema.is_file():
             raise section.error("avro_schema", f"no such file: {queue.avro_schema}")
+        try:
+            load_avro_schema(queue.avro_schema)
+        except (ValueError, SerializationError) as exc:
+            raise section.error("avro_schema", str(exc)) from None
     target = queue.default_publish_target
     if target is not None and not queue.matches(target):
         raise section.error(

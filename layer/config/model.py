@@ -11,7 +11,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar, cast
 
-from layer.engine.model import EngineSettings, Fairness, Leasing, Semantics
+from layer.engine.model import EngineSettings, Fairness, GroupMode, Leasing, Semantics
 from layer.exceptions import ConfigError, UnknownQueue
 
 MAX_TOPIC_LENGTH = 249  # Kafka's limit on a topic name
@@ -148,9 +148,16 @@ class QueueConfig:
     max_per_subscription_backlog: int = 10_000
     # Left out, it is AMPS's default for the semantics (set in __post_init__, hence the cast).
     fairness: Fairness = cast(Fairness, None)
-    priority: str | None = None  # a JSON path such as "/priority"; highest first
-    barrier: str | None = None  # recognised, not supported yet (load rejects it)
-    filter: str | None = None  # recognised, not supported yet (load rejects it)
+    # AMPS expressions (layer.expr), validated at load; the coordinator compiles them.
+    priority: str | None = None  # e.g. "/price * /qty": highest first, NULL lowest
+    barrier: str | None = None  # matching messages are barriers
+    filter: str | None = None  # only matching messages of the underlying topics enter the queue
+    group_key: str | None = None  # message groups: one consumer per group at a time
+    group_mode: GroupMode = GroupMode.STICKY
+    conflate_key: str | None = None  # last-value queue: a newer message replaces an older one
+    exclusive: bool = False  # one active consumer; the others stand by
+    # (initial, multiplier, max) seconds of delay before a timed-out message is redelivered
+    redelivery_backoff: tuple[float, float, float] | None = None
     target_queue_depth: int = 0  # 0 = unlimited
     max_deliveries: int = 0  # 0 = unlimited
     max_cancels: int = 0  # 0 = unlimited
@@ -205,7 +212,23 @@ class QueueConfig:
             expiration=self.expiration,
             target_queue_depth=self.target_queue_depth,
             priority=self.priority is not None,
+            groups=self.group_mode if self.group_key is not None else None,
+            exclusive=self.exclusive,
+            conflate=self.conflate_key is not None,
+            redelivery_backoff=self.redelivery_backoff,
         )
+
+    @property
+    def expressions(self) -> dict[str, str]:
+        """The queue's expression options that are set: option name -> text."""
+        named = {
+            "priority": self.priority,
+            "barrier": self.barrier,
+            "filter": self.filter,
+            "group_key": self.group_key,
+            "conflate_key": self.conflate_key,
+        }
+        return {option: text for option, text in named.items() if text is not None}
 
 
 @dataclass(frozen=True, slots=True)

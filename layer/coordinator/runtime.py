@@ -6,9 +6,10 @@ Runs on the coordinator's event loop only (the ingest thread hands batches over 
 
 from __future__ import annotations
 
-import json
 import logging
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -17,33 +18,46 @@ from confluent_kafka import Message
 from layer.api.service import DeliverySink
 from layer.config import QueueConfig
 from layer.coordinator.ingest import bookmark_of
+from layer.documents import DocumentReader
 from layer.engine.model import Arrival, Bookmark, Change, TopicPartition
 from layer.engine.queue import QueueEngine
+from layer.expr import Expression, compile_expression
 from layer.state.base import Store, StoreBatch, StoredMessage
 
 log = logging.getLogger(__name__)
 
 
-def json_path(path: str) -> tuple[str, ...]:
-    """``/order/rank`` -> ("order", "rank"); RFC 6901 escapes (~1 = '/', ~0 = '~') honoured."""
-    return tuple(p.replace("~1", "/").replace("~0", "~") for p in path.strip("/").split("/"))
+DELIVER_AFTER = "deliver_after"  # header: not deliverable before this UNIX time (seconds)
 
 
-def extract_priority(doc: object, path: tuple[str, ...]) -> int | None:
-    """The numeric value at ``path``, or None (lowest) when missing or not a number."""
-    node = doc
-    for part in path:
-        if isinstance(node, dict):
-            node = node.get(part)
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    if isinstance(node, bool) or not isinstance(node, int | float):
-        return None
-    if node != node or node in (float("inf"), float("-inf")):  # NaN and infinities
-        return None
-    return int(node)
+def deliver_after(headers: tuple[tuple[str, bytes | None], ...]) -> float | None:
+    """The time in a ``deliver_after`` header (ASCII decimal UNIX seconds), if any and valid."""
+    for key, value in headers:
+        if key == DELIVER_AFTER and value is not None:
+            try:
+                when = float(value.decode("ascii"))
+            except (UnicodeDecodeError, ValueError):
+                return None
+            return when if when == when and when != float("inf") else None
+    return None
+
+
+class Expressions:
+    """A queue's compiled expressions and the reader of its documents."""
+
+    __slots__ = ("reader", "priority", "barrier", "filter", "group", "conflate", "needed")
+
+    def __init__(self, config: QueueConfig) -> None:
+        compiled = {opt: compile_expression(text) for opt, text in config.expressions.items()}
+        self.priority = compiled.get("priority")
+        self.barrier = compiled.get("barrier")
+        self.filter = compiled.get("filter")
+        self.group = compiled.get("group_key")
+        self.conflate = compiled.get("conflate_key")
+        self.needed = bool(compiled)
+        # json queues always parse: a payload that is not JSON is reported with its dead letter
+        parse = self.needed or config.message_type == "json"
+        self.reader = DocumentReader(config.message_type, config.avro_schema) if parse else None
 
 
 @dataclass(slots=True)
@@ -53,7 +67,10 @@ class SubscriptionState:
     sink: DeliverySink
     backlog: int
     client: str
+    filter: str | None = None
     closed: bool = False
+    # queues this subscription left by a replace while it still held leases there
+    draining: set[str] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -63,6 +80,7 @@ class Counters:
     dead_lettered: int = 0
     ingested: int = 0
     unparseable: int = 0
+    filtered: int = 0  # read from the underlying topics, not matched by the queue's filter
 
 
 @dataclass
@@ -76,6 +94,7 @@ class QueueRuntime:
     # give the others their delivery and cancel counts back when they are read again.
     restored_done: set[Bookmark] = field(default_factory=set)
     restored_counts: dict[Bookmark, tuple[int, int]] = field(default_factory=dict)
+    restored_delays: dict[Bookmark, float] = field(default_factory=dict)
     # Changes the coordinator itself originates (a partition's start), written with the next round.
     pending_changes: list[Change] = field(default_factory=list)
     known_partitions: set[TopicPartition] = field(default_factory=set)
@@ -86,28 +105,51 @@ class QueueRuntime:
     payload_cache_size: int = 20_000
 
     def __post_init__(self) -> None:
-        self._priority_path = json_path(self.config.priority) if self.config.priority else None
-        self._parse_json = self.config.message_type == "json"
+        self.exprs = Expressions(self.config)
+        self._docs: dict[Bookmark, object] = {}  # parsed documents for subscription filters
 
     @property
     def name(self) -> str:
         return self.config.name
 
-    def parse(self, msg: Message) -> tuple[StoredMessage, int | None]:
-        """The local copy of a message and its priority. A payload that does not parse is still
-        queued (priority lowest); its error travels with it to the consumer's dead letter."""
+    def arrival(
+        self, bookmark: Bookmark, stored: StoredMessage, doc: object, now: float
+    ) -> Arrival:
+        """The engine's view of a message: its queue-level expressions evaluated once."""
+        exprs = self.exprs
+        wall = time.time()
+        deliveries, cancels = self.restored_counts.pop(bookmark, (0, 0))
+        not_before = deliver_after(stored.headers)
+        restored = self.restored_delays.pop(bookmark, None)
+        if restored is not None and (not_before is None or restored > not_before):
+            not_before = restored
+        return Arrival(
+            bookmark,
+            stored.timestamp_ms / 1000.0 if stored.timestamp_ms else now,
+            stored.priority,
+            deliveries,
+            cancels,
+            None if exprs.group is None else exprs.group.key(doc, wall),
+            None if exprs.conflate is None else exprs.conflate.key(doc, wall),
+            exprs.barrier is not None and exprs.barrier.matches(doc, wall),
+            not_before,
+        )
+
+    def parse(self, msg: Message) -> tuple[StoredMessage | None, object]:
+        """The local copy of a message and its document; (None, None) when the queue's filter
+        leaves it out. A payload that does not parse is still queued (its expressions see NULL);
+        its error travels with it to the consumer's dead letter."""
         value = msg.value()
+        exprs = self.exprs
+        doc: object = None
         error: str | None = None
-        priority: int | None = None
-        if self._parse_json:
-            try:
-                doc = json.loads(value) if value is not None else None
-            except (ValueError, UnicodeDecodeError) as exc:
-                error = f"unparseable json: {exc}"
+        if exprs.reader is not None:
+            doc, error = exprs.reader.read(value)
+            if error is not None:
                 self.counters.unparseable += 1
-            else:
-                if self._priority_path is not None:
-                    priority = extract_priority(doc, self._priority_path)
+            elif exprs.filter is not None and not exprs.filter.matches(doc):
+                self.counters.filtered += 1
+                return None, None
         headers = cast(list[tuple[str, bytes | None]], msg.headers() or [])
         _ts_type, ts = msg.timestamp()
         stored = StoredMessage(
@@ -115,10 +157,10 @@ class QueueRuntime:
             value=value,
             headers=tuple(headers),
             timestamp_ms=ts if ts and ts > 0 else 0,
-            priority=priority,
+            priority=None if exprs.priority is None else exprs.priority.priority(doc),
             error=error,
         )
-        return stored, priority
+        return stored, doc
 
     def admit(self, now: float, batch: StoreBatch, limit: int = 4096) -> int:
         """Move fetched messages from the inbox into the engine, as far as its room allows.
@@ -139,13 +181,13 @@ class QueueRuntime:
             if bookmark in self.restored_done:
                 self.restored_done.discard(bookmark)
                 continue
-            stored, priority = self.parse(msg)
+            stored, doc = self.parse(msg)
+            if stored is None:
+                continue
             batch.put_message(name, bookmark, stored)
             if len(self.payload_cache) < self.payload_cache_size:
                 self.payload_cache[bookmark] = stored
-            deliveries, cancels = self.restored_counts.pop(bookmark, (0, 0))
-            ts = stored.timestamp_ms / 1000.0 if stored.timestamp_ms else now
-            arrivals.append(Arrival(bookmark, ts, priority, deliveries, cancels))
+            arrivals.append(self.arrival(bookmark, stored, doc, now))
             room -= 1
         if arrivals:
             self.engine.add(arrivals, now)
@@ -154,6 +196,31 @@ class QueueRuntime:
             self.engine.mark_read(tp, position)
             batch.put_read_position(name, tp, position)
         return len(arrivals)
+
+    def document(self, store: Store, bookmark: Bookmark) -> object:
+        """The parsed message, for subscription filters (None when gone or unparseable)."""
+        docs = self._docs
+        if bookmark in docs:
+            return docs[bookmark]
+        stored = self.payload_cache.get(bookmark)
+        if stored is None:
+            stored = store.get_messages(self.name, [bookmark])[0]
+        doc = None
+        if stored is not None and self.exprs.reader is not None:
+            doc = self.exprs.reader.read(stored.value)[0]
+        if len(docs) >= self.payload_cache_size:
+            docs.clear()  # a bounded memo: filters re-match only on requeues
+        docs[bookmark] = doc
+        return doc
+
+    def matcher(self, store: Store, expression: Expression) -> Callable[[Bookmark], bool]:
+        """A subscription's content filter as the engine's predicate on bookmarks."""
+        document = self.document
+
+        def match(bookmark: Bookmark) -> bool:
+            return expression.matches(document(store, bookmark))
+
+        return match
 
     def payloads(
         self, store: Store, bookmarks: list[Bookmark]

@@ -33,6 +33,7 @@ from connectors.kafka import (
 )
 from layer.api.service import (
     AckFailure,
+    AckWhereResult,
     DeliveredMessage,
     DeliverySink,
     QueueInfo,
@@ -43,6 +44,7 @@ from layer.config import Config
 from layer.coordinator.ingest import Fetched, IngestReader
 from layer.coordinator.runtime import QueueRuntime, SubscriptionState
 from layer.engine.model import (
+    AckError,
     AckOp,
     Arrival,
     Bookmark,
@@ -59,6 +61,7 @@ from layer.engine.model import (
 )
 from layer.engine.queue import QueueEngine
 from layer.exceptions import BrokerError, InvalidRequest, QLayerError, UnknownQueue
+from layer.expr import compile_expression
 from layer.state.base import Store, StoreBatch, StoredMessage
 from layer.state.changelog import ChangelogWriter
 from layer.state.recovery import restore
@@ -89,6 +92,9 @@ class SubscriptionHandle:
         self, op: AckOp, bookmarks: Sequence[str], seconds: float = 0.0
     ) -> list[AckFailure]:
         return await self._coordinator._ack(self._state, op, bookmarks, seconds)
+
+    async def replace(self, queue: str, max_backlog: int, filter: str | None) -> int:
+        return await self._coordinator._replace(self._state, queue, max_backlog, filter)
 
     async def close(self) -> None:
         self._coordinator._close_subscription(self._state)
@@ -201,35 +207,49 @@ class Coordinator:
             engine.start_partition(tp, low)
             rt.known_partitions.add(tp)
         done = {bm for bm, e in entries.items() if e.kind is ChangeKind.DONE}
-        counts = {
+        rt.restored_counts = {
             bm: (e.deliveries, e.cancels)
             for bm, e in entries.items()
             if e.kind is not ChangeKind.DONE
         }
+        rt.restored_delays = {
+            bm: e.lease_deadline_ms / 1000.0
+            for bm, e in entries.items()
+            if e.kind is ChangeKind.RETURNED and e.lease_deadline_ms is not None
+        }
         engine.restore_done(sorted(done))
         batch = StoreBatch()
         arrivals = []
-        for bm, timestamp_ms, priority in self._store.message_meta(name):
+        exprs = rt.exprs
+        # Group, conflation and barrier keys are not stored: evaluate them again from payloads.
+        whole = exprs.group is not None or exprs.conflate is not None or exprs.barrier is not None
+        for bm, timestamp_ms, priority, maybe_delayed in self._store.message_meta(name):
             # Done, or below a low-water mark replayed from the changelog: the crash came after
             # the commit but before the local copy was deleted.
             if bm in done or bm.offset < engine.low_water(TopicPartition(bm.topic, bm.partition)):
                 batch.delete_message(name, bm)
                 continue
-            deliveries, cancels = counts.pop(bm, (0, 0))
+            if whole or maybe_delayed:
+                stored = self._store.get_messages(name, [bm])[0]
+                if stored is not None:
+                    doc = exprs.reader.read(stored.value)[0] if exprs.reader else None
+                    arrivals.append(rt.arrival(bm, stored, doc, now))
+                    continue
+            deliveries, cancels = rt.restored_counts.pop(bm, (0, 0))
             ts = timestamp_ms / 1000.0 if timestamp_ms else now
-            arrivals.append(Arrival(bm, ts, priority, deliveries, cancels))
+            not_before = rt.restored_delays.pop(bm, None)
+            arrivals.append(Arrival(bm, ts, priority, deliveries, cancels, not_before=not_before))
         if arrivals:
             engine.add(arrivals, now)
         for tp, pos in positions.items():
             if pos.read_position is not None and pos.read_position > engine.low_water(tp):
                 engine.mark_read(tp, pos.read_position)
         rt.restored_done = done - {a.bookmark for a in arrivals}
-        rt.restored_counts = counts
         if batch:
             self._store.write(batch)
         self._progress(
             f"loaded queue={name}: {len(arrivals)} messages from local state,"
-            f" {len(counts)} to re-read, {len(done)} done above the low-water marks"
+            f" {len(rt.restored_counts)} to re-read, {len(done)} done above the low-water marks"
         )
         return rt
 
@@ -471,6 +491,7 @@ class Coordinator:
                     deliveries=d.deliveries,
                     cancels=d.cancels,
                     lease_deadline_ms=int(d.deadline * 1000) if d.deadline is not None else None,
+                    barrier=d.barrier,
                 )
             )
         return list(by_sub.items())
@@ -493,19 +514,79 @@ class Coordinator:
             raise QLayerError("the coordinator is stopping; reconnect")
 
     async def subscribe(
-        self, queue: str, max_backlog: int, sink: DeliverySink, client: str = ""
+        self,
+        queue: str,
+        max_backlog: int,
+        sink: DeliverySink,
+        client: str = "",
+        filter: str | None = None,
     ) -> SubscriptionHandle:
         self._check_alive()
         rt = self._runtime(queue)
         if max_backlog < 1:
             raise InvalidRequest(f"max_backlog must be at least 1, got {max_backlog}")
+        match = self._matcher(rt, filter)
         sub_id = f"{self._instance}-{next(self._sub_ids)}"
-        backlog = rt.engine.subscribe(sub_id, max_backlog, self._clock())
-        state = SubscriptionState(sub_id, queue, sink, backlog, client)
+        backlog = rt.engine.subscribe(sub_id, max_backlog, self._clock(), match)
+        state = SubscriptionState(sub_id, queue, sink, backlog, client, filter=filter)
         rt.subscriptions[sub_id] = state
-        log.info("queue=%s subscription=%s client=%s backlog=%d", queue, sub_id, client, backlog)
+        log.info(
+            "queue=%s subscription=%s client=%s backlog=%d filter=%r",
+            queue,
+            sub_id,
+            client,
+            backlog,
+            filter,
+        )
         self._wake.set()
         return SubscriptionHandle(self, state, rt.config.lease_period)
+
+    def _matcher(self, rt: QueueRuntime, filter: str | None) -> Callable[[Bookmark], bool] | None:
+        if filter is None:
+            return None
+        expression = compile_expression(filter)  # ExpressionError: the caller's mistake
+        if rt.exprs.reader is None:
+            raise InvalidRequest(
+                f"queue {rt.name!r} holds {rt.config.message_type} messages: "
+                "content filters need json or avro (with avro_schema)"
+            )
+        return rt.matcher(self._store, expression)
+
+    async def _replace(
+        self, sub: SubscriptionState, queue: str, max_backlog: int, filter: str | None
+    ) -> int:
+        """Atomically: new queue, filter and backlog; leases stay with the subscription (in
+        the old queue too, paused there until they are acked or time out)."""
+        self._check_alive()
+        if sub.closed:
+            raise InvalidRequest("the subscription is closed")
+        rt = self._runtime(queue)
+        if max_backlog < 1:
+            raise InvalidRequest(f"max_backlog must be at least 1, got {max_backlog}")
+        match = self._matcher(rt, filter)  # fails before anything changes
+        now = self._clock()
+        if queue != sub.queue:
+            old = self._runtimes[sub.queue]
+            old.subscriptions.pop(sub.id, None)
+            if old.engine.outstanding(sub.id):
+                old.engine.set_backlog(sub.id, 0)
+                sub.draining.add(sub.queue)
+            else:
+                old.engine.disconnect(sub.id, now)
+            sub.draining.discard(queue)
+            rt.subscriptions[sub.id] = sub
+            sub.queue = queue
+        sub.backlog = rt.engine.subscribe(sub.id, max_backlog, now, match)
+        sub.filter = filter
+        log.info(
+            "queue=%s subscription=%s replaced: backlog=%d filter=%r",
+            queue,
+            sub.id,
+            sub.backlog,
+            filter,
+        )
+        self._wake.set()
+        return sub.backlog
 
     async def _ack(
         self, sub: SubscriptionState, op: AckOp, texts: Sequence[str], seconds: float
@@ -527,12 +608,23 @@ class Coordinator:
                 failures.append(
                     AckFailure(text, "malformed_bookmark", f"malformed bookmark: {exc}")
                 )
-        if op is AckOp.EXTEND and not seconds > 0:
+        if (op is AckOp.EXTEND and not seconds > 0) or seconds < 0:
             return failures + [
-                AckFailure(t, "invalid_request", f"extend needs seconds > 0, got {seconds}")
+                AckFailure(t, "invalid_request", f"{op} needs seconds > 0, got {seconds}")
                 for t in originals
             ]
-        outcomes = rt.engine.ack(sub.id, bookmarks, op, self._clock(), seconds)
+        now = self._clock()
+        outcomes = rt.engine.ack(sub.id, bookmarks, op, now, seconds)
+        for name in list(sub.draining):  # leases kept from before a replace to another queue
+            old = self._runtimes[name].engine
+            retry = [i for i, o in enumerate(outcomes) if o.error is AckError.UNKNOWN_BOOKMARK]
+            if retry:
+                again = old.ack(sub.id, [bookmarks[i] for i in retry], op, now, seconds)
+                for i, outcome in zip(retry, again, strict=True):
+                    outcomes[i] = outcome
+            if not old.outstanding(sub.id):
+                old.disconnect(sub.id, now)
+                sub.draining.discard(name)
         accepted = 0
         for text, outcome in zip(originals, outcomes, strict=True):
             if outcome.error is None:
@@ -557,9 +649,68 @@ class Coordinator:
         rt = self._runtimes[sub.queue]
         rt.subscriptions.pop(sub.id, None)
         if not self._stopping and self._failed is None:
-            rt.engine.disconnect(sub.id, self._clock())
+            now = self._clock()
+            rt.engine.disconnect(sub.id, now)
+            for name in sub.draining:
+                self._runtimes[name].engine.disconnect(sub.id, now)
+            sub.draining.clear()
             self._wake.set()
         log.info("queue=%s subscription=%s closed", sub.queue, sub.id)
+
+    async def browse(
+        self, queue: str, filter: str | None = None, limit: int | None = None
+    ) -> list[DeliveredMessage]:
+        self._check_alive()
+        rt = self._runtime(queue)
+        if limit is not None and limit < 0:
+            raise InvalidRequest(f"limit must be >= 0, got {limit}")
+        match = self._matcher(rt, filter)
+        out: list[DeliveredMessage] = []
+        engine = rt.engine
+        barriers = engine.barriers()
+        for bm in engine.available():
+            if limit is not None and len(out) >= limit:
+                break
+            if match is not None and not match(bm):
+                continue
+            stored = rt.payloads(self._store, [bm]).get(bm)
+            if stored is None:
+                continue
+            deliveries, cancels = engine.counts(bm)
+            out.append(
+                DeliveredMessage(
+                    bookmark=bm,
+                    key=stored.key,
+                    value=stored.value,
+                    headers=list(stored.headers),
+                    timestamp_ms=stored.timestamp_ms,
+                    deliveries=deliveries,
+                    cancels=cancels,
+                    lease_deadline_ms=None,
+                    barrier=bm in barriers,
+                )
+            )
+        return out
+
+    async def ack_where(self, queue: str, filter: str, expire: bool = False) -> AckWhereResult:
+        """AMPS's sow_delete with a filter: every deliverable message (available or leased, not
+        inactive) that matches; under strict leasing leased ones are skipped."""
+        self._check_alive()
+        rt = self._runtime(queue)
+        match = self._matcher(rt, filter)
+        assert match is not None
+        engine = rt.engine
+        candidates = [bm for bm in engine.available() + engine.leased() if match(bm)]
+        op = AckOp.EXPIRE if expire else AckOp.ACK
+        outcomes = engine.ack(None, candidates, op, self._clock())
+        acked = sum(1 for o in outcomes if o.error is None)
+        if acked:
+            self._wake.set()
+            assert self._loop is not None
+            fut: asyncio.Future[None] = self._loop.create_future()
+            self._waiters.append(fut)
+            await fut
+        return AckWhereResult(acked, len(outcomes) - acked)
 
     async def publish(
         self,
@@ -624,6 +775,9 @@ class Coordinator:
                     extra={
                         "ingested_total": float(rt.counters.ingested),
                         "unparseable_total": float(rt.counters.unparseable),
+                        "filtered_total": float(rt.counters.filtered),
+                        "delayed": float(s.delayed),
+                        "held": float(s.held),
                         "rounds_total": float(self.rounds),
                     },
                 )

@@ -391,6 +391,20 @@ class QueueEngine:
             return [entry.bookmark for entry in sub.leases]
         return list(sub.handed)
 
+    def barriers(self) -> set[Bookmark]:
+        """The barrier messages not sent yet."""
+        return {entry.bookmark for entry in self._barriers}
+
+    def leased(self) -> list[Bookmark]:
+        """Every leased message (ack by filter looks at these too)."""
+        return [entry.bookmark for entry in self._entries(LEASED)]
+
+    def counts(self, bookmark: Bookmark) -> tuple[int, int]:
+        """``(deliveries, cancels)`` of a message in the queue; (0, 0) when it is not."""
+        part = self._lookup(bookmark)
+        entry = None if part is None else part.entry(bookmark.offset)
+        return (0, 0) if entry is None else (entry.deliveries, entry.cancels)
+
     def group_owner(self, group: object) -> str | None:
         """The subscription a message group is bound to now, if any."""
         owner = self._router.owners.get(group)

@@ -55,6 +55,7 @@ _LOW_WATER = b"L"
 _READ_POSITION = b"R"
 _CHANGELOG_OFFSET = b"changelog\x00"
 
+_DELAY_HINT = b"deliver_after"  # the header a delayed message carries (message_meta)
 _PARTITION = struct.Struct(">I")
 _OFFSET = struct.Struct(">Q")
 _SIGNED = struct.Struct(">q")
@@ -286,9 +287,11 @@ class Store(Protocol):
         self, queue: str, start: Bookmark | None = None
     ) -> Iterator[tuple[Bookmark, StoredMessage]]: ...
 
-    def message_meta(self, queue: str) -> Iterator[tuple[Bookmark, int, int | None]]:
-        """``(bookmark, timestamp_ms, priority)`` of every stored message, in bookmark order,
-        without decoding payloads (a restart rebuilds the queue from these)."""
+    def message_meta(self, queue: str) -> Iterator[tuple[Bookmark, int, int | None, bool]]:
+        """``(bookmark, timestamp_ms, priority, maybe_delayed)`` of every stored message, in
+        bookmark order, without decoding payloads (a restart rebuilds the queue from these).
+        ``maybe_delayed``: the raw record mentions a ``deliver_after`` header, so the caller
+        should read that message whole."""
         ...
 
     def get_messages(
@@ -389,7 +392,7 @@ class KeyValueStore:
         for key, value in self._iterate(MESSAGES, first, prefix_end(prefix)):
             yield parse_message_key(key, n), StoredMessage.decode(value)
 
-    def message_meta(self, queue: str) -> Iterator[tuple[Bookmark, int, int | None]]:
+    def message_meta(self, queue: str) -> Iterator[tuple[Bookmark, int, int | None, bool]]:
         self._check_open()
         prefix = queue_prefix(queue)
         n = len(prefix)
@@ -399,7 +402,7 @@ class KeyValueStore:
             else:
                 stored = StoredMessage.decode(value)
                 timestamp_ms, priority = stored.timestamp_ms, stored.priority
-            yield parse_message_key(key, n), timestamp_ms, priority
+            yield parse_message_key(key, n), timestamp_ms, priority, _DELAY_HINT in value
 
     def get_messages(self, queue: str, bookmarks: Sequence[Bookmark]) -> list[StoredMessage | None]:
         self._check_open()

@@ -115,7 +115,9 @@ class RoutingMachine(RuleBasedStateMachine):
         self.engine.set_high_watermark(TP, self.next_offset)
         self.check()
 
-    @rule(name=st.sampled_from(SUBS), backlog=st.integers(1, 3), flt=st.sampled_from(sorted(FILTERS)))
+    @rule(
+        name=st.sampled_from(SUBS), backlog=st.integers(1, 3), flt=st.sampled_from(sorted(FILTERS))
+    )
     def subscribe(self, name: str, backlog: int, flt: str) -> None:
         self.backlogs[name] = self.engine.subscribe(name, backlog, self.now, match=FILTERS[flt])
         self.filters[name] = flt
@@ -135,6 +137,8 @@ class RoutingMachine(RuleBasedStateMachine):
         self.handed.pop(name, None)
         self.check()
         assert name not in self.holders.values()
+        for holds in self.group_holds.values():  # a gone subscription holds no group
+            holds.pop(name, None)
 
     @rule()
     def dispatch(self) -> None:

@@ -417,9 +417,13 @@ def test_message_meta_reads_order_fields_without_payloads(store: KeyValueStore) 
         "q", Bookmark("t", 1, 7), StoredMessage(b"k", b"v" * 100, (("h", b"x"),), 5, 9)
     )
     batch.put_message("q", Bookmark("t", 0, 3), StoredMessage(None, b"w", (), 6, None, "bad json"))
+    batch.put_message(
+        "q", Bookmark("t", 2, 0), StoredMessage(None, b"d", (("deliver_after", b"9.5"),), 7)
+    )
     batch.put_message("other", Bookmark("t", 0, 1), StoredMessage(None, b"z", (), 1))
     store.write(batch)
     assert list(store.message_meta("q")) == [
-        (Bookmark("t", 0, 3), 6, None),
-        (Bookmark("t", 1, 7), 5, 9),
+        (Bookmark("t", 0, 3), 6, None, False),
+        (Bookmark("t", 1, 7), 5, 9, False),
+        (Bookmark("t", 2, 0), 7, None, True),
     ]

@@ -1,0 +1,64 @@
+"""How a queue reads the fields of its messages, for its expressions (filters, priorities...).
+
+A ``json`` queue parses the payload as JSON; an ``avro`` queue decodes it with the writer schema
+named in its config (schemaless Avro, as plain Kafka producers with a fixed schema write it).
+Either way the result is a plain document of dicts, lists and scalars that ``layer.expr``
+evaluates. A payload that does not decode yields no document and an error text; it is still
+queued (its expressions see NULL) and the error travels with it to its dead letter.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import fastavro
+
+from layer.exceptions import SerializationError
+
+__all__ = ["DocumentReader", "load_avro_schema"]
+
+
+@lru_cache(maxsize=32)
+def load_avro_schema(path: Path) -> Any:
+    """The parsed Avro schema in ``path``; SerializationError says what is wrong with it."""
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        return fastavro.parse_schema(raw)
+    except OSError as exc:
+        raise SerializationError(f"cannot read Avro schema {path}: {exc}") from exc
+    except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as exc:
+        raise SerializationError(f"invalid Avro schema {path}: {exc}") from exc
+
+
+class DocumentReader:
+    """Decodes payloads of one message type into documents."""
+
+    __slots__ = ("_avro", "message_type")
+
+    def __init__(self, message_type: str, avro_schema: Path | None = None) -> None:
+        self.message_type = message_type
+        self._avro = load_avro_schema(avro_schema) if avro_schema is not None else None
+
+    def read(self, value: bytes | None) -> tuple[Any, str | None]:
+        """``(document, None)``, or ``(None, why)`` when the payload does not decode."""
+        if value is None:
+            return None, None
+        if self.message_type == "json":
+            try:
+                return json.loads(value), None
+            except (ValueError, UnicodeDecodeError) as exc:
+                return None, f"unparseable json: {exc}"
+        if self._avro is not None:
+            buffer = io.BytesIO(value)
+            try:
+                doc = fastavro.schemaless_reader(buffer, self._avro, None)
+            except Exception as exc:  # fastavro raises many types on bad bytes
+                return None, f"unparseable avro: {type(exc).__name__}: {exc}"
+            if buffer.tell() != len(value):
+                return None, f"unparseable avro: {len(value) - buffer.tell()} trailing bytes"
+            return doc, None
+        return None, None
