@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import logging
+import math
 import signal
 import sys
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 from layer.exceptions import (
     ClientError,
@@ -29,6 +33,41 @@ log = logging.getLogger("layer.cli")
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 DEFAULT_SERVER = "127.0.0.1:7070"
+
+FILTER_HELP = (
+    "Filters are AMPS-style expressions over the message's JSON fields, e.g.\n"
+    "  \"/symbol = 'IBM' AND /qty > 100\"\n"
+    "  \"/region IN ('EU', 'US') OR /order/priority >= 5\"\n"
+    "  \"/symbol LIKE '^IB'\"   (a regular expression)\n"
+    "Field paths look like XPath: /order/qty, /items[0]/qty (0-based). Quote the whole filter\n"
+    "for the shell; an invalid one is refused with the column of the problem (exit code 2)."
+)
+
+
+def _filter_epilog(*examples: str) -> str:
+    return FILTER_HELP + "\n\nExamples:\n" + "\n".join(f"  {e}" for e in examples)
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -88,14 +127,29 @@ def _parser() -> argparse.ArgumentParser:
     pub.add_argument(
         "--header", action="append", default=[], metavar="K=V", help="a header (repeatable)"
     )
+    pub.add_argument(
+        "--delay",
+        type=_seconds,
+        metavar="SECONDS",
+        help=(
+            "deliver no sooner than SECONDS from now (sets the header deliver_after to that "
+            "UNIX time, e.g. 1763800000.250)"
+        ),
+    )
     client_args(pub)
 
     con = sub.add_parser(
         "consume",
         help="consume messages from a queue, print them and ack them (or --cancel)",
-        description="Print each message as a JSON line and ack it (or cancel it with --cancel).",
+        description=(
+            "Print each message as a JSON line and ack it (or cancel it with --cancel).\n"
+            'A barrier message is printed with "barrier": true and needs no ack.'
+        ),
+        epilog=_filter_epilog("qlayer consume orders --filter \"/symbol = 'IBM' AND /qty > 100\""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     con.add_argument("queue")
+    con.add_argument("--filter", metavar="EXPR", help="deliver only messages matching EXPR")
     con.add_argument(
         "--max-backlog", type=int, default=1, help="unacked messages in flight (default 1)"
     )
@@ -109,6 +163,48 @@ def _parser() -> argparse.ArgumentParser:
     st = sub.add_parser("stats", help="print queue statistics as JSON")
     st.add_argument("queue", nargs="?")
     client_args(st)
+
+    br = sub.add_parser(
+        "browse",
+        help="list a queue's available messages without consuming them",
+        description=(
+            "List the messages available in QUEUE, in delivery order, without leasing or\n"
+            "changing anything: a table (bookmark, deliveries, timestamp, value), or with\n"
+            "--json one JSON object per line with bookmark, key, value, headers ([key, value]\n"
+            "pairs), deliveries, cancels, timestamp_ms and barrier. Keys and values are UTF-8\n"
+            'text, {"base64": "..."} when they are not valid UTF-8, or null.'
+        ),
+        epilog=_filter_epilog(
+            "qlayer browse orders --limit 20",
+            "qlayer browse orders --filter \"/symbol = 'IBM' AND /qty > 100\" --json | jq .value",
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    br.add_argument("queue")
+    br.add_argument("--filter", metavar="EXPR", help="list only messages matching EXPR")
+    br.add_argument("--limit", type=_count, metavar="N", help="list at most N messages")
+    br.add_argument("--json", action="store_true", help="one JSON object per line")
+    client_args(br)
+
+    aw = sub.add_parser(
+        "ack-where",
+        help="ack (or --expire) every available message matching a filter",
+        description=(
+            "Ack every deliverable message of QUEUE that matches FILTER, or with --expire\n"
+            "expire it (dead-letter it, where the queue has a dead-letter topic). Prints\n"
+            '"acked N, skipped M" ("expired N, skipped M" with --expire); skipped messages\n'
+            "matched but are leased to a subscriber under strict leasing, or not deliverable now."
+        ),
+        epilog=_filter_epilog(
+            "qlayer ack-where orders \"/status = 'cancelled'\"",
+            "qlayer ack-where orders \"/symbol = 'IBM' AND /qty > 100\" --expire",
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    aw.add_argument("queue")
+    aw.add_argument("filter", help="the filter expression (quote it)")
+    aw.add_argument("--expire", action="store_true", help="expire instead of ack")
+    client_args(aw)
 
     d = sub.add_parser(
         "demo",
@@ -215,6 +311,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
         if not sep:
             raise InvalidRequest(f"header {h!r} is not K=V")
         headers.append((k, v.encode()))
+    if args.delay is not None and any(k == "deliver_after" for k, _ in headers):
+        raise InvalidRequest("--delay sets the header deliver_after: give one or the other")
     lines = sys.stdin if args.data == "-" else [args.data]
     with _client(args) as client:
         for line in lines:
@@ -226,6 +324,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
                 line.encode(),
                 key=args.key.encode() if args.key else None,
                 headers=headers,
+                delay=args.delay,
             )
             print(bookmark, flush=True)
     return EXIT_OK
@@ -233,7 +332,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 def cmd_consume(args: argparse.Namespace) -> int:
     n = 0
-    with _client(args) as client, client.subscribe(args.queue, max_backlog=args.max_backlog) as sub:
+    with (
+        _client(args) as client,
+        client.subscribe(args.queue, max_backlog=args.max_backlog, filter=args.filter) as sub,
+    ):
         while args.count <= 0 or n < args.count:
             msg = sub.next(timeout=args.timeout or None)
             if msg is None:
@@ -242,13 +344,14 @@ def cmd_consume(args: argparse.Namespace) -> int:
                 data: object = json.loads(msg.data)
             except ValueError:
                 data = msg.data.decode(errors="replace")
-            print(
-                json.dumps(
-                    {"bookmark": msg.bookmark, "deliveries": msg.deliveries, "data": data},
-                    default=str,
-                ),
-                flush=True,
-            )
+            line: dict[str, object] = {
+                "bookmark": msg.bookmark,
+                "deliveries": msg.deliveries,
+                "data": data,
+            }
+            if msg.barrier:
+                line["barrier"] = True  # ack and cancel below are no-ops for it
+            print(json.dumps(line, default=str), flush=True)
             if args.cancel:
                 msg.cancel()
             else:
@@ -267,6 +370,63 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _bytes_json(data: bytes | None) -> Any:
+    """Bytes for a JSON line: UTF-8 text when they are, else ``{"base64": ...}``; None as null."""
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(data).decode("ascii")}
+
+
+def _shown(data: bytes | None, width: int) -> str:
+    """Bytes for a table cell: one line, control characters escaped, cut to ``width``."""
+    if data is None:
+        return "(null)"
+    text = data.decode("utf-8", errors="replace")
+    text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def cmd_browse(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        messages = client.browse(args.queue, filter=args.filter, limit=args.limit)
+    if args.json:
+        for m in messages:
+            record = {
+                "bookmark": m.bookmark,
+                "key": _bytes_json(m.key),
+                "value": _bytes_json(m.value),
+                "headers": [[k, _bytes_json(v)] for k, v in m.headers],
+                "deliveries": m.deliveries,
+                "cancels": m.cancels,
+                "timestamp_ms": m.timestamp_ms,
+                "barrier": m.barrier,
+            }
+            print(json.dumps(record, ensure_ascii=False), flush=True)
+        return EXIT_OK
+    if not messages:
+        print(f"no available messages in queue {args.queue}")
+        return EXIT_OK
+    width = max(len("BOOKMARK"), *(len(m.bookmark) for m in messages))
+    print(f"{'BOOKMARK':<{width}}  {'DELIVERIES':>10}  {'TIMESTAMP (UTC)':<23}  VALUE")
+    for m in messages:
+        when = datetime.fromtimestamp(m.timestamp_ms / 1000, UTC)
+        stamp = when.strftime("%Y-%m-%d %H:%M:%S.") + f"{m.timestamp_ms % 1000:03d}"
+        value = ("[barrier] " if m.barrier else "") + _shown(m.value, 60)
+        print(f"{m.bookmark:<{width}}  {m.deliveries:>10}  {stamp:<23}  {value}")
+    return EXIT_OK
+
+
+def cmd_ack_where(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        result = client.ack_where(args.queue, args.filter, expire=args.expire)
+    verb = "expired" if args.expire else "acked"
+    print(f"{verb} {result.acked}, skipped {result.skipped}", flush=True)
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from layer.demo import run_demo
 
@@ -279,6 +439,8 @@ COMMANDS = {
     "publish": cmd_publish,
     "consume": cmd_consume,
     "stats": cmd_stats,
+    "browse": cmd_browse,
+    "ack-where": cmd_ack_where,
     "demo": cmd_demo,
 }
 

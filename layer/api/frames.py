@@ -1,10 +1,16 @@
 """The API's wire format: Avro frames (schemas ``avro/api_*.avsc``) behind a version byte.
 
-Each gRPC message is one frame: the byte ``0x01`` followed by the schemaless Avro encoding of the
-frame's record. The ``*_CODEC`` objects' ``encode`` / ``decode`` plug straight into gRPC's
-serializer hooks and convert between the wire records and the plain dataclasses below (which reuse
-``layer.api.service``'s types). ``decode`` raises ``SerializationError`` for anything malformed:
-wrong version, truncated or trailing bytes, an unknown union branch or enum symbol, bad UTF-8.
+Each gRPC message is one frame: the byte ``FRAME_VERSION`` followed by the schemaless Avro
+encoding of the frame's record. The ``*_CODEC`` objects' ``encode`` / ``decode`` plug straight
+into gRPC's serializer hooks and convert between the wire records and the plain dataclasses below
+(which reuse ``layer.api.service``'s types). ``decode`` raises ``SerializationError`` for anything
+malformed: wrong version, truncated or trailing bytes, an unknown union branch or enum symbol, bad
+UTF-8.
+
+Schemaless data can only be read with the schema that wrote it, so any change to a frame's layout
+bumps ``FRAME_VERSION``: a peer of another version is refused with a message naming both versions
+instead of misreading the bytes. Version 2 added content filters (Subscribe, Replace, Browse,
+AckWhere), barrier messages and the Error's request id.
 """
 
 from __future__ import annotations
@@ -23,6 +29,10 @@ from layer.engine.model import AckError, AckOp, Bookmark
 from layer.exceptions import SerializationError
 
 __all__ = [
+    "ACK_WHERE_CODEC",
+    "ACK_WHERE_REPLY_CODEC",
+    "BROWSE_CODEC",
+    "BROWSE_REPLY_CODEC",
     "CLIENT_FRAME_CODEC",
     "FRAME_VERSION",
     "LIST_QUEUES_CODEC",
@@ -34,6 +44,10 @@ __all__ = [
     "STATS_REPLY_CODEC",
     "Ack",
     "AckResult",
+    "AckWhere",
+    "AckWhereReply",
+    "Browse",
+    "BrowseReply",
     "ClientFrame",
     "Close",
     "Error",
@@ -43,6 +57,8 @@ __all__ = [
     "Publish",
     "Published",
     "QueueList",
+    "Replace",
+    "Replaced",
     "ServerFrame",
     "Stats",
     "StatsReply",
@@ -50,7 +66,7 @@ __all__ = [
     "Subscribed",
 ]
 
-FRAME_VERSION = 1
+FRAME_VERSION = 2
 _VERSION_BYTE = bytes([FRAME_VERSION])
 _SCHEMA_DIR = Path(__file__).resolve().parents[2] / "avro"
 _NS = "qlayer.api."
@@ -66,6 +82,7 @@ class Subscribe:
     queue: str
     max_backlog: int
     client_name: str = ""
+    filter: str | None = None  # a content filter expression
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +98,18 @@ class Close:
     pass
 
 
-ClientFrame = Subscribe | Ack | Close
+@dataclass(frozen=True, slots=True)
+class Replace:
+    """The whole new subscription spec; answered by ``Replaced`` or by an ``Error`` with the
+    same ``request_id`` (the old subscription then stays in force)."""
+
+    request_id: int
+    queue: str
+    max_backlog: int
+    filter: str | None = None
+
+
+ClientFrame = Subscribe | Ack | Close | Replace
 
 
 # --- server -> client (subscription stream) ---------------------------------------------------
@@ -107,11 +135,21 @@ class AckResult:
 
 @dataclass(frozen=True, slots=True)
 class Error:
+    """A problem that does not end the stream; ``request_id`` names the ``Replace`` it
+    refuses (None for a frame-level problem such as ``malformed_frame``)."""
+
     code: str
     message: str
+    request_id: int | None = None
 
 
-ServerFrame = Subscribed | Messages | AckResult | Error
+@dataclass(frozen=True, slots=True)
+class Replaced:
+    request_id: int
+    backlog: int
+
+
+ServerFrame = Subscribed | Messages | AckResult | Error | Replaced
 
 
 # --- unary calls ------------------------------------------------------------------------------
@@ -150,9 +188,35 @@ class QueueList:
     queues: list[QueueInfo]
 
 
+@dataclass(frozen=True, slots=True)
+class Browse:
+    queue: str
+    filter: str | None = None
+    limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BrowseReply:
+    messages: list[DeliveredMessage]
+
+
+@dataclass(frozen=True, slots=True)
+class AckWhere:
+    queue: str
+    filter: str
+    expire: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AckWhereReply:
+    acked: int
+    skipped: int
+
+
 # --- schemas ----------------------------------------------------------------------------------
 
-# Every api_*.avsc shares one namespace; Header is referenced by name from several of them.
+# Every api_*.avsc shares one namespace; Header and Message are referenced by name from several
+# of them, so they have files of their own, parsed first.
 _NAMED: dict[str, Any] = {}
 
 
@@ -166,6 +230,7 @@ def _schema(name: str) -> Any:
 
 
 _schema("header")
+_schema("message")
 
 T = TypeVar("T")
 
@@ -241,6 +306,7 @@ def _client_to(frame: ClientFrame) -> dict[str, Any]:
             "queue": frame.queue,
             "max_backlog": frame.max_backlog,
             "client_name": frame.client_name,
+            "filter": frame.filter,
         }
     elif isinstance(frame, Ack):
         body = {
@@ -251,6 +317,13 @@ def _client_to(frame: ClientFrame) -> dict[str, Any]:
         }
     elif isinstance(frame, Close):
         body = {}
+    elif isinstance(frame, Replace):
+        body = {
+            "request_id": frame.request_id,
+            "queue": frame.queue,
+            "max_backlog": frame.max_backlog,
+            "filter": frame.filter,
+        }
     else:
         raise TypeError(f"not a client frame: {type(frame).__name__}")
     return {"body": (_NS + type(frame).__name__, body)}
@@ -259,11 +332,13 @@ def _client_to(frame: ClientFrame) -> dict[str, Any]:
 def _client_from(record: dict[str, Any]) -> ClientFrame:
     name, body = _union(record)
     if name == "Subscribe":
-        return Subscribe(body["queue"], body["max_backlog"], body["client_name"])
+        return Subscribe(body["queue"], body["max_backlog"], body["client_name"], body["filter"])
     if name == "Ack":
         return Ack(body["request_id"], AckOp[body["op"]], body["bookmarks"], body["seconds"])
     if name == "Close":
         return Close()
+    if name == "Replace":
+        return Replace(body["request_id"], body["queue"], body["max_backlog"], body["filter"])
     raise ValueError(f"unknown client frame {name!r}")
 
 
@@ -279,6 +354,7 @@ def _message_to(message: DeliveredMessage) -> dict[str, Any]:
         "deliveries": message.deliveries,
         "cancels": message.cancels,
         "lease_deadline_ms": message.lease_deadline_ms,
+        "barrier": message.barrier,
     }
 
 
@@ -292,6 +368,7 @@ def _message_from(r: Mapping[str, Any]) -> DeliveredMessage:
         deliveries=r["deliveries"],
         cancels=r["cancels"],
         lease_deadline_ms=r["lease_deadline_ms"],
+        barrier=r["barrier"],
     )
 
 
@@ -320,7 +397,9 @@ def _server_to(frame: ServerFrame) -> dict[str, Any]:
             ],
         }
     elif isinstance(frame, Error):
-        body = {"code": frame.code, "message": frame.message}
+        body = {"code": frame.code, "message": frame.message, "request_id": frame.request_id}
+    elif isinstance(frame, Replaced):
+        body = {"request_id": frame.request_id, "backlog": frame.backlog}
     else:
         raise TypeError(f"not a server frame: {type(frame).__name__}")
     return {"body": (_NS + type(frame).__name__, body)}
@@ -339,7 +418,9 @@ def _server_from(record: dict[str, Any]) -> ServerFrame:
         ]
         return AckResult(body["request_id"], failures)
     if name == "Error":
-        return Error(body["code"], body["message"])
+        return Error(body["code"], body["message"], body["request_id"])
+    if name == "Replaced":
+        return Replaced(body["request_id"], body["backlog"])
     raise ValueError(f"unknown server frame {name!r}")
 
 
@@ -440,4 +521,24 @@ QUEUE_LIST_CODEC: FrameCodec[QueueList] = FrameCodec(
     "queue_list",
     lambda f: {"queues": [_info_to(q) for q in f.queues]},
     lambda r: QueueList([_info_from(q) for q in r["queues"]]),
+)
+BROWSE_CODEC: FrameCodec[Browse] = FrameCodec(
+    "browse",
+    lambda f: {"queue": f.queue, "filter": f.filter, "limit": f.limit},
+    lambda r: Browse(r["queue"], r["filter"], r["limit"]),
+)
+BROWSE_REPLY_CODEC: FrameCodec[BrowseReply] = FrameCodec(
+    "browse_reply",
+    lambda f: {"messages": [_message_to(m) for m in f.messages]},
+    lambda r: BrowseReply([_message_from(m) for m in r["messages"]]),
+)
+ACK_WHERE_CODEC: FrameCodec[AckWhere] = FrameCodec(
+    "ack_where",
+    lambda f: {"queue": f.queue, "filter": f.filter, "expire": f.expire},
+    lambda r: AckWhere(r["queue"], r["filter"], r["expire"]),
+)
+ACK_WHERE_REPLY_CODEC: FrameCodec[AckWhereReply] = FrameCodec(
+    "ack_where_reply",
+    lambda f: {"acked": f.acked, "skipped": f.skipped},
+    lambda r: AckWhereReply(r["acked"], r["skipped"]),
 )

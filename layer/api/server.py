@@ -2,14 +2,18 @@
 
 Service ``qlayer.Queue``, Avro frames (``layer.api.frames``) instead of protobuf:
 
-- ``Subscribe`` (bidirectional stream): the client sends Subscribe, then Ack batches and finally
-  Close; the server answers Subscribed, then Messages batches and one AckResult per Ack. However
-  the stream ends (Close, client cancel, dropped connection, server stop), the subscription is
-  closed exactly once, which returns the consumer's leases at once.
-- ``Publish``, ``Stats``, ``ListQueues`` (unary).
+- ``Subscribe`` (bidirectional stream): the client sends Subscribe (with an optional content
+  filter), then Ack batches and Replace requests, and finally Close; the server answers
+  Subscribed, then Messages batches, one AckResult per Ack and one Replaced (or an Error with the
+  same request id) per Replace. A refused Replace leaves the subscription as it was and the
+  stream open. However the stream ends (Close, client cancel, dropped connection, server stop),
+  the subscription is closed exactly once, which returns the consumer's leases at once.
+- ``Publish``, ``Stats``, ``ListQueues``, ``Browse``, ``AckWhere`` (unary).
 
-Errors map to gRPC status codes: UnknownQueue -> NOT_FOUND, InvalidRequest -> INVALID_ARGUMENT,
-BrokerError -> UNAVAILABLE, a missing or wrong bearer token -> UNAUTHENTICATED.
+Errors map to gRPC status codes: UnknownQueue -> NOT_FOUND, InvalidRequest (a bad filter
+expression included) -> INVALID_ARGUMENT, BrokerError -> UNAVAILABLE, a missing or wrong bearer
+token -> UNAUTHENTICATED; on the stream a refused Replace gets an Error whose code is
+``unknown_queue``, ``invalid_expression``, ``invalid_request``, ``unavailable`` or ``internal``.
 """
 
 from __future__ import annotations
@@ -24,6 +28,10 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 
 from layer.api.frames import (
+    ACK_WHERE_CODEC,
+    ACK_WHERE_REPLY_CODEC,
+    BROWSE_CODEC,
+    BROWSE_REPLY_CODEC,
     CLIENT_FRAME_CODEC,
     LIST_QUEUES_CODEC,
     PUBLISH_CODEC,
@@ -34,6 +42,10 @@ from layer.api.frames import (
     STATS_REPLY_CODEC,
     Ack,
     AckResult,
+    AckWhere,
+    AckWhereReply,
+    Browse,
+    BrowseReply,
     Close,
     Error,
     FrameCodec,
@@ -42,6 +54,8 @@ from layer.api.frames import (
     Publish,
     Published,
     QueueList,
+    Replace,
+    Replaced,
     Stats,
     StatsReply,
     Subscribe,
@@ -51,6 +65,7 @@ from layer.api.service import AckFailure, DeliveredMessage, QueueService, Subscr
 from layer.exceptions import (
     BrokerError,
     ConfigError,
+    ExpressionError,
     InvalidRequest,
     QLayerError,
     SerializationError,
@@ -97,7 +112,7 @@ class _End:
 
 
 _END = _End()
-_Outgoing = list[DeliveredMessage] | AckResult | Error | _SinkClosed | _End
+_Outgoing = list[DeliveredMessage] | AckResult | Error | Replaced | _SinkClosed | _End
 
 
 class _StreamSink:
@@ -114,7 +129,7 @@ class _StreamSink:
     def close(self, reason: str) -> None:
         self._out.put_nowait(_SinkClosed(reason))
 
-    def send(self, frame: AckResult | Error) -> None:
+    def send(self, frame: AckResult | Error | Replaced) -> None:
         self._out.put_nowait(frame)
 
     def finish(self) -> None:
@@ -155,6 +170,19 @@ def _status_of(exc: QLayerError) -> grpc.StatusCode:
     if isinstance(exc, BrokerError):
         return grpc.StatusCode.UNAVAILABLE
     return grpc.StatusCode.INTERNAL
+
+
+def _error_code_of(exc: Exception) -> str:
+    """The code of the Error frame that refuses a stream request (a Replace)."""
+    if isinstance(exc, UnknownQueue):
+        return "unknown_queue"
+    if isinstance(exc, ExpressionError):
+        return "invalid_expression"
+    if isinstance(exc, InvalidRequest):
+        return "invalid_request"
+    if isinstance(exc, BrokerError):
+        return "unavailable"
+    return "internal"
 
 
 async def _abort(
@@ -299,6 +327,16 @@ class ApiServer:
                     request_deserializer=_lenient(LIST_QUEUES_CODEC),
                     response_serializer=QUEUE_LIST_CODEC.encode,
                 ),
+                "Browse": grpc.unary_unary_rpc_method_handler(
+                    self._browse,
+                    request_deserializer=_lenient(BROWSE_CODEC),
+                    response_serializer=BROWSE_REPLY_CODEC.encode,
+                ),
+                "AckWhere": grpc.unary_unary_rpc_method_handler(
+                    self._ack_where,
+                    request_deserializer=_lenient(ACK_WHERE_CODEC),
+                    response_serializer=ACK_WHERE_REPLY_CODEC.encode,
+                ),
             },
         )
 
@@ -363,6 +401,24 @@ class ApiServer:
             await _abort(context, _status_of(exc), str(exc))
         return QueueList(list(queues))
 
+    async def _browse(self, request: object, context: grpc.aio.ServicerContext) -> BrowseReply:
+        await self._authorize(context)
+        req = await self._request(context, request, Browse)
+        try:
+            messages = await self._service.browse(req.queue, req.filter, req.limit)
+        except QLayerError as exc:
+            await _abort(context, _status_of(exc), str(exc))
+        return BrowseReply(list(messages))
+
+    async def _ack_where(self, request: object, context: grpc.aio.ServicerContext) -> AckWhereReply:
+        await self._authorize(context)
+        req = await self._request(context, request, AckWhere)
+        try:
+            result = await self._service.ack_where(req.queue, req.filter, req.expire)
+        except QLayerError as exc:
+            await _abort(context, _status_of(exc), str(exc))
+        return AckWhereReply(result.acked, result.skipped)
+
     # --- the subscription stream --------------------------------------------------------------
 
     async def _subscribe(self, requests: object, context: grpc.aio.ServicerContext) -> None:
@@ -392,11 +448,12 @@ class ApiServer:
                 Subscribed(subscription.id, subscription.backlog, subscription.lease_period_s)
             )
             log.debug(
-                "subscribed queue=%s subscription=%s backlog=%d client=%s",
+                "subscribed queue=%s subscription=%s backlog=%d client=%s filter=%r",
                 first.queue,
                 subscription.id,
                 subscription.backlog,
                 first.client_name,
+                first.filter,
             )
             reader = asyncio.get_running_loop().create_task(
                 self._read_frames(context, subscription, sink)
@@ -413,7 +470,9 @@ class ApiServer:
         # Shielded: if the call is cancelled while the service is subscribing, the subscription
         # it creates must still be closed, or its leases would stay with a client that is gone.
         pending = asyncio.ensure_future(
-            self._service.subscribe(frame.queue, frame.max_backlog, sink, frame.client_name)
+            self._service.subscribe(
+                frame.queue, frame.max_backlog, sink, frame.client_name, filter=frame.filter
+            )
         )
         try:
             return await asyncio.shield(pending)
@@ -439,6 +498,10 @@ class ApiServer:
                     # One task per batch, created in arrival order so the service starts them
                     # in order; reading goes on meanwhile (an ack waits for durability).
                     self._spawn(self._ack(subscription, frame, sink))
+                elif isinstance(frame, Replace):
+                    # A task too, so it starts after the acks sent before it (awaiting it here
+                    # would run it ahead of their not yet started tasks).
+                    self._spawn(self._replace(subscription, frame, sink))
                 elif isinstance(frame, _Malformed):
                     log.warning(
                         "malformed frame skipped subscription=%s reason=%s",
@@ -466,6 +529,23 @@ class ApiServer:
             message = f"ack not confirmed: {exc}"
             failures = [AckFailure(b, "ack_failed", message) for b in frame.bookmarks]
         sink.send(AckResult(frame.request_id, list(failures)))
+
+    async def _replace(self, subscription: Subscription, frame: Replace, sink: _StreamSink) -> None:
+        try:
+            backlog = await subscription.replace(frame.queue, frame.max_backlog, frame.filter)
+        except Exception as exc:  # refused: the subscription stays as it was, the stream open
+            if not isinstance(exc, QLayerError):
+                log.exception("replace failed subscription=%s", subscription.id)
+            sink.send(Error(_error_code_of(exc), str(exc), frame.request_id))
+            return
+        log.debug(
+            "subscription replaced subscription=%s queue=%s backlog=%d filter=%r",
+            subscription.id,
+            frame.queue,
+            backlog,
+            frame.filter,
+        )
+        sink.send(Replaced(frame.request_id, backlog))
 
     async def _write_frames(self, context: grpc.aio.ServicerContext, sink: _StreamSink) -> None:
         while True:

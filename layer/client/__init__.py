@@ -1,7 +1,9 @@
 """Python clients of a qlayer server: blocking (``QueueClient``) and asyncio
 (``AsyncQueueClient``). Both hide the gRPC stream behind an iterator of messages with batched
-``ack()`` / ``cancel()`` / ``expire()`` / ``extend(seconds)``."""
+``ack()`` / ``cancel(delay)`` / ``expire()`` / ``extend(seconds)``, replace a subscription's queue,
+content filter or backlog in place, and browse or ack a queue by filter."""
 
+from layer.client._common import BrowsedMessage
 from layer.client.aio import AsyncMessage, AsyncQueueClient, AsyncSubscription
 from layer.client.sync import Message, QueueClient, Subscription
 
@@ -9,6 +11,7 @@ __all__ = [
     "AsyncMessage",
     "AsyncQueueClient",
     "AsyncSubscription",
+    "BrowsedMessage",
     "Message",
     "QueueClient",
     "Subscription",

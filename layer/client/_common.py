@@ -1,9 +1,12 @@
 """What the blocking and the asyncio client share: channel settings, error mapping, the message
-type and the ack batcher (pure bookkeeping, no I/O, no locking: each client adds its own)."""
+types, request building and the ack batcher (pure bookkeeping, no I/O, no locking: each client
+adds its own)."""
 
 from __future__ import annotations
 
+import enum
 import json
+import math
 import os
 import socket
 import time
@@ -13,7 +16,7 @@ from typing import Any, Generic, TypeVar
 
 import grpc
 
-from layer.api.frames import Ack, AckResult, Publish
+from layer.api.frames import CLIENT_FRAME_CODEC, Ack, AckResult, Error, Publish, Replace
 from layer.api.service import AckFailure, DeliveredMessage
 from layer.engine.model import AckError, AckOp
 from layer.exceptions import (
@@ -45,6 +48,18 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
 
 Headers = list[tuple[str, bytes | None]]
 
+DELIVER_AFTER_HEADER = "deliver_after"
+_INT32_MAX = 2**31 - 1
+
+
+class Keep(enum.Enum):
+    """The type of ``KEEP``: "leave this setting as it is" where None means something else."""
+
+    KEEP = "keep"
+
+
+KEEP = Keep.KEEP
+
 
 def default_client_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -66,6 +81,51 @@ def error_from_rpc(exc: grpc.RpcError) -> QLayerError:
     return ClientError(f"{name}: {details}")
 
 
+def replace_error(frame: Error) -> QLayerError:
+    """The qlayer exception for an Error frame refusing a Replace; it carries the server's text
+    (for a bad filter: the expression, what is wrong and the column)."""
+    if frame.code == "unknown_queue":
+        return UnknownQueue(frame.message)
+    if frame.code in ("invalid_expression", "invalid_request"):
+        return InvalidRequest(frame.message)
+    return ClientError(f"{frame.code}: {frame.message}")
+
+
+def cancel_seconds(delay: float | None) -> float:
+    """The Ack frame's ``seconds`` for a cancel: the redelivery delay, 0 for none."""
+    if delay is None:
+        return 0.0
+    if not (math.isfinite(delay) and delay >= 0):
+        raise ValueError(f"cancel delay must be a finite number of seconds >= 0, got {delay}")
+    return float(delay)
+
+
+def check_limit(limit: int | None) -> None:
+    if limit is not None and not 0 <= limit <= _INT32_MAX:
+        raise ValueError(f"limit must be between 0 and {_INT32_MAX}, got {limit}")
+
+
+def replace_request(
+    request_id: int,
+    current: tuple[str, int, str | None],
+    queue: str | None,
+    filter: str | None | Keep,
+    max_backlog: int | None,
+) -> Replace:
+    """The Replace frame for a new spec; ``current`` is (queue, max_backlog, filter) and fills in
+    what the caller left out. Encoded once here, so a bad argument fails this call instead of
+    the stream (where the frame is written)."""
+    old_queue, old_backlog, old_filter = current
+    frame = Replace(
+        request_id=request_id,
+        queue=old_queue if queue is None else queue,
+        max_backlog=old_backlog if max_backlog is None else max_backlog,
+        filter=old_filter if filter is KEEP else filter,
+    )
+    CLIENT_FRAME_CODEC.encode(frame)
+    return frame
+
+
 def lease_error(failure: AckFailure) -> LeaseError:
     message = f"{failure.bookmark}: {failure.message}"
     if failure.error == AckError.UNKNOWN_BOOKMARK:
@@ -75,11 +135,25 @@ def lease_error(failure: AckFailure) -> LeaseError:
     return LeaseError(message)
 
 
+def _deliver_after(deliver_after: float | None, delay: float | None) -> float | None:
+    if deliver_after is not None and delay is not None:
+        raise ValueError("give deliver_after (a UNIX time) or delay (seconds from now), not both")
+    if delay is not None:
+        if not (math.isfinite(delay) and delay >= 0):
+            raise ValueError(f"delay must be a finite number of seconds >= 0, got {delay}")
+        return time.time() + delay
+    if deliver_after is not None and not math.isfinite(deliver_after):
+        raise ValueError(f"deliver_after must be a finite UNIX time, got {deliver_after}")
+    return deliver_after
+
+
 def publish_request(
     queue: str,
     data: bytes | str | Mapping[str, Any],
     key: bytes | str | None,
     headers: Sequence[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None] | None,
+    deliver_after: float | None = None,
+    delay: float | None = None,
 ) -> Publish:
     if isinstance(data, bytes):
         value = data
@@ -90,20 +164,30 @@ def publish_request(
     else:
         raise InvalidRequest(f"cannot publish {type(data).__name__}: use bytes, str or dict")
     items = headers.items() if isinstance(headers, Mapping) else headers or ()
+    encoded = [(k, v.encode() if isinstance(v, str) else v) for k, v in items]
+    when = _deliver_after(deliver_after, delay)
+    if when is not None:
+        if any(k == DELIVER_AFTER_HEADER for k, _ in encoded):
+            raise ValueError(
+                f"a {DELIVER_AFTER_HEADER!r} header and a deliver_after/delay argument: give one"
+            )
+        encoded.append((DELIVER_AFTER_HEADER, f"{when:.3f}".encode("ascii")))
     return Publish(
         queue=queue,
         value=value,
         key=key.encode() if isinstance(key, str) else key,
-        headers=[(k, v.encode() if isinstance(v, str) else v) for k, v in items],
+        headers=encoded,
     )
 
 
 class MessageBase:
     """A delivered message. ``bookmark`` (``topic/partition/offset``) is its identity;
     ``data`` is the payload (``b""`` for a null value); ``lease_deadline`` is wall-clock epoch
-    seconds (None for at-most-once queues)."""
+    seconds (None for at-most-once queues and barriers). ``barrier`` marks a barrier message:
+    sent to every subscription whose filter matches, never leased, so it needs no ack."""
 
     __slots__ = (
+        "barrier",
         "bookmark",
         "cancels",
         "data",
@@ -128,6 +212,7 @@ class MessageBase:
         self.cancels = delivered.cancels
         deadline = delivered.lease_deadline_ms
         self.lease_deadline = deadline / 1000.0 if deadline is not None else None
+        self.barrier = delivered.barrier
 
     def json(self) -> Any:
         """The payload parsed as JSON."""
@@ -141,10 +226,51 @@ class MessageBase:
         return None
 
     def __repr__(self) -> str:
+        barrier = ", barrier=True" if self.barrier else ""
         return (
             f"{type(self).__name__}(bookmark={self.bookmark!r}, deliveries={self.deliveries}, "
-            f"data={self.data[:40]!r})"
+            f"data={self.data[:40]!r}{barrier})"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class BrowsedMessage:
+    """A message listed by ``browse``: available in the queue, not leased to anyone (browsing
+    leases nothing). ``bookmark`` is ``topic/partition/offset``; ``deliveries`` and ``cancels``
+    are the counts so far; ``barrier`` marks a barrier message."""
+
+    bookmark: str
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+    timestamp_ms: int
+    deliveries: int
+    cancels: int
+    barrier: bool = False
+
+    @classmethod
+    def of(cls, delivered: DeliveredMessage) -> BrowsedMessage:
+        return cls(
+            bookmark=str(delivered.bookmark),
+            key=delivered.key,
+            value=delivered.value,
+            headers=tuple(delivered.headers),
+            timestamp_ms=delivered.timestamp_ms,
+            deliveries=delivered.deliveries,
+            cancels=delivered.cancels,
+            barrier=delivered.barrier,
+        )
+
+    def json(self) -> Any:
+        """The value parsed as JSON."""
+        return json.loads(self.value or b"")
+
+    def header(self, key: str) -> bytes | None:
+        """The last value of header ``key`` (None if absent or valueless)."""
+        for k, v in reversed(self.headers):
+            if k == key:
+                return v
+        return None
 
 
 W = TypeVar("W")

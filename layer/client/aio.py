@@ -18,6 +18,10 @@ import grpc
 import grpc.aio
 
 from layer.api.frames import (
+    ACK_WHERE_CODEC,
+    ACK_WHERE_REPLY_CODEC,
+    BROWSE_CODEC,
+    BROWSE_REPLY_CODEC,
     CLIENT_FRAME_CODEC,
     LIST_QUEUES_CODEC,
     PUBLISH_CODEC,
@@ -27,28 +31,45 @@ from layer.api.frames import (
     STATS_CODEC,
     STATS_REPLY_CODEC,
     AckResult,
+    AckWhere,
+    Browse,
     ClientFrame,
     Close,
     Error,
     ListQueues,
     Messages,
+    Replace,
+    Replaced,
     Stats,
     Subscribe,
     Subscribed,
 )
-from layer.api.service import AckFailure, DeliveredMessage, QueueInfo, QueueStats
+from layer.api.service import (
+    AckFailure,
+    AckWhereResult,
+    DeliveredMessage,
+    QueueInfo,
+    QueueStats,
+)
 from layer.client._common import (
     ACK_BATCH_SIZE,
     ACK_FLUSH_INTERVAL_S,
     CHANNEL_OPTIONS,
+    KEEP,
     SERVICE,
     AckBatcher,
+    BrowsedMessage,
+    Keep,
     MessageBase,
     call_metadata,
+    cancel_seconds,
+    check_limit,
     default_client_name,
     error_from_rpc,
     lease_error,
     publish_request,
+    replace_error,
+    replace_request,
 )
 from layer.engine.model import AckOp
 from layer.exceptions import ClientError, QLayerError
@@ -67,7 +88,11 @@ _END = _End()
 
 class AsyncMessage(MessageBase):
     """A message of an ``AsyncSubscription``. ``await msg.ack()`` only queues the ack (it is
-    batched); ``await msg.ack(wait=True)`` returns once it is durable or raises ``LeaseError``."""
+    batched); ``await msg.ack(wait=True)`` returns once it is durable or raises ``LeaseError``.
+    Likewise ``cancel(delay)``, ``expire()`` and ``extend(seconds)``.
+
+    On a barrier message (``barrier`` is true) all four are no-ops that send nothing: a barrier
+    is never leased, so there is nothing to ack, return or extend."""
 
     __slots__ = ("_subscription",)
 
@@ -76,18 +101,27 @@ class AsyncMessage(MessageBase):
         self._subscription = subscription
 
     async def ack(self, wait: bool = False, timeout: float | None = None) -> None:
-        await self._subscription._operate(AckOp.ACK, self.bookmark, 0.0, wait, timeout)
+        if not self.barrier:
+            await self._subscription._operate(AckOp.ACK, self.bookmark, 0.0, wait, timeout)
 
-    async def cancel(self, wait: bool = False, timeout: float | None = None) -> None:
-        await self._subscription._operate(AckOp.CANCEL, self.bookmark, 0.0, wait, timeout)
+    async def cancel(
+        self, delay: float | None = None, wait: bool = False, timeout: float | None = None
+    ) -> None:
+        """Return the message to the queue; with ``delay`` (seconds) it is redelivered no
+        sooner than that. Raises ``ValueError`` for a negative delay."""
+        seconds = cancel_seconds(delay)
+        if not self.barrier:
+            await self._subscription._operate(AckOp.CANCEL, self.bookmark, seconds, wait, timeout)
 
     async def expire(self, wait: bool = False, timeout: float | None = None) -> None:
-        await self._subscription._operate(AckOp.EXPIRE, self.bookmark, 0.0, wait, timeout)
+        if not self.barrier:
+            await self._subscription._operate(AckOp.EXPIRE, self.bookmark, 0.0, wait, timeout)
 
     async def extend(
         self, seconds: float, wait: bool = False, timeout: float | None = None
     ) -> None:
-        await self._subscription._operate(AckOp.EXTEND, self.bookmark, seconds, wait, timeout)
+        if not self.barrier:
+            await self._subscription._operate(AckOp.EXTEND, self.bookmark, seconds, wait, timeout)
 
 
 class AsyncSubscription:
@@ -95,10 +129,22 @@ class AsyncSubscription:
 
     Ack batching as in the blocking client: pending acks go out when the consumer waits for a
     message with none buffered, when a batch reaches ``ACK_BATCH_SIZE``, or after
-    ``ACK_FLUSH_INTERVAL_S``."""
+    ``ACK_FLUSH_INTERVAL_S``.
 
-    def __init__(self, call: grpc.aio.StreamStreamCall, queue_name: str) -> None:
+    ``queue``, ``filter`` and ``max_backlog`` are the subscription's spec as requested,
+    ``backlog`` the effective backlog the server granted; ``replace`` changes them."""
+
+    def __init__(
+        self,
+        call: grpc.aio.StreamStreamCall,
+        queue_name: str,
+        max_backlog: int = 1,
+        filter: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
         self.queue = queue_name
+        self.filter = filter
+        self.max_backlog = max_backlog
         self.ack_failures: list[AckFailure] = []
         self.acked_count = 0
         self.id = ""
@@ -114,6 +160,10 @@ class AsyncSubscription:
         self._ended = False
         self._closing = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._timeout = timeout
+        # request id -> the Replace sent and the replace() call waiting for its answer
+        self._replacing: dict[int, tuple[Replace, asyncio.Future[int]]] = {}
+        self._next_replace_id = 1
 
     async def _start(self, frame: Subscribe) -> None:
         # If the write fails the server ended the call already; read() reports why.
@@ -160,6 +210,61 @@ class AsyncSubscription:
     def closed(self) -> bool:
         return self._ended
 
+    # --- replacing ----------------------------------------------------------------------------
+
+    async def replace(
+        self,
+        queue: str | None = None,
+        filter: str | None | Keep = KEEP,
+        max_backlog: int | None = None,
+        timeout: float | None = None,
+    ) -> int:
+        """Replace the subscription in one step: another ``queue``, content ``filter`` or
+        ``max_backlog``; what is left out stays as it is (``filter=None`` removes the filter).
+        Messages leased so far stay leased and can still be acked. Returns the new effective
+        backlog; ``queue``, ``filter``, ``max_backlog`` and ``backlog`` then show the new spec.
+
+        A refused replace raises ``UnknownQueue`` or ``InvalidRequest`` (a bad filter: the message
+        names the expression and the column) and leaves the subscription as it was. Waits
+        ``timeout`` seconds (default: the client's timeout), then raises ``TimeoutError`` (the
+        replace may still take effect). ``ClientError`` if the subscription ended.
+        """
+        if self._ended:
+            raise ClientError(f"subscription to {self.queue!r} is closed; replace not sent")
+        request_id = self._next_replace_id
+        current = (self.queue, self.max_backlog, self.filter)
+        frame = replace_request(request_id, current, queue, filter, max_backlog)
+        self._next_replace_id += 1
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._replacing[request_id] = (frame, future)
+        self._send_pending()  # acks queued before the replace reach the server before it
+        self._outgoing.put_nowait(frame)
+        wait = self._timeout if timeout is None else timeout
+        try:
+            return await asyncio.wait_for(future, wait)
+        except TimeoutError:
+            raise TimeoutError(f"replace not confirmed within {wait} s") from None
+
+    def _replace_answered(self, frame: Replaced | Error) -> bool:
+        """Complete the replace() that ``frame`` answers; False if it answers none."""
+        if frame.request_id is None:
+            return False
+        pending = self._replacing.pop(frame.request_id, None)
+        if pending is None:
+            return False
+        sent, future = pending
+        if isinstance(frame, Replaced):
+            # set even if the caller gave up waiting: this is the subscription now
+            self.queue, self.filter = sent.queue, sent.filter
+            self.max_backlog, self.backlog = sent.max_backlog, frame.backlog
+        if future.done():
+            return True
+        if isinstance(frame, Replaced):
+            future.set_result(frame.backlog)
+        else:
+            future.set_exception(replace_error(frame))
+        return True
+
     # --- acks ---------------------------------------------------------------------------------
 
     async def flush(self, timeout: float | None = None) -> None:
@@ -179,9 +284,16 @@ class AsyncSubscription:
         """Ack a message by bookmark (``topic/partition/offset``)."""
         await self._operate(AckOp.ACK, bookmark, 0.0, wait, timeout)
 
-    async def cancel(self, bookmark: str, wait: bool = False, timeout: float | None = None) -> None:
-        """Return a leased message to the queue by bookmark (its cancel count goes up)."""
-        await self._operate(AckOp.CANCEL, bookmark, 0.0, wait, timeout)
+    async def cancel(
+        self,
+        bookmark: str,
+        delay: float | None = None,
+        wait: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """Return a leased message to the queue by bookmark (its cancel count goes up); with
+        ``delay`` (seconds) it is redelivered no sooner than that. ``ValueError`` if negative."""
+        await self._operate(AckOp.CANCEL, bookmark, cancel_seconds(delay), wait, timeout)
 
     async def expire(self, bookmark: str, wait: bool = False, timeout: float | None = None) -> None:
         """Remove a message by bookmark and dead-letter it."""
@@ -240,7 +352,9 @@ class AsyncSubscription:
                         self._buffer.put_nowait(AsyncMessage(self, delivered))
                 elif isinstance(frame, AckResult):
                     self._resolve(frame)
-                elif isinstance(frame, Error):
+                elif isinstance(frame, Replaced):
+                    self._replace_answered(frame)
+                elif isinstance(frame, Error) and not self._replace_answered(frame):
                     log.warning(
                         "server reported an error queue=%s code=%s message=%s",
                         self.queue,
@@ -299,6 +413,13 @@ class AsyncSubscription:
         for waiter in self._acks.abandon():
             if not waiter.done():
                 waiter.set_exception(lost)
+        unanswered = ClientError(
+            f"subscription ended before the server answered the replace ({error})"
+        )
+        for _, future in self._replacing.values():
+            if not future.done():
+                future.set_exception(unanswered)
+        self._replacing.clear()
         self._buffer.put_nowait(_END)
         self._outgoing.put_nowait(None)
         self._check_flushes()
@@ -341,15 +462,18 @@ class AsyncSubscription:
 class _Subscribing:
     """``await client.subscribe(...)`` or ``async with client.subscribe(...) as sub``."""
 
-    def __init__(self, client: AsyncQueueClient, queue: str, max_backlog: int) -> None:
+    def __init__(
+        self, client: AsyncQueueClient, queue: str, max_backlog: int, filter: str | None
+    ) -> None:
         self._client, self._queue, self._max_backlog = client, queue, max_backlog
+        self._filter = filter
         self._subscription: AsyncSubscription | None = None
 
     def __await__(self) -> Generator[Any, None, AsyncSubscription]:
-        return self._client._open(self._queue, self._max_backlog).__await__()
+        return self._client._open(self._queue, self._max_backlog, self._filter).__await__()
 
     async def __aenter__(self) -> AsyncSubscription:
-        self._subscription = await self._client._open(self._queue, self._max_backlog)
+        self._subscription = await self._client._open(self._queue, self._max_backlog, self._filter)
         return self._subscription
 
     async def __aexit__(
@@ -404,16 +528,33 @@ class AsyncQueueClient:
             request_serializer=LIST_QUEUES_CODEC.encode,
             response_deserializer=QUEUE_LIST_CODEC.decode,
         )
+        self._browse = self._channel.unary_unary(
+            SERVICE + "Browse",
+            request_serializer=BROWSE_CODEC.encode,
+            response_deserializer=BROWSE_REPLY_CODEC.decode,
+        )
+        self._ack_where = self._channel.unary_unary(
+            SERVICE + "AckWhere",
+            request_serializer=ACK_WHERE_CODEC.encode,
+            response_deserializer=ACK_WHERE_REPLY_CODEC.decode,
+        )
 
-    def subscribe(self, queue: str, max_backlog: int = 1) -> _Subscribing:
+    def subscribe(
+        self, queue: str, max_backlog: int = 1, filter: str | None = None
+    ) -> _Subscribing:
         """Open a subscription: ``sub = await client.subscribe(q)`` or
-        ``async with client.subscribe(q) as sub``. Raises ``UnknownQueue``."""
-        return _Subscribing(self, queue, max_backlog)
+        ``async with client.subscribe(q) as sub``. With ``filter`` (a content filter such as
+        ``"/symbol = 'IBM' AND /qty > 100"``) only matching messages are delivered. Raises
+        ``UnknownQueue``, or ``InvalidRequest`` for a bad backlog or filter (the message names
+        the column)."""
+        return _Subscribing(self, queue, max_backlog, filter)
 
-    async def _open(self, queue: str, max_backlog: int) -> AsyncSubscription:
+    async def _open(
+        self, queue: str, max_backlog: int, filter: str | None = None
+    ) -> AsyncSubscription:
         call = self._subscribe(metadata=self._metadata)
-        subscription = AsyncSubscription(call, queue)
-        start = subscription._start(Subscribe(queue, max_backlog, self._client_name))
+        subscription = AsyncSubscription(call, queue, max_backlog, filter, self._timeout)
+        start = subscription._start(Subscribe(queue, max_backlog, self._client_name, filter))
         try:
             await asyncio.wait_for(start, self._timeout)
         except TimeoutError:
@@ -434,11 +575,38 @@ class AsyncQueueClient:
         headers: Sequence[tuple[str, bytes | str | None]]
         | Mapping[str, bytes | str | None]
         | None = None,
+        deliver_after: float | None = None,
+        delay: float | None = None,
     ) -> str:
         """Publish to the queue's publish target (a dict is sent as JSON); returns the bookmark
-        once the broker has the message."""
-        reply = await self._call(self._publish, publish_request(queue, data, key, headers))
+        once the broker has the message.
+
+        ``deliver_after`` (a UNIX time in seconds) or ``delay`` (seconds from now; not both)
+        keeps the message from being delivered before then. It travels as the header
+        ``deliver_after``: the absolute UNIX time in seconds as an ASCII decimal string, e.g.
+        ``b"1763800000.250"``; a plain Kafka producer can set that header itself. ``ValueError``
+        for both, a negative delay or a header of that name given as well."""
+        request = publish_request(queue, data, key, headers, deliver_after, delay)
+        reply = await self._call(self._publish, request)
         return str(reply.bookmark)
+
+    async def browse(
+        self, queue: str, filter: str | None = None, limit: int | None = None
+    ) -> list[BrowsedMessage]:
+        """The queue's available messages in delivery order, read-only: nothing is leased or
+        changed. ``filter`` keeps only matching messages (e.g. ``"/qty > 100"``), ``limit`` at
+        most that many. Raises ``UnknownQueue``, ``InvalidRequest`` for a bad filter."""
+        check_limit(limit)
+        reply = await self._call(self._browse, Browse(queue, filter, limit))
+        return [BrowsedMessage.of(m) for m in reply.messages]
+
+    async def ack_where(self, queue: str, filter: str, expire: bool = False) -> AckWhereResult:
+        """Ack every deliverable message of the queue matching ``filter`` (with ``expire``:
+        expire and dead-letter them instead), as no subscription in particular; durable when it
+        returns. Messages leased to a subscription under strict leasing are skipped. Raises
+        ``UnknownQueue``, ``InvalidRequest`` for a bad filter."""
+        reply = await self._call(self._ack_where, AckWhere(queue, filter, expire))
+        return AckWhereResult(reply.acked, reply.skipped)
 
     async def stats(self, queue: str | None = None) -> list[QueueStats]:
         return list((await self._call(self._stats, Stats(queue))).queues)

@@ -19,6 +19,10 @@ from typing import Any
 import grpc
 
 from layer.api.frames import (
+    ACK_WHERE_CODEC,
+    ACK_WHERE_REPLY_CODEC,
+    BROWSE_CODEC,
+    BROWSE_REPLY_CODEC,
     CLIENT_FRAME_CODEC,
     LIST_QUEUES_CODEC,
     PUBLISH_CODEC,
@@ -28,28 +32,45 @@ from layer.api.frames import (
     STATS_CODEC,
     STATS_REPLY_CODEC,
     AckResult,
+    AckWhere,
+    Browse,
     ClientFrame,
     Close,
     Error,
     ListQueues,
     Messages,
+    Replace,
+    Replaced,
     Stats,
     Subscribe,
     Subscribed,
 )
-from layer.api.service import AckFailure, DeliveredMessage, QueueInfo, QueueStats
+from layer.api.service import (
+    AckFailure,
+    AckWhereResult,
+    DeliveredMessage,
+    QueueInfo,
+    QueueStats,
+)
 from layer.client._common import (
     ACK_BATCH_SIZE,
     ACK_FLUSH_INTERVAL_S,
     CHANNEL_OPTIONS,
+    KEEP,
     SERVICE,
     AckBatcher,
+    BrowsedMessage,
+    Keep,
     MessageBase,
     call_metadata,
+    cancel_seconds,
+    check_limit,
     default_client_name,
     error_from_rpc,
     lease_error,
     publish_request,
+    replace_error,
+    replace_request,
 )
 from layer.engine.model import AckOp
 from layer.exceptions import ClientError, QLayerError
@@ -69,9 +90,12 @@ _END = _End()
 class Message(MessageBase):
     """A message of a blocking ``Subscription``.
 
-    ``ack()``, ``cancel()``, ``expire()`` and ``extend(seconds)`` only queue the operation: it is
-    sent with others in one batch. With ``wait=True`` the call returns once the server made it
-    durable, or raises ``LeaseError`` (``UnknownBookmark``, ``NotLeaseHolder``) if refused.
+    ``ack()``, ``cancel(delay)``, ``expire()`` and ``extend(seconds)`` only queue the operation:
+    it is sent with others in one batch. With ``wait=True`` the call returns once the server made
+    it durable, or raises ``LeaseError`` (``UnknownBookmark``, ``NotLeaseHolder``) if refused.
+
+    On a barrier message (``barrier`` is true) all four are no-ops that send nothing: a barrier
+    is never leased, so there is nothing to ack, return or extend.
     """
 
     __slots__ = ("_subscription",)
@@ -81,16 +105,25 @@ class Message(MessageBase):
         self._subscription = subscription
 
     def ack(self, wait: bool = False, timeout: float | None = None) -> None:
-        self._subscription._operate(AckOp.ACK, self.bookmark, 0.0, wait, timeout)
+        if not self.barrier:
+            self._subscription._operate(AckOp.ACK, self.bookmark, 0.0, wait, timeout)
 
-    def cancel(self, wait: bool = False, timeout: float | None = None) -> None:
-        self._subscription._operate(AckOp.CANCEL, self.bookmark, 0.0, wait, timeout)
+    def cancel(
+        self, delay: float | None = None, wait: bool = False, timeout: float | None = None
+    ) -> None:
+        """Return the message to the queue; with ``delay`` (seconds) it is redelivered no
+        sooner than that. Raises ``ValueError`` for a negative delay."""
+        seconds = cancel_seconds(delay)
+        if not self.barrier:
+            self._subscription._operate(AckOp.CANCEL, self.bookmark, seconds, wait, timeout)
 
     def expire(self, wait: bool = False, timeout: float | None = None) -> None:
-        self._subscription._operate(AckOp.EXPIRE, self.bookmark, 0.0, wait, timeout)
+        if not self.barrier:
+            self._subscription._operate(AckOp.EXPIRE, self.bookmark, 0.0, wait, timeout)
 
     def extend(self, seconds: float, wait: bool = False, timeout: float | None = None) -> None:
-        self._subscription._operate(AckOp.EXTEND, self.bookmark, seconds, wait, timeout)
+        if not self.barrier:
+            self._subscription._operate(AckOp.EXTEND, self.bookmark, seconds, wait, timeout)
 
 
 class Subscription:
@@ -99,6 +132,9 @@ class Subscription:
     Acks are batched: pending ones are sent when the consumer asks for a message and none is
     buffered (before blocking), when a batch reaches ``ACK_BATCH_SIZE``, or after
     ``ACK_FLUSH_INTERVAL_S``. Refusals nobody waited for land in ``ack_failures`` (and the log).
+
+    ``queue``, ``filter`` and ``max_backlog`` are the subscription's spec as requested,
+    ``backlog`` the effective backlog the server granted; ``replace`` changes them.
     """
 
     def __init__(
@@ -109,12 +145,19 @@ class Subscription:
         metadata: tuple[tuple[str, str], ...],
         client_name: str,
         timeout: float | None,
+        filter: str | None = None,
     ) -> None:
         self.queue = queue_name
+        self.filter = filter
+        self.max_backlog = max_backlog
         self.ack_failures: list[AckFailure] = []
         self.acked_count = 0
+        self._timeout = timeout
         self._cond = threading.Condition()
         self._acks: AckBatcher[Future[None]] = AckBatcher()
+        # request id -> the Replace sent and the replace() call waiting for its answer
+        self._replacing: dict[int, tuple[Replace, Future[int]]] = {}
+        self._next_replace_id = 1
         self._requests: queue.Queue[ClientFrame | None] = queue.Queue()
         self._buffer: queue.Queue[Message | _End] = queue.Queue()
         self._subscribed: Future[Subscribed] = Future()
@@ -126,7 +169,7 @@ class Subscription:
             request_serializer=CLIENT_FRAME_CODEC.encode,
             response_deserializer=SERVER_FRAME_CODEC.decode,
         )
-        self._requests.put(Subscribe(queue_name, max_backlog, client_name))
+        self._requests.put(Subscribe(queue_name, max_backlog, client_name, filter))
         self._call = stub(iter(self._requests.get, None), metadata=metadata)
         self._reader = threading.Thread(
             target=self._read, name=f"qlayer-sub-reader-{queue_name}", daemon=True
@@ -176,6 +219,60 @@ class Subscription:
     def closed(self) -> bool:
         return self._ended
 
+    # --- replacing ----------------------------------------------------------------------------
+
+    def replace(
+        self,
+        queue: str | None = None,
+        filter: str | None | Keep = KEEP,
+        max_backlog: int | None = None,
+        timeout: float | None = None,
+    ) -> int:
+        """Replace the subscription in one step: another ``queue``, content ``filter`` or
+        ``max_backlog``; what is left out stays as it is (``filter=None`` removes the filter).
+        Messages leased so far stay leased and can still be acked. Returns the new effective
+        backlog; ``queue``, ``filter``, ``max_backlog`` and ``backlog`` then show the new spec.
+
+        A refused replace raises ``UnknownQueue`` or ``InvalidRequest`` (a bad filter: the message
+        names the expression and the column) and leaves the subscription as it was. Waits
+        ``timeout`` seconds (default: the client's timeout), then raises ``TimeoutError`` (the
+        replace may still take effect). ``ClientError`` if the subscription ended.
+        """
+        future: Future[int] = Future()
+        with self._cond:
+            if self._ended:
+                raise ClientError(f"subscription to {self.queue!r} is closed; replace not sent")
+            request_id = self._next_replace_id
+            current = (self.queue, self.max_backlog, self.filter)
+            frame = replace_request(request_id, current, queue, filter, max_backlog)
+            self._next_replace_id += 1
+            self._replacing[request_id] = (frame, future)
+            self._send_locked()  # acks queued before the replace reach the server before it
+            self._requests.put(frame)
+        wait = self._timeout if timeout is None else timeout
+        try:
+            return future.result(wait)
+        except TimeoutError:
+            raise TimeoutError(f"replace not confirmed within {wait} s") from None
+
+    def _replace_answered(self, frame: Replaced | Error) -> bool:
+        """Complete the replace() that ``frame`` answers; False if it answers none."""
+        if frame.request_id is None:
+            return False
+        with self._cond:
+            pending = self._replacing.pop(frame.request_id, None)
+            if pending is None:
+                return False
+            sent, future = pending
+            if isinstance(frame, Replaced):
+                self.queue, self.filter = sent.queue, sent.filter
+                self.max_backlog, self.backlog = sent.max_backlog, frame.backlog
+        if isinstance(frame, Replaced):
+            future.set_result(frame.backlog)
+        else:
+            future.set_exception(replace_error(frame))
+        return True
+
     # --- acks ---------------------------------------------------------------------------------
 
     def flush(self, timeout: float | None = None) -> None:
@@ -196,9 +293,16 @@ class Subscription:
         any message of the queue where its leasing is lenient, or one not active yet."""
         self._operate(AckOp.ACK, bookmark, 0.0, wait, timeout)
 
-    def cancel(self, bookmark: str, wait: bool = False, timeout: float | None = None) -> None:
-        """Return a leased message to the queue by bookmark (its cancel count goes up)."""
-        self._operate(AckOp.CANCEL, bookmark, 0.0, wait, timeout)
+    def cancel(
+        self,
+        bookmark: str,
+        delay: float | None = None,
+        wait: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """Return a leased message to the queue by bookmark (its cancel count goes up); with
+        ``delay`` (seconds) it is redelivered no sooner than that. ``ValueError`` if negative."""
+        self._operate(AckOp.CANCEL, bookmark, cancel_seconds(delay), wait, timeout)
 
     def expire(self, bookmark: str, wait: bool = False, timeout: float | None = None) -> None:
         """Remove a message by bookmark and dead-letter it."""
@@ -260,7 +364,9 @@ class Subscription:
                     self._resolve(frame)
                 elif isinstance(frame, Subscribed):
                     self._subscribed.set_result(frame)
-                elif isinstance(frame, Error):
+                elif isinstance(frame, Replaced):
+                    self._replace_answered(frame)
+                elif isinstance(frame, Error) and not self._replace_answered(frame):
                     log.warning(
                         "server reported an error queue=%s code=%s message=%s",
                         self.queue,
@@ -303,12 +409,18 @@ class Subscription:
             self._ended = True
             self._error = error
             waiters = self._acks.abandon()
+            replacing = [future for _, future in self._replacing.values()]
+            self._replacing.clear()
             self._cond.notify_all()
         if error is not None and not self._closing:
             log.warning("subscription ended queue=%s error=%s", self.queue, error)
         lost = ClientError(f"subscription ended before the server confirmed the ack ({error})")
         for waiter in waiters:
             waiter.set_exception(lost)
+        for future in replacing:
+            future.set_exception(
+                ClientError(f"subscription ended before the server answered the replace ({error})")
+            )
         if not self._subscribed.done():
             self._subscribed.set_exception(error or ClientError("subscription ended"))
         self._buffer.put(_END)
@@ -389,12 +501,33 @@ class QueueClient:
             request_serializer=LIST_QUEUES_CODEC.encode,
             response_deserializer=QUEUE_LIST_CODEC.decode,
         )
+        self._browse = self._channel.unary_unary(
+            SERVICE + "Browse",
+            request_serializer=BROWSE_CODEC.encode,
+            response_deserializer=BROWSE_REPLY_CODEC.decode,
+        )
+        self._ack_where = self._channel.unary_unary(
+            SERVICE + "AckWhere",
+            request_serializer=ACK_WHERE_CODEC.encode,
+            response_deserializer=ACK_WHERE_REPLY_CODEC.decode,
+        )
 
-    def subscribe(self, queue: str, max_backlog: int = 1) -> Subscription:
+    def subscribe(
+        self, queue: str, max_backlog: int = 1, filter: str | None = None
+    ) -> Subscription:
         """Open a subscription; at most ``max_backlog`` messages (capped by the queue) are
-        leased to it and unacknowledged at a time. Raises ``UnknownQueue``."""
+        leased to it and unacknowledged at a time. With ``filter`` (a content filter such as
+        ``"/symbol = 'IBM' AND /qty > 100"``) only matching messages are delivered. Raises
+        ``UnknownQueue``, or ``InvalidRequest`` for a bad backlog or filter (the message names
+        the column)."""
         subscription = Subscription(
-            self._channel, queue, max_backlog, self._metadata, self._client_name, self._timeout
+            self._channel,
+            queue,
+            max_backlog,
+            self._metadata,
+            self._client_name,
+            self._timeout,
+            filter,
         )
         with self._lock:
             self._subscriptions = [s for s in self._subscriptions if not s.closed]
@@ -409,12 +542,38 @@ class QueueClient:
         headers: Sequence[tuple[str, bytes | str | None]]
         | Mapping[str, bytes | str | None]
         | None = None,
+        deliver_after: float | None = None,
+        delay: float | None = None,
     ) -> str:
         """Publish to the queue's publish target (a dict is sent as JSON); returns the bookmark
-        once the broker has the message."""
-        request = publish_request(queue, data, key, headers)
+        once the broker has the message.
+
+        ``deliver_after`` (a UNIX time in seconds) or ``delay`` (seconds from now; not both)
+        keeps the message from being delivered before then. It travels as the header
+        ``deliver_after``: the absolute UNIX time in seconds as an ASCII decimal string, e.g.
+        ``b"1763800000.250"``; a plain Kafka producer can set that header itself. ``ValueError``
+        for both, a negative delay or a header of that name given as well."""
+        request = publish_request(queue, data, key, headers, deliver_after, delay)
         reply = self._call(self._publish, request)
         return str(reply.bookmark)
+
+    def browse(
+        self, queue: str, filter: str | None = None, limit: int | None = None
+    ) -> list[BrowsedMessage]:
+        """The queue's available messages in delivery order, read-only: nothing is leased or
+        changed. ``filter`` keeps only matching messages (e.g. ``"/qty > 100"``), ``limit`` at
+        most that many. Raises ``UnknownQueue``, ``InvalidRequest`` for a bad filter."""
+        check_limit(limit)
+        reply = self._call(self._browse, Browse(queue, filter, limit))
+        return [BrowsedMessage.of(m) for m in reply.messages]
+
+    def ack_where(self, queue: str, filter: str, expire: bool = False) -> AckWhereResult:
+        """Ack every deliverable message of the queue matching ``filter`` (with ``expire``:
+        expire and dead-letter them instead), as no subscription in particular; durable when it
+        returns. Messages leased to a subscription under strict leasing are skipped. Raises
+        ``UnknownQueue``, ``InvalidRequest`` for a bad filter."""
+        reply = self._call(self._ack_where, AckWhere(queue, filter, expire))
+        return AckWhereResult(reply.acked, reply.skipped)
 
     def stats(self, queue: str | None = None) -> list[QueueStats]:
         """Stats of one queue, or of every queue."""

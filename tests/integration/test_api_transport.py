@@ -99,7 +99,12 @@ class MemoryService:
             raise UnknownQueue(f"queue {queue!r} is not configured")
 
     async def subscribe(
-        self, queue: str, max_backlog: int, sink: DeliverySink, client: str = ""
+        self,
+        queue: str,
+        max_backlog: int,
+        sink: DeliverySink,
+        client: str = "",
+        filter: str | None = None,
     ) -> MemorySubscription:
         self._check(queue)
         if max_backlog < 1:

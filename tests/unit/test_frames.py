@@ -10,6 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from layer.api.frames import (
+    ACK_WHERE_CODEC,
+    ACK_WHERE_REPLY_CODEC,
+    BROWSE_CODEC,
+    BROWSE_REPLY_CODEC,
     CLIENT_FRAME_CODEC,
     FRAME_VERSION,
     LIST_QUEUES_CODEC,
@@ -21,6 +25,10 @@ from layer.api.frames import (
     STATS_REPLY_CODEC,
     Ack,
     AckResult,
+    AckWhere,
+    AckWhereReply,
+    Browse,
+    BrowseReply,
     Close,
     Error,
     FrameCodec,
@@ -29,6 +37,8 @@ from layer.api.frames import (
     Publish,
     Published,
     QueueList,
+    Replace,
+    Replaced,
     Stats,
     StatsReply,
     Subscribe,
@@ -47,6 +57,10 @@ ALL_CODECS = [
     STATS_REPLY_CODEC,
     LIST_QUEUES_CODEC,
     QUEUE_LIST_CODEC,
+    BROWSE_CODEC,
+    BROWSE_REPLY_CODEC,
+    ACK_WHERE_CODEC,
+    ACK_WHERE_REPLY_CODEC,
 ]
 
 MESSAGE = DeliveredMessage(
@@ -59,6 +73,22 @@ MESSAGE = DeliveredMessage(
     cancels=1,
     lease_deadline_ms=1_700_000_060_000,
 )
+
+BARRIER = DeliveredMessage(
+    bookmark=Bookmark("orders", 0, 5),
+    key=None,
+    value=b'{"eod": true}',
+    headers=[],
+    timestamp_ms=1_700_000_000_999,
+    deliveries=1,
+    cancels=0,
+    lease_deadline_ms=None,
+    barrier=True,
+)
+
+BROWSED = DeliveredMessage(Bookmark("orders", 1, 7), b"k", b"v", [("h", b"1")], 5, 3, 2, None)
+
+FILTER = "/symbol = 'IBM' AND /qty > 100"
 
 STATS = QueueStats(
     queue="orders",
@@ -87,11 +117,16 @@ INFO = QueueInfo(
 CASES: list[tuple[FrameCodec[Any], object]] = [
     (CLIENT_FRAME_CODEC, Subscribe("orders", 10, "host:1")),
     (CLIENT_FRAME_CODEC, Subscribe("q", 1)),
+    (CLIENT_FRAME_CODEC, Subscribe("orders", 5, "host:2", FILTER)),
+    (CLIENT_FRAME_CODEC, Subscribe("orders", 5, filter="")),
     (CLIENT_FRAME_CODEC, Ack(7, AckOp.ACK, ["orders/0/1", "orders/0/2"])),
     (CLIENT_FRAME_CODEC, Ack(2**40, AckOp.EXTEND, ["orders/0/1"], 30.5)),
     (CLIENT_FRAME_CODEC, Ack(1, AckOp.CANCEL, [])),
     (CLIENT_FRAME_CODEC, Ack(1, AckOp.EXPIRE, ["x"])),
+    (CLIENT_FRAME_CODEC, Ack(3, AckOp.CANCEL, ["orders/0/1"], 2.5)),  # a delayed cancel
     (CLIENT_FRAME_CODEC, Close()),
+    (CLIENT_FRAME_CODEC, Replace(1, "orders", 10, FILTER)),
+    (CLIENT_FRAME_CODEC, Replace(2**40, "other", 1)),
     (SERVER_FRAME_CODEC, Subscribed("sub-1", 10, 60.0)),
     (SERVER_FRAME_CODEC, Messages([MESSAGE])),
     (
@@ -99,6 +134,7 @@ CASES: list[tuple[FrameCodec[Any], object]] = [
         Messages([DeliveredMessage(Bookmark("t", 0, 0), None, None, [], 0, 1, 0, None)]),
     ),
     (SERVER_FRAME_CODEC, Messages([])),
+    (SERVER_FRAME_CODEC, Messages([MESSAGE, BARRIER])),
     (SERVER_FRAME_CODEC, AckResult(7, [])),
     (
         SERVER_FRAME_CODEC,
@@ -111,6 +147,9 @@ CASES: list[tuple[FrameCodec[Any], object]] = [
         ),
     ),
     (SERVER_FRAME_CODEC, Error("malformed_frame", "truncated")),
+    (SERVER_FRAME_CODEC, Error("invalid_expression", 'expression "/a =" : ... at column 5', 3)),
+    (SERVER_FRAME_CODEC, Replaced(3, 10)),
+    (SERVER_FRAME_CODEC, Replaced(2**40, 1)),
     (PUBLISH_CODEC, Publish("orders", b"data")),
     (PUBLISH_CODEC, Publish("orders", b"", b"key", [("a", b"1"), ("b", None)])),
     (PUBLISHED_CODEC, Published(Bookmark("orders-in", 2, 99))),
@@ -120,6 +159,15 @@ CASES: list[tuple[FrameCodec[Any], object]] = [
     (STATS_REPLY_CODEC, StatsReply([])),
     (LIST_QUEUES_CODEC, ListQueues()),
     (QUEUE_LIST_CODEC, QueueList([INFO])),
+    (BROWSE_CODEC, Browse("orders")),
+    (BROWSE_CODEC, Browse("orders", FILTER, 100)),
+    (BROWSE_CODEC, Browse("orders", None, 0)),
+    (BROWSE_REPLY_CODEC, BrowseReply([BROWSED, BARRIER])),
+    (BROWSE_REPLY_CODEC, BrowseReply([])),
+    (ACK_WHERE_CODEC, AckWhere("orders", FILTER)),
+    (ACK_WHERE_CODEC, AckWhere("orders", "/done", expire=True)),
+    (ACK_WHERE_REPLY_CODEC, AckWhereReply(12, 3)),
+    (ACK_WHERE_REPLY_CODEC, AckWhereReply(0, 2**40)),
 ]
 
 
@@ -132,9 +180,11 @@ def test_round_trip(codec: FrameCodec[Any], frame: object) -> None:
 
 def test_every_frame_type_is_covered() -> None:
     covered = {type(frame) for _, frame in CASES}
-    expected = {Subscribe, Ack, Close, Subscribed, Messages, AckResult, Error}
+    expected = {Subscribe, Ack, Close, Replace, Subscribed, Messages, AckResult, Error, Replaced}
     expected |= {Publish, Published, Stats, StatsReply, ListQueues, QueueList}
+    expected |= {Browse, BrowseReply, AckWhere, AckWhereReply}
     assert covered == expected
+    assert {codec for codec, _ in CASES} == set(ALL_CODECS)
 
 
 def test_ack_error_decodes_to_the_enum_when_known() -> None:
@@ -144,21 +194,65 @@ def test_ack_error_decodes_to_the_enum_when_known() -> None:
     assert decoded.failures[0].error is AckError.NOT_LEASE_HOLDER
 
 
+def test_barrier_flag_survives_and_defaults_to_false() -> None:
+    decoded = SERVER_FRAME_CODEC.decode(SERVER_FRAME_CODEC.encode(Messages([MESSAGE, BARRIER])))
+    assert isinstance(decoded, Messages)
+    assert [m.barrier for m in decoded.messages] == [False, True]
+
+
+def test_browse_reply_and_messages_share_the_message_record() -> None:
+    # Message is one named type (avro/api_message.avsc), so both frames carry the same bytes.
+    messages = [MESSAGE, BARRIER, BROWSED]
+    stream = SERVER_FRAME_CODEC.encode(Messages(messages))
+    browse = BROWSE_REPLY_CODEC.encode(BrowseReply(messages))
+    assert stream[2:] == browse[1:]  # after the version byte (and the stream's union index)
+
+
+V = bytes([FRAME_VERSION])
+
+
 @pytest.mark.parametrize(
     ("data", "reason"),
     [
         (b"", "empty"),
-        (b"\x02\x04", "version 2"),
-        (b"\x01", "EOFError"),
-        (b"\x01\x09", "IndexError"),  # union branch 4 of 3
-        (b"\x01\x04\x00", "trailing bytes"),  # Close, then junk
-        (b"\x01\x00\x04\xff\xfe\x02\x00", "UnicodeDecodeError"),  # Subscribe, bad UTF-8 queue
-        (b"\x01\x02\x02\x09", "IndexError"),  # Ack with enum symbol 4 of 4
+        (bytes([FRAME_VERSION + 1]) + b"\x04", f"version {FRAME_VERSION + 1}"),
+        (b"\x01\x04", "version 1 (this build speaks 2)"),  # an older peer: refused, not misread
+        (V, "EOFError"),
+        (V + b"\x08", "IndexError"),  # union branch 4 of 0-3
+        (V + b"\x04\x00", "trailing bytes"),  # Close, then junk
+        (V + b"\x00\x04\xff\xfe\x02\x00\x00", "UnicodeDecodeError"),  # Subscribe, bad UTF-8
+        (V + b"\x02\x02\x08", "IndexError"),  # Ack with enum symbol 4 of 0-3
+        (V + b"\x00\x02q\x02\x00\x04", "IndexError"),  # Subscribe, filter union branch 2
+        (V + b"\x06\x02\x02q\x02\x02\x0a/a", "EOFError"),  # Replace, filter cut short
     ],
 )
 def test_malformed_client_frames_name_the_problem(data: bytes, reason: str) -> None:
     with pytest.raises(SerializationError, match="malformed client_frame frame") as info:
         CLIENT_FRAME_CODEC.decode(data)
+    assert reason in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("codec", "data", "reason"),
+    [
+        (SERVER_FRAME_CODEC, V + b"\x0a", "IndexError"),  # union branch 5 of 0-4
+        (SERVER_FRAME_CODEC, V + b"\x08\x02", "EOFError"),  # Replaced without its backlog
+        (SERVER_FRAME_CODEC, V + b"\x06\x00\x00\x04", "IndexError"),  # Error, request_id branch
+        (BROWSE_CODEC, V + b"\x02q\x00\x04", "IndexError"),  # limit union branch 2
+        (BROWSE_CODEC, V + b"\x02q\x00\x00\x00", "trailing bytes"),
+        (BROWSE_REPLY_CODEC, V + b"\x02", "EOFError"),  # one message announced, none there
+        (ACK_WHERE_CODEC, V + b"\x02q", "EOFError"),  # no filter
+        (ACK_WHERE_CODEC, V + b"\x02q\x02\xff\x00", "UnicodeDecodeError"),
+        (ACK_WHERE_REPLY_CODEC, V + b"\x02", "EOFError"),  # no skipped count
+        (ACK_WHERE_REPLY_CODEC, b"\x01\x02\x04", "version 1"),
+    ],
+    ids=lambda v: v.name if isinstance(v, FrameCodec) else None,
+)
+def test_malformed_new_frames_name_the_problem(
+    codec: FrameCodec[Any], data: bytes, reason: str
+) -> None:
+    with pytest.raises(SerializationError, match=f"malformed {codec.name} frame") as info:
+        codec.decode(data)
     assert reason in str(info.value)
 
 
