@@ -665,15 +665,14 @@ class Coordinator:
         if limit is not None and limit < 0:
             raise InvalidRequest(f"limit must be >= 0, got {limit}")
         match = self._matcher(rt, filter)
-        out: list[DeliveredMessage] = []
         engine = rt.engine
+        matching = (bm for bm in engine.available() if match is None or match(bm))
+        chosen = list(itertools.islice(matching, limit))  # stops matching at the limit
+        payloads = rt.payloads(self._store, chosen)  # one store read for all of them
         barriers = engine.barriers()
-        for bm in engine.available():
-            if limit is not None and len(out) >= limit:
-                break
-            if match is not None and not match(bm):
-                continue
-            stored = rt.payloads(self._store, [bm]).get(bm)
+        out: list[DeliveredMessage] = []
+        for bm in chosen:
+            stored = payloads.get(bm)
             if stored is None:
                 continue
             deliveries, cancels = engine.counts(bm)
