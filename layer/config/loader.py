@@ -473,6 +473,7 @@ _QUEUE_KEYS = (
     "conflate_key",
     "exclusive",
     "redelivery_backoff",
+    "view_topic",
 )
 _QUEUE_PENDING: tuple[str, ...] = ()  # AMPS options whose implementation comes later
 
@@ -527,6 +528,7 @@ def _queue(
         expiration=section.get("expiration", None, _duration(allow_zero=False)),
         dead_letter_topic=section.get("dead_letter_topic", None, _topic),
         default_publish_target=section.get("default_publish_target", None, _topic),
+        view_topic=section.get("view_topic", None, _topic),
         leasing=section.get("leasing", Leasing.STRICT, _choice(Leasing)),
         start_from=section.get("start_from", StartFrom.EARLIEST, _choice(StartFrom)),
         avro_schema=section.get("avro_schema", None, _path(base_dir)),
@@ -574,6 +576,13 @@ def _check_queue(queue: QueueConfig, section: _Section, coordinator: Coordinator
             f"{dead!r} is one of the queue's own topics: dead letters would come back to it",
         )
     changelog = coordinator.changelog_topic(queue.name)
+    view = queue.view_topic
+    if view is not None and (queue.matches(view) or view in (dead, changelog)):
+        raise section.error(
+            "view_topic",
+            f"{view!r} is already the queue's own topic, dead-letter topic or changelog: "
+            "the view needs a topic of its own",
+        )
     if len(changelog) > MAX_TOPIC_LENGTH:
         raise section.error(
             "name",

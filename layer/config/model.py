@@ -164,6 +164,8 @@ class QueueConfig:
     expiration: float | None = None  # seconds in the queue; None = never
     dead_letter_topic: str | None = None
     default_publish_target: str | None = None
+    # Spark views: publish every change of the live contents here (layer.coordinator.view)
+    view_topic: str | None = None
     leasing: Leasing = Leasing.STRICT
     start_from: StartFrom = StartFrom.EARLIEST
     avro_schema: Path | None = None  # only for message_type avro
@@ -216,6 +218,7 @@ class QueueConfig:
             exclusive=self.exclusive,
             conflate=self.conflate_key is not None,
             redelivery_backoff=self.redelivery_backoff,
+            track_view=self.view_topic is not None,
         )
 
     @property

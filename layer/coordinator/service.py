@@ -43,6 +43,7 @@ from layer.codec import ChangeKind, encode, encode_change
 from layer.config import Config
 from layer.coordinator.ingest import Fetched, IngestReader
 from layer.coordinator.runtime import QueueRuntime, SubscriptionState
+from layer.coordinator.view import read_view, reconcile, view_records
 from layer.engine.model import (
     AckError,
     AckOp,
@@ -63,13 +64,10 @@ from layer.engine.queue import QueueEngine
 from layer.exceptions import BrokerError, InvalidRequest, QLayerError, UnknownQueue
 from layer.expr import compile_expression
 from layer.state.base import Store, StoreBatch, StoredMessage
-from layer.state.changelog import ChangelogWriter
+from layer.state.changelog import ChangelogRecord, ChangelogWriter, ExtraRecord
 from layer.state.recovery import restore
 
 log = logging.getLogger(__name__)
-
-ChangelogRecord = tuple[str, bytes, bytes | None]
-ExtraRecord = tuple[str, bytes | None, bytes, list[tuple[str, bytes]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +157,10 @@ class Coordinator:
                 specs.append(TopicSpec(q.underlying_topic, partitions=1))
             if q.default_publish_target:
                 specs.append(TopicSpec(q.default_publish_target, partitions=1))
+            if q.view_topic:
+                specs.append(
+                    TopicSpec(q.view_topic, partitions=1, config={"cleanup.policy": "compact"})
+                )
         # queues may share topics: create each once (a duplicate in one request is an error)
         admin.ensure_topics(list({spec.name: spec for spec in specs}.values()))
 
@@ -185,6 +187,8 @@ class Coordinator:
                 f" in {time.monotonic() - started:.2f}s"
             )
             self._runtimes[q.name] = self._load_runtime(q.name)
+            if q.view_topic:
+                await self._reconcile_view(self._runtimes[q.name])
 
         self._producer = Producer(producer_settings(self._base_settings, linger_ms=2))
         self._poll_task = asyncio.ensure_future(asyncio.to_thread(self._poll_producer))
@@ -252,6 +256,25 @@ class Coordinator:
             f" {len(rt.restored_counts)} to re-read, {len(done)} done above the low-water marks"
         )
         return rt
+
+    async def _reconcile_view(self, rt: QueueRuntime) -> None:
+        """Bring the view topic to what this restart rebuilt (see layer.coordinator.view)."""
+        topic = rt.config.view_topic
+        assert topic is not None and self._writer is not None
+        settings = consumer_settings(self._base_settings, self._profile)
+        published = await asyncio.to_thread(read_view, settings, topic)
+        engine = rt.engine
+        live = [(bm, *engine.counts(bm)) for bm in engine.available()]
+        missing = [bm for bm, _, _ in live if bm not in published]
+        payloads = rt.payloads(self._store, missing) if missing else {}
+        now_ms = int(self._clock() * 1000)
+        records = reconcile(topic, rt.name, published, live, payloads, now_ms)
+        if records:
+            await asyncio.to_thread(self._writer.commit, [], records)
+        engine.view_synced()
+        self._progress(
+            f"view of queue={rt.name}: {len(live)} live messages, {len(records)} corrections"
+        )
 
     def _start_reader(self, rt: QueueRuntime) -> IngestReader:
         q = rt.config
@@ -370,17 +393,23 @@ class Coordinator:
             effects = engine.drain()
             changes = rt.pending_changes + effects.changes
             rt.pending_changes = []
-            if not changes and not effects.deliveries:
+            if not changes and not effects.deliveries and not effects.view:
                 continue
             name = rt.name
             need = [d.bookmark for d in effects.deliveries]
             dead = [c for c in changes if isinstance(c, Done) and c.reason.dead_letter]
             need.extend(c.bookmark for c in dead)
+            need.extend(v.bookmark for v in effects.view)
             payloads = rt.payloads(store, need) if need else {}
             for change in changes:
                 key, value = encode_change(name, change, now_ms)
                 records.append((rt.changelog_topic, key, value))
                 self._apply(rt, change, value, batch, payloads, extra)
+            if effects.view:
+                assert rt.config.view_topic is not None
+                extra.extend(
+                    view_records(rt.config.view_topic, name, effects.view, payloads, now_ms)
+                )
             if effects.deliveries:
                 pushes.append((rt, self._materialize(rt, effects.deliveries, payloads)))
         waiters, self._waiters = self._waiters, []
@@ -763,7 +792,9 @@ class Coordinator:
                     queue=name,
                     available=s.available,
                     leased=s.leased,
-                    inactive=s.inactive + len(rt.inbox),
+                    # fetched but not admitted yet: within the engine's count once the
+                    # fetch's high watermark is known (the same fetch brings both)
+                    inactive=max(s.inactive, len(rt.inbox)),
                     subscriptions=s.subscriptions,
                     oldest_available_age_s=(
                         now - s.oldest_available_at if s.oldest_available_at is not None else None

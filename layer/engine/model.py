@@ -7,7 +7,7 @@ writes and pushes to consumers. Times are floats in seconds on the engine's inje
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
 
@@ -129,6 +129,7 @@ class EngineSettings:
     # After a lease timeout the message waits min(max, initial * multiplier ** (deliveries - 1))
     # seconds before it is available again; None = at once.
     redelivery_backoff: tuple[float, float, float] | None = None
+    track_view: bool = False  # report ViewChange effects (the queue publishes a view topic)
 
     def validate(self, name: str) -> None:
         """Raise ValueError naming every setting that is out of range."""
@@ -254,12 +255,25 @@ class Forget:
 Change = Leased | Returned | Done | LowWater | Forget
 
 
+class ViewChange(NamedTuple):
+    """A message entered (+1) or left (-1) the queue's live contents: what a browse shows
+    (available and barrier-held messages). Only with ``EngineSettings.track_view``."""
+
+    bookmark: Bookmark
+    sign: int
+    deliveries: int
+    cancels: int
+
+
 @dataclass(slots=True)
 class Effects:
     """Everything decided since the last drain, in order."""
 
     changes: list[Change]
     deliveries: list[Delivery]
+    # Net per drain: a message that came and went within one drain is not in it; one that
+    # left and came back is in it twice (-1 then +1), so a reader's counts stay right.
+    view: list[ViewChange] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.changes or self.deliveries)

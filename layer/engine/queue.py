@@ -45,6 +45,7 @@ from layer.engine.model import (
     ReturnReason,
     Semantics,
     TopicPartition,
+    ViewChange,
 )
 from layer.engine.partition import PartitionState
 from layer.engine.routing import Router
@@ -110,6 +111,8 @@ class QueueEngine:
         self._delivered_total = 0
         self._changes: list[Change] = []
         self._deliveries: list[Delivery] = []
+        # bookmark -> [first sign, last sign, entry] since the last drain (track_view only)
+        self._view: dict[Bookmark, list[Any]] | None = {} if settings.track_view else None
 
     def __repr__(self) -> str:
         return (
@@ -211,12 +214,16 @@ class QueueEngine:
                 self._held_count += 1
                 if arrival.barrier:
                     self._barriers.append(entry)
+                if self._view is not None:
+                    self._viewed(entry, 1)
             elif arrival.not_before is not None and arrival.not_before > now:
                 self._delay(entry, arrival.not_before)
             else:
                 self._order.push_new(entry)
                 self._ages.push(entry)
                 self._available += 1
+                if self._view is not None:
+                    self._viewed(entry, 1)
 
     def subscribe(
         self,
@@ -340,6 +347,14 @@ class QueueEngine:
         self._router.compact(self._available)
         effects = Effects(self._changes, self._deliveries)
         self._changes, self._deliveries = [], []
+        if self._view:
+            view = effects.view
+            for first, last, entry in self._view.values():
+                if first < 0:
+                    view.append(ViewChange(entry.bookmark, -1, entry.deliveries, entry.cancels))
+                if last > 0:
+                    view.append(ViewChange(entry.bookmark, 1, entry.deliveries, entry.cancels))
+            self._view.clear()
         return effects
 
     # -- queries -----------------------------------------------------------------------------
@@ -445,6 +460,8 @@ class QueueEngine:
             self._available -= 1
             self._leased += 1
             self._leases.push(entry, deadline)
+            if self._view is not None:
+                self._viewed(entry, -1)
             self._changes.append(Leased(bm, sub.name, deadline, entry.deliveries, entry.cancels))
             self._deliveries.append(
                 Delivery(sub.name, bm, entry.deliveries, entry.cancels, deadline)
@@ -513,6 +530,21 @@ class QueueEngine:
         self._available += 1
         self._order.push_returned(entry)
         self._ages.push(entry)
+        if self._view is not None:
+            self._viewed(entry, 1)
+
+    def view_synced(self) -> None:
+        """The caller published the whole live contents (a restart's reconciliation): the
+        view changes recorded until now are part of that and must not be reported again."""
+        if self._view is not None:
+            self._view.clear()
+
+    def _viewed(self, entry: Entry, sign: int) -> None:
+        found = self._view.get(entry.bookmark)  # type: ignore[union-attr]
+        if found is None:
+            self._view[entry.bookmark] = [sign, sign, entry]  # type: ignore[index]
+        else:
+            found[1] = sign
 
     def _delay(self, entry: Entry, until: float) -> None:
         entry.state = DELAYED
@@ -615,6 +647,8 @@ class QueueEngine:
     def _finish(self, entry: Entry, reason: DoneReason, now: float) -> None:
         """The message leaves the queue."""
         state = entry.state
+        if self._view is not None and state in (AVAILABLE, HELD):
+            self._viewed(entry, -1)
         if state == AVAILABLE:
             self._available -= 1
         elif state == LEASED:

@@ -62,6 +62,7 @@ def engine_settings(draw: st.DrawFn) -> EngineSettings:
         exclusive=draw(st.sampled_from([False, False, True])),
         conflate=draw(st.booleans()),
         redelivery_backoff=draw(st.sampled_from([None, (1.0, 2.0, 4.0)])),
+        track_view=True,
     )
 
 
@@ -83,6 +84,7 @@ class RoutingMachine(RuleBasedStateMachine):
         self.done: set[Bookmark] = set()
         self.barriers_sent: set[Bookmark] = set()
         self.group_holds: dict[object, dict[str, int]] = {}
+        self.view: set[Bookmark] = set()  # the live contents, as a view-topic reader sees them
 
     # -- events --------------------------------------------------------------------------------
 
@@ -195,6 +197,14 @@ class RoutingMachine(RuleBasedStateMachine):
 
     def check(self) -> None:
         effects = self.engine.drain()
+        for v in effects.view:
+            if v.sign > 0:
+                assert v.bookmark not in self.view, f"{v.bookmark} entered the view twice"
+                self.view.add(v.bookmark)
+            else:
+                assert v.bookmark in self.view, f"{v.bookmark} left a view it was not in"
+                self.view.discard(v.bookmark)
+        assert self.view == set(self.engine.available()), "the view differs from a browse"
         for c in effects.changes:
             if isinstance(c, Leased):
                 assert c.bookmark not in self.holders, f"{c.bookmark} leased twice at once"

@@ -1,0 +1,180 @@
+"""The view topic (``view_topic``): its records, reduced last-per-bookmark, are exactly what a
+browse shows, through leases, cancels, lease timeouts, acks, expirations, target_queue_depth and
+coordinator restarts (SIGKILL, with the state kept and wiped)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from layer.client import QueueClient
+from layer.codec import decode
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def produce(bootstrap: str, topic: str, docs: list[dict[str, Any]]) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for doc in docs:
+        p.produce(topic, json.dumps(doc).encode())
+    assert p.flush(10) == 0
+
+
+class ViewReader:
+    """Reads the view topic as a Spark view does: running sums and last record per bookmark."""
+
+    def __init__(self, consume_all: Any, topic: str) -> None:
+        self.consume_all, self.topic = consume_all, topic
+
+    def read(self) -> tuple[dict[str, dict[str, Any]], dict[str, int], dict[str, float]]:
+        last: dict[str, dict[str, Any]] = {}
+        signs: dict[str, int] = {}
+        qty: dict[str, float] = {}
+        for msg in self.consume_all(self.topic):
+            change = decode("view_change", msg.value())
+            bm = msg.key().decode()
+            assert bm == f"{change['topic']}/{change['partition']}/{change['offset']}"
+            last[bm] = change
+            signs[bm] = signs.get(bm, 0) + change["sign"]
+            assert signs[bm] in (0, 1), f"{bm}: the signs of its records sum to {signs[bm]}"
+            doc = json.loads(change["value"])
+            qty[doc["sym"]] = qty.get(doc["sym"], 0) + change["sign"] * doc["qty"]
+        return {bm: c for bm, c in last.items() if c["sign"] > 0}, signs, qty
+
+
+def browse_state(client: QueueClient, q: str) -> tuple[set[str], dict[str, float]]:
+    browsed = client.browse(q)
+    qty: dict[str, float] = {}
+    for m in browsed:
+        doc = m.json()
+        qty[doc["sym"]] = qty.get(doc["sym"], 0) + doc["qty"]
+    return {str(m.bookmark) for m in browsed}, qty
+
+
+def assert_view_matches(client: QueueClient, q: str, view: ViewReader) -> dict[str, Any]:
+    """At a quiet moment: the view's members, counts and per-symbol sums equal a browse's."""
+    state: dict[str, Any] = {}
+
+    def same() -> bool:
+        members, _, qty = view.read()
+        bookmarks, browse_qty = browse_state(client, q)
+        state.update(members=members, bookmarks=bookmarks, qty=qty, browse_qty=browse_qty)
+        nonzero = {k: v for k, v in qty.items() if v}
+        return set(members) == bookmarks and nonzero == browse_qty
+
+    wait_until(same, 15, message=lambda: f"view == browse: {state}")
+    by_bm = {str(m.bookmark): m for m in client.browse(q)}
+    for bm, change in state["members"].items():
+        assert (change["deliveries"], change["cancels"]) == (
+            by_bm[bm].deliveries,
+            by_bm[bm].cancels,
+        ), bm
+    return state
+
+
+def test_view_topic_follows_the_live_contents(
+    broker, coordinator_factory, names, consume_all
+) -> None:
+    topic, q, vt = names("orders"), names("orders"), names("orders-view")
+    c = coordinator_factory(
+        [
+            {
+                "name": q,
+                "underlying_topic": topic,
+                "view_topic": vt,
+                "lease_period": "2s",
+                "expiration": "6s",
+                "dead_letter_topic": names("dlq"),
+            }
+        ]
+    )
+    view = ViewReader(consume_all, vt)
+    docs = [{"id": i, "sym": "AB"[i % 2], "qty": i + 1} for i in range(20)]
+    produce(broker.bootstrap_servers, topic, docs)
+    with QueueClient(c.address) as client:
+        wait_until(lambda: client.stats(q)[0].available == 20, 15, message="20 available")
+        assert_view_matches(client, q, view)
+        with client.subscribe(q, max_backlog=8) as sub:
+            got = [sub.next(timeout=10) for _ in range(8)]
+            assert all(m is not None for m in got)
+            state = assert_view_matches(client, q, view)  # 8 leased: out of the view
+            assert len(state["members"]) == 12
+            got[0].ack()
+            got[1].ack()
+            got[2].cancel()
+            got[3].expire()
+            sub.flush()
+            state = assert_view_matches(client, q, view)
+            # the cancelled one came back (and went straight out again to the subscription)
+            stats = client.stats(q)[0]
+            assert len(state["members"]) == stats.available == 20 - 3 - stats.leased
+            # 4 leases time out (lease_period 2 s) while the subscription holds them
+            wait_until(lambda: client.stats(q)[0].leased == 0, 15, message="the leases time out")
+        # every message expires (6 s in the queue): the view empties
+        wait_until(lambda: client.stats(q)[0].available == 0, 20, message="all expired")
+        state = assert_view_matches(client, q, view)
+        assert state["members"] == {}
+
+
+def test_view_topic_leaves_out_inactive_messages(
+    broker, coordinator_factory, names, consume_all
+) -> None:
+    topic, q, vt = names("jobs"), names("jobs"), names("jobs-view")
+    c = coordinator_factory(
+        [{"name": q, "underlying_topic": topic, "view_topic": vt, "target_queue_depth": 5}]
+    )
+    view = ViewReader(consume_all, vt)
+    produce(broker.bootstrap_servers, topic, [{"sym": "A", "qty": i} for i in range(12)])
+    with QueueClient(c.address) as client:
+        wait_until(
+            lambda: client.stats(q)[0].inactive == 7,
+            15,
+            message=lambda: f"7 inactive: {client.stats(q)[0]}",
+        )
+        state = assert_view_matches(client, q, view)
+        assert len(state["members"]) == 5
+        with client.subscribe(q, max_backlog=3) as sub:
+            for _ in range(3):
+                msg = sub.next(timeout=10)
+                assert msg is not None
+                msg.ack()
+            sub.flush()
+            # 3 acked, 3 leased; the depth stays at 5 live, so 2 of the inactive ones enter
+            wait_until(lambda: client.stats(q)[0].inactive == 4, 15, message="4 inactive")
+            state = assert_view_matches(client, q, view)
+            assert len(state["members"]) == 2
+
+
+@pytest.mark.parametrize("wipe", [False, True], ids=["state-kept", "from-changelog"])
+def test_view_topic_is_reconciled_after_a_sigkill(
+    broker, coordinator_factory, names, consume_all, wipe: bool
+) -> None:
+    topic, q, vt = names("orders"), names("orders"), names("orders-view")
+    c = coordinator_factory(
+        [{"name": q, "underlying_topic": topic, "view_topic": vt, "lease_period": "3s"}]
+    )
+    view = ViewReader(consume_all, vt)
+    produce(broker.bootstrap_servers, topic, [{"sym": "AB"[i % 2], "qty": i} for i in range(10)])
+    with QueueClient(c.address) as client:
+        wait_until(lambda: client.stats(q)[0].available == 10, 15, message="10 available")
+        sub = client.subscribe(q, max_backlog=4)
+        held = [sub.next(timeout=10) for _ in range(4)]
+        assert all(m is not None for m in held)
+        held[0].ack(wait=True)
+        assert_view_matches(client, q, view)
+    c.kill()  # 3 leases outstanding; their holder dies with the coordinator
+    if wipe:
+        c.wipe_state()
+    started = time.monotonic()
+    c.start()
+    with QueueClient(c.address) as client:
+        # the leases come back when they time out; the view follows, with no double count
+        wait_until(lambda: client.stats(q)[0].available == 9, 20, message="9 available")
+        state = assert_view_matches(client, q, view)
+        assert len(state["members"]) == 9
+    assert time.monotonic() - started < 30
