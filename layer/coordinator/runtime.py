@@ -18,6 +18,7 @@ from confluent_kafka import Message
 from layer.api.service import DeliverySink
 from layer.config import QueueConfig
 from layer.coordinator.ingest import bookmark_of
+from layer.coordinator.publish_route import PublishRoute
 from layer.documents import DocumentReader
 from layer.engine.model import Arrival, Bookmark, Change, TopicPartition
 from layer.engine.queue import QueueEngine
@@ -103,6 +104,7 @@ class QueueRuntime:
     # beyond ``payload_cache_size`` messages, payloads are read back from the store.
     payload_cache: dict[Bookmark, StoredMessage] = field(default_factory=dict)
     payload_cache_size: int = 20_000
+    route: PublishRoute | None = None  # copies publishes to the queue's name (publish_route)
 
     def __post_init__(self) -> None:
         self.exprs = Expressions(self.config)

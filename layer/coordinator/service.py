@@ -42,6 +42,7 @@ from layer.api.service import (
 from layer.codec import ChangeKind, encode, encode_change
 from layer.config import Config
 from layer.coordinator.ingest import Fetched, IngestReader
+from layer.coordinator.publish_route import PublishRoute, routes_publishes
 from layer.coordinator.runtime import QueueRuntime, SubscriptionState
 from layer.coordinator.view import read_view, reconcile, view_records
 from layer.engine.model import (
@@ -157,6 +158,8 @@ class Coordinator:
                 specs.append(TopicSpec(q.underlying_topic, partitions=1))
             if q.default_publish_target:
                 specs.append(TopicSpec(q.default_publish_target, partitions=1))
+            if routes_publishes(q):
+                specs.append(TopicSpec(q.name, partitions=1))
             if q.view_topic:
                 specs.append(
                     TopicSpec(q.view_topic, partitions=1, config={"cleanup.policy": "compact"})
@@ -194,6 +197,8 @@ class Coordinator:
         self._poll_task = asyncio.ensure_future(asyncio.to_thread(self._poll_producer))
         for name, rt in self._runtimes.items():
             self._readers[name] = self._start_reader(rt)
+            if routes_publishes(rt.config):
+                self._start_route(rt)
         self._pump_task = asyncio.create_task(self._pump(), name="coordinator-pump")
 
     def _load_runtime(self, name: str) -> QueueRuntime:
@@ -306,6 +311,23 @@ class Coordinator:
         reader.start()
         return reader
 
+    def _start_route(self, rt: QueueRuntime) -> None:
+        q = rt.config
+        assert q.default_publish_target is not None and self._loop is not None
+        route = rt.route = PublishRoute(
+            q.name, q.name, q.default_publish_target, rt.changelog_topic
+        )
+        loop = self._loop
+
+        def on_batch(fetched: Fetched) -> None:
+            loop.call_soon_threadsafe(self._on_routed, route, fetched)
+
+        route.start(self._store, consumer_settings(self._base_settings, self._profile), on_batch)
+
+    def _on_routed(self, route: PublishRoute, fetched: Fetched) -> None:
+        route.inbox.extend(fetched.messages)
+        self._wake.set()
+
     def _on_fetched(self, rt: QueueRuntime, fetched: Fetched) -> None:
         for started in fetched.started:
             if started.partition not in rt.known_partitions:
@@ -316,6 +338,13 @@ class Coordinator:
             rt.engine.set_high_watermark(tp, high)
         rt.inbox.extend(fetched.messages)
         self._wake.set()
+
+    def _all_readers(self) -> list[IngestReader]:
+        readers = list(self._readers.values())
+        readers.extend(
+            rt.route.reader for rt in self._runtimes.values() if rt.route and rt.route.reader
+        )
+        return readers
 
     async def run(self) -> None:
         """Serve until ``stop()``; raises if the coordinator failed (the process should exit)."""
@@ -331,7 +360,7 @@ class Coordinator:
         for rt in self._runtimes.values():
             for sub in list(rt.subscriptions.values()):
                 sub.sink.close("coordinator stopping")
-        for reader in self._readers.values():
+        for reader in self._all_readers():
             await asyncio.to_thread(reader.stop)
         self._producer_stop.set()
         if self._poll_task is not None:
@@ -358,7 +387,7 @@ class Coordinator:
                 if delay > 0:
                     await asyncio.sleep(delay)
                 self._wake.clear()
-                for reader in self._readers.values():
+                for reader in self._all_readers():
                     if reader.error is not None:
                         raise BrokerError(f"reading queue topics failed: {reader.error}")
                 await self._round()
@@ -387,6 +416,13 @@ class Coordinator:
         batch = StoreBatch()
         pushes: list[tuple[QueueRuntime, list[tuple[str, list[DeliveredMessage]]]]] = []
         for rt in self._runtimes.values():
+            route = rt.route
+            if route is not None and route.inbox:
+                routed, copies = route.take(batch, now_ms)
+                records.extend(routed)
+                extra.extend(copies)
+                if route.inbox:
+                    self._wake.set()
             engine = rt.engine
             engine.tick(now)
             engine.dispatch(now)
@@ -808,6 +844,7 @@ class Coordinator:
                         "filtered_total": float(rt.counters.filtered),
                         "delayed": float(s.delayed),
                         "held": float(s.held),
+                        "routed_total": float(rt.route.copied_total if rt.route else 0),
                         "rounds_total": float(self.rounds),
                     },
                 )

@@ -1,0 +1,139 @@
+"""Queues over several topics, default_publish_target, and publishing to a queue's name: the
+guide's ORDERS / ORDERS_ANALYTICS / ORDERS_RISK table, published with a plain Kafka producer and
+consumed through ``QueueClient``; the copy to the default publish target happens exactly once,
+across SIGKILLs of the coordinator too."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections import Counter
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from layer.client import QueueClient
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def produce(bootstrap: str, topic: str, docs: list[dict[str, Any]]) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for doc in docs:
+        p.produce(topic, json.dumps(doc).encode(), headers=[("src", topic.encode())])
+    assert p.flush(10) == 0
+
+
+def orders_config(sfx: str) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """The guide's configuration, with a suffix on every name so tests do not share topics."""
+    n = {k: f"{k}-{sfx}" for k in ("ORDERS", "ORDERS_ANALYTICS", "ORDERS_RISK")}
+    n["ANALYTICS_DIRECT"] = f"ORDERS_ANALYTICS_DIRECT-{sfx}"
+    n["RISK_DIRECT"] = f"ORDERS_RISK_DIRECT-{sfx}"
+    e = {k: re.escape(v) for k, v in n.items()}
+    queues = [
+        {
+            "name": n["ORDERS_ANALYTICS"],
+            "underlying_topic": f"^{e['ORDERS']}$|^{e['ANALYTICS_DIRECT']}$",
+            "default_publish_target": n["ANALYTICS_DIRECT"],
+        },
+        {
+            "name": n["ORDERS_RISK"],
+            "underlying_topic": f"^{e['ORDERS']}$|^{e['RISK_DIRECT']}$",
+            "default_publish_target": n["RISK_DIRECT"],
+        },
+    ]
+    return n, queues
+
+
+def browse_ids(client: QueueClient, queue: str) -> list[str]:
+    return sorted(m.json()["id"] for m in client.browse(queue))
+
+
+def test_the_guides_orders_table(broker, coordinator_factory, consume_all) -> None:
+    n, queues = orders_config(uuid.uuid4().hex[:8])
+    c = coordinator_factory(queues, topic_refresh_interval="0.2s")
+    bootstrap = broker.bootstrap_servers
+    # each row of the guide's table: the topic published to -> the queues that enqueue it
+    rows = {
+        "ORDERS": {"ORDERS_ANALYTICS", "ORDERS_RISK"},
+        "ORDERS_ANALYTICS": {"ORDERS_ANALYTICS"},  # routed to ORDERS_ANALYTICS_DIRECT
+        "ORDERS_RISK": {"ORDERS_RISK"},  # routed to ORDERS_RISK_DIRECT
+        "ANALYTICS_DIRECT": {"ORDERS_ANALYTICS"},
+        "RISK_DIRECT": {"ORDERS_RISK"},
+    }
+    for row in rows:
+        produce(bootstrap, n[row], [{"id": row}])
+    expected = {
+        queue: sorted(row for row, queues_ in rows.items() if queue in queues_)
+        for queue in ("ORDERS_ANALYTICS", "ORDERS_RISK")
+    }
+    with QueueClient(c.address) as client:
+        for queue, ids in expected.items():
+            wait_until(
+                lambda queue=queue, ids=ids: browse_ids(client, n[queue]) == ids,
+                20,
+                message=lambda queue=queue: f"{queue}: {browse_ids(client, n[queue])}",
+            )
+        # publishing through the API goes to the default publish target as well
+        client.publish(n["ORDERS_RISK"], json.dumps({"id": "api"}).encode())
+        wait_until(
+            lambda: (
+                browse_ids(client, n["ORDERS_RISK"]) == sorted([*expected["ORDERS_RISK"], "api"])
+            ),
+            10,
+            message="the API publish",
+        )
+        assert browse_ids(client, n["ORDERS_ANALYTICS"]) == expected["ORDERS_ANALYTICS"]
+        stats = {s.queue: s for s in client.stats()}
+        assert stats[n["ORDERS_RISK"]].extra["routed_total"] == 1
+        assert stats[n["ORDERS_ANALYTICS"]].extra["routed_total"] == 1
+    # the copy in the target topic: once, with the source's headers and where it came from
+    (copy,) = [
+        m for m in consume_all(n["RISK_DIRECT"]) if json.loads(m.value())["id"] == "ORDERS_RISK"
+    ]
+    headers = dict(copy.headers())
+    assert headers["src"] == n["ORDERS_RISK"].encode()
+    assert headers["qlayer.routed-from"] == f"{n['ORDERS_RISK']}/0/0".encode()
+
+
+@pytest.mark.parametrize("wipe", [False, True], ids=["state-kept", "from-changelog"])
+def test_publishes_to_the_queue_name_are_copied_exactly_once_across_sigkills(
+    broker, coordinator_factory, names, consume_all, wipe: bool
+) -> None:
+    q, target = names("jobs"), names("jobs-direct")
+    c = coordinator_factory(
+        [
+            {
+                "name": q,
+                "underlying_topic": f"^{re.escape(target)}$",
+                "default_publish_target": target,
+            }
+        ]
+    )
+    bootstrap = broker.bootstrap_servers
+    total = 0
+    for round_ in range(3):
+        produce(bootstrap, q, [{"id": f"{round_}-{i}"} for i in range(3000)])
+        total += 3000
+        # kill while the copying is (likely) still going on, then restart
+        before = total - 3000
+        wait_until(
+            lambda before=before: len(consume_all(target, timeout=2)) > before, 20, message="copy"
+        )
+        c.kill()
+        if wipe:
+            c.wipe_state()
+        c.start()
+    with QueueClient(c.address) as client:
+        wait_until(
+            lambda: client.stats(q)[0].available == total,
+            30,
+            message=lambda: f"{client.stats(q)[0]}",
+        )
+    copies = Counter(json.loads(m.value())["id"] for m in consume_all(target))
+    assert len(copies) == total
+    duplicated = {k: v for k, v in copies.items() if v > 1}
+    assert not duplicated, f"copied more than once: {duplicated}"
