@@ -10,7 +10,7 @@ UTF-8.
 Schemaless data can only be read with the schema that wrote it, so any change to a frame's layout
 bumps ``FRAME_VERSION``: a peer of another version is refused with a message naming both versions
 instead of misreading the bytes. Version 2 added content filters (Subscribe, Replace, Browse,
-AckWhere), barrier messages and the Error's request id.
+AckWhere), barrier messages and the Error's request id; version 3 the queue of a message.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ __all__ = [
     "Subscribed",
 ]
 
-FRAME_VERSION = 2
+FRAME_VERSION = 3
 _VERSION_BYTE = bytes([FRAME_VERSION])
 _SCHEMA_DIR = Path(__file__).resolve().parents[2] / "avro"
 _NS = "qlayer.api."
@@ -355,6 +355,7 @@ def _message_to(message: DeliveredMessage) -> dict[str, Any]:
         "cancels": message.cancels,
         "lease_deadline_ms": message.lease_deadline_ms,
         "barrier": message.barrier,
+        "queue": message.queue,
     }
 
 
@@ -369,6 +370,7 @@ def _message_from(r: Mapping[str, Any]) -> DeliveredMessage:
         cancels=r["cancels"],
         lease_deadline_ms=r["lease_deadline_ms"],
         barrier=r["barrier"],
+        queue=r["queue"],
     )
 
 

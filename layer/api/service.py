@@ -26,6 +26,7 @@ class DeliveredMessage:
     cancels: int
     lease_deadline_ms: int | None  # wall-clock epoch ms; None for at-most-once, barriers, browse
     barrier: bool = False  # a barrier message: sent to every matching subscription, never acked
+    queue: str = ""  # the queue it came from (a subscription to a regex spans several)
 
 
 @dataclass(frozen=True, slots=True)

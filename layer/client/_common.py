@@ -184,7 +184,8 @@ class MessageBase:
     """A delivered message. ``bookmark`` (``topic/partition/offset``) is its identity;
     ``data`` is the payload (``b""`` for a null value); ``lease_deadline`` is wall-clock epoch
     seconds (None for at-most-once queues and barriers). ``barrier`` marks a barrier message:
-    sent to every subscription whose filter matches, never leased, so it needs no ack."""
+    sent to every subscription whose filter matches, never leased, so it needs no ack.
+    ``queue`` is the queue it came from (a subscription to a regex spans several)."""
 
     __slots__ = (
         "barrier",
@@ -197,6 +198,7 @@ class MessageBase:
         "lease_deadline",
         "offset",
         "partition",
+        "queue",
         "timestamp",
         "topic",
     )
@@ -213,6 +215,7 @@ class MessageBase:
         deadline = delivered.lease_deadline_ms
         self.lease_deadline = deadline / 1000.0 if deadline is not None else None
         self.barrier = delivered.barrier
+        self.queue = delivered.queue
 
     def json(self) -> Any:
         """The payload parsed as JSON."""

@@ -70,6 +70,8 @@ class SubscriptionState:
     client: str
     filter: str | None = None
     closed: bool = False
+    # the queues it is in: [queue], or the configured queues a regex ``queue`` matched
+    queues: list[str] = field(default_factory=list)
     # queues this subscription left by a replace while it still held leases there
     draining: set[str] = field(default_factory=set)
 

@@ -20,7 +20,6 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from confluent_kafka import KafkaException, Producer
 
@@ -32,10 +31,8 @@ from connectors.kafka import (
     producer_settings,
 )
 from layer.api.service import (
-    AckFailure,
     AckWhereResult,
     DeliveredMessage,
-    DeliverySink,
     QueueInfo,
     QueueStats,
 )
@@ -43,10 +40,10 @@ from layer.codec import ChangeKind, encode, encode_change
 from layer.config import Config
 from layer.coordinator.ingest import Fetched, IngestReader
 from layer.coordinator.publish_route import PublishRoute, routes_publishes
-from layer.coordinator.runtime import QueueRuntime, SubscriptionState
+from layer.coordinator.runtime import QueueRuntime
+from layer.coordinator.subscriptions import Subscriptions
 from layer.coordinator.view import read_view, reconcile, view_records
 from layer.engine.model import (
-    AckError,
     AckOp,
     Arrival,
     Bookmark,
@@ -58,12 +55,10 @@ from layer.engine.model import (
     Leased,
     LowWater,
     Returned,
-    Semantics,
     TopicPartition,
 )
 from layer.engine.queue import QueueEngine
-from layer.exceptions import BrokerError, InvalidRequest, QLayerError, UnknownQueue
-from layer.expr import compile_expression
+from layer.exceptions import BrokerError, InvalidRequest, QLayerError
 from layer.state.base import Store, StoreBatch, StoredMessage
 from layer.state.changelog import ChangelogRecord, ChangelogWriter, ExtraRecord
 from layer.state.recovery import restore
@@ -71,35 +66,7 @@ from layer.state.recovery import restore
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class SubscriptionHandle:
-    """What the API holds for one open subscription (a ``layer.api.service.Subscription``)."""
-
-    _coordinator: Coordinator
-    _state: SubscriptionState
-    lease_period_s: float
-
-    @property
-    def id(self) -> str:
-        return self._state.id
-
-    @property
-    def backlog(self) -> int:
-        return self._state.backlog
-
-    async def ack(
-        self, op: AckOp, bookmarks: Sequence[str], seconds: float = 0.0
-    ) -> list[AckFailure]:
-        return await self._coordinator._ack(self._state, op, bookmarks, seconds)
-
-    async def replace(self, queue: str, max_backlog: int, filter: str | None) -> int:
-        return await self._coordinator._replace(self._state, queue, max_backlog, filter)
-
-    async def close(self) -> None:
-        self._coordinator._close_subscription(self._state)
-
-
-class Coordinator:
+class Coordinator(Subscriptions):
     """Implements ``layer.api.service.QueueService`` over Kafka topics."""
 
     def __init__(
@@ -425,6 +392,7 @@ class Coordinator:
                     self._wake.set()
             engine = rt.engine
             engine.tick(now)
+            self.share_backlogs(rt)
             engine.dispatch(now)
             effects = engine.drain()
             changes = rt.pending_changes + effects.changes
@@ -557,6 +525,7 @@ class Coordinator:
                     cancels=d.cancels,
                     lease_deadline_ms=int(d.deadline * 1000) if d.deadline is not None else None,
                     barrier=d.barrier,
+                    queue=rt.name,
                 )
             )
         return list(by_sub.items())
@@ -565,162 +534,9 @@ class Coordinator:
     # QueueService
     # ----------------------------------------------------------------------------------------
 
-    def _runtime(self, queue: str) -> QueueRuntime:
-        rt = self._runtimes.get(queue)
-        if rt is None:
-            raise UnknownQueue(
-                f"queue {queue!r} is not configured"
-                f" (configured: {', '.join(sorted(self._runtimes))})"
-            )
-        return rt
-
     def _check_alive(self) -> None:
         if self._failed is not None or self._stopping:
             raise QLayerError("the coordinator is stopping; reconnect")
-
-    async def subscribe(
-        self,
-        queue: str,
-        max_backlog: int,
-        sink: DeliverySink,
-        client: str = "",
-        filter: str | None = None,
-    ) -> SubscriptionHandle:
-        self._check_alive()
-        rt = self._runtime(queue)
-        if max_backlog < 1:
-            raise InvalidRequest(f"max_backlog must be at least 1, got {max_backlog}")
-        match = self._matcher(rt, filter)
-        sub_id = f"{self._instance}-{next(self._sub_ids)}"
-        backlog = rt.engine.subscribe(sub_id, max_backlog, self._clock(), match)
-        state = SubscriptionState(sub_id, queue, sink, backlog, client, filter=filter)
-        rt.subscriptions[sub_id] = state
-        log.info(
-            "queue=%s subscription=%s client=%s backlog=%d filter=%r",
-            queue,
-            sub_id,
-            client,
-            backlog,
-            filter,
-        )
-        self._wake.set()
-        return SubscriptionHandle(self, state, rt.config.lease_period)
-
-    def _matcher(self, rt: QueueRuntime, filter: str | None) -> Callable[[Bookmark], bool] | None:
-        if filter is None:
-            return None
-        expression = compile_expression(filter)  # ExpressionError: the caller's mistake
-        if rt.exprs.reader is None:
-            raise InvalidRequest(
-                f"queue {rt.name!r} holds {rt.config.message_type} messages: "
-                "content filters need json or avro (with avro_schema)"
-            )
-        return rt.matcher(self._store, expression)
-
-    async def _replace(
-        self, sub: SubscriptionState, queue: str, max_backlog: int, filter: str | None
-    ) -> int:
-        """Atomically: new queue, filter and backlog; leases stay with the subscription (in
-        the old queue too, paused there until they are acked or time out)."""
-        self._check_alive()
-        if sub.closed:
-            raise InvalidRequest("the subscription is closed")
-        rt = self._runtime(queue)
-        if max_backlog < 1:
-            raise InvalidRequest(f"max_backlog must be at least 1, got {max_backlog}")
-        match = self._matcher(rt, filter)  # fails before anything changes
-        now = self._clock()
-        if queue != sub.queue:
-            old = self._runtimes[sub.queue]
-            old.subscriptions.pop(sub.id, None)
-            if old.engine.outstanding(sub.id):
-                old.engine.set_backlog(sub.id, 0)
-                sub.draining.add(sub.queue)
-            else:
-                old.engine.disconnect(sub.id, now)
-            sub.draining.discard(queue)
-            rt.subscriptions[sub.id] = sub
-            sub.queue = queue
-        sub.backlog = rt.engine.subscribe(sub.id, max_backlog, now, match)
-        sub.filter = filter
-        log.info(
-            "queue=%s subscription=%s replaced: backlog=%d filter=%r",
-            queue,
-            sub.id,
-            sub.backlog,
-            filter,
-        )
-        self._wake.set()
-        return sub.backlog
-
-    async def _ack(
-        self, sub: SubscriptionState, op: AckOp, texts: Sequence[str], seconds: float
-    ) -> list[AckFailure]:
-        self._check_alive()
-        rt = self._runtimes[sub.queue]
-        if sub.closed:
-            return [
-                AckFailure(t, "subscription_closed", "the subscription is closed") for t in texts
-            ]
-        failures: list[AckFailure] = []
-        bookmarks: list[Bookmark] = []
-        originals: list[str] = []
-        for text in texts:
-            try:
-                bookmarks.append(Bookmark.parse(text))
-                originals.append(text)
-            except ValueError as exc:
-                failures.append(
-                    AckFailure(text, "malformed_bookmark", f"malformed bookmark: {exc}")
-                )
-        if (op is AckOp.EXTEND and not seconds > 0) or seconds < 0:
-            return failures + [
-                AckFailure(t, "invalid_request", f"{op} needs seconds > 0, got {seconds}")
-                for t in originals
-            ]
-        now = self._clock()
-        outcomes = rt.engine.ack(sub.id, bookmarks, op, now, seconds)
-        for name in list(sub.draining):  # leases kept from before a replace to another queue
-            old = self._runtimes[name].engine
-            retry = [i for i, o in enumerate(outcomes) if o.error is AckError.UNKNOWN_BOOKMARK]
-            if retry:
-                again = old.ack(sub.id, [bookmarks[i] for i in retry], op, now, seconds)
-                for i, outcome in zip(retry, again, strict=True):
-                    outcomes[i] = outcome
-            if not old.outstanding(sub.id):
-                old.disconnect(sub.id, now)
-                sub.draining.discard(name)
-        accepted = 0
-        for text, outcome in zip(originals, outcomes, strict=True):
-            if outcome.error is None:
-                accepted += 1
-            else:
-                failures.append(AckFailure(text, outcome.error, _ack_message(outcome.error, text)))
-        self._wake.set()
-        durable = (
-            accepted and op is not AckOp.EXTEND and rt.config.semantics == Semantics.AT_LEAST_ONCE
-        )
-        if durable:
-            assert self._loop is not None
-            fut: asyncio.Future[None] = self._loop.create_future()
-            self._waiters.append(fut)
-            await fut
-        return failures
-
-    def _close_subscription(self, sub: SubscriptionState) -> None:
-        if sub.closed:
-            return
-        sub.closed = True
-        rt = self._runtimes[sub.queue]
-        rt.subscriptions.pop(sub.id, None)
-        if not self._stopping and self._failed is None:
-            now = self._clock()
-            rt.engine.disconnect(sub.id, now)
-            for name in sub.draining:
-                self._runtimes[name].engine.disconnect(sub.id, now)
-            sub.draining.clear()
-            self._wake.set()
-        log.info("queue=%s subscription=%s closed", sub.queue, sub.id)
 
     async def browse(
         self, queue: str, filter: str | None = None, limit: int | None = None
@@ -752,6 +568,7 @@ class Coordinator:
                     cancels=cancels,
                     lease_deadline_ms=None,
                     barrier=bm in barriers,
+                    queue=queue,
                 )
             )
         return out
@@ -865,15 +682,6 @@ class Coordinator:
             )
             for q in self._config.queues
         ]
-
-
-def _ack_message(error: object, bookmark: str) -> str:
-    texts = {
-        "unknown_bookmark": "is not a message of this queue, or is already done",
-        "not_lease_holder": "is leased to another subscription (leasing is strict)",
-        "not_leased": "is not leased",
-    }
-    return f"bookmark {bookmark} {texts.get(str(error), str(error))}"
 
 
 def _set_result(fut: asyncio.Future[Bookmark], value: Bookmark) -> None:

@@ -406,6 +406,11 @@ class QueueEngine:
             return [entry.bookmark for entry in sub.leases]
         return list(sub.handed)
 
+    def held_by(self, subscription: str) -> int:
+        """How many messages ``subscription`` holds against its backlog (0 when unknown)."""
+        sub = self._subs.get(subscription)
+        return 0 if sub is None else sub.outstanding
+
     def barriers(self) -> set[Bookmark]:
         """The barrier messages not sent yet."""
         return {entry.bookmark for entry in self._barriers}

@@ -137,3 +137,69 @@ def test_publishes_to_the_queue_name_are_copied_exactly_once_across_sigkills(
     assert len(copies) == total
     duplicated = {k: v for k, v in copies.items() if v > 1}
     assert not duplicated, f"copied more than once: {duplicated}"
+
+
+def test_a_subscription_to_a_regex_of_queue_names_shares_one_backlog(
+    broker, coordinator_factory, names
+) -> None:
+    sfx = uuid.uuid4().hex[:8]
+    fast, slow, other, shared = (f"{n}-{sfx}" for n in ("work-fast", "work-slow", "other", "t"))
+    c = coordinator_factory(
+        [
+            {"name": fast, "underlying_topic": fast, "max_per_subscription_backlog": 3},
+            {"name": slow, "underlying_topic": slow, "max_per_subscription_backlog": 5},
+            {"name": other, "underlying_topic": other},
+        ]
+    )
+    bootstrap = broker.bootstrap_servers
+    for topic in (fast, slow, other):
+        produce(bootstrap, topic, [{"id": f"{topic}-{i}"} for i in range(10)])
+    pattern = f"^work-.*-{sfx}$"
+    with QueueClient(c.address) as client:
+        for q in (fast, slow, other):
+            wait_until(lambda q=q: client.stats(q)[0].available == 10, 15, message=q)
+        with client.subscribe(pattern, max_backlog=10) as sub:
+            # the backlog is the smallest cap of the matched queues, over all of them
+            got = [sub.next(timeout=10) for _ in range(3)]
+            assert all(m is not None for m in got)
+            assert sub.next(timeout=1.0) is None
+            assert {m.queue for m in got} <= {fast, slow}
+            stats = {s.queue: s for s in client.stats()}
+            assert stats[fast].leased + stats[slow].leased == 3
+            assert stats[other].leased == 0 and stats[other].subscriptions == 0
+            got[0].ack(wait=True)
+            more = sub.next(timeout=10)
+            assert more is not None and more.queue in (fast, slow)
+            assert sub.next(timeout=1.0) is None
+            # replace: a smaller backlog, one queue; leases elsewhere stay until acked
+            sub.replace(f"^{re.escape(slow)}$", max_backlog=1)
+            for m in [*got[1:], more]:
+                m.ack()
+            sub.flush()
+            taken = []
+            while (m := sub.next(timeout=1.5)) is not None:
+                assert m.queue == slow
+                taken.append(m)
+                m.ack()
+            sub.flush()
+            assert len(taken) == 10 - sum(1 for m in [*got, more] if m.queue == slow)
+        with pytest.raises(Exception, match="matches no configured queue"):
+            client.subscribe(f"^nothing-{sfx}", max_backlog=1).next(timeout=5)
+
+    # two queues over one topic: the same bookmark comes from each; each ack finds its queue
+    a, b = names("a"), names("b")
+    c2 = coordinator_factory(
+        [{"name": a, "underlying_topic": shared}, {"name": b, "underlying_topic": shared}]
+    )
+    produce(bootstrap, shared, [{"id": "only"}])
+    with QueueClient(c2.address) as client:
+        with client.subscribe(f"^({re.escape(a)}|{re.escape(b)})$", max_backlog=5) as sub:
+            first, second = sub.next(timeout=10), sub.next(timeout=10)
+            assert first is not None and second is not None
+            assert first.bookmark == second.bookmark
+            assert {first.queue, second.queue} == {a, b}
+            first.ack(wait=True)
+            second.ack(wait=True)
+        stats = {s.queue: s for s in client.stats()}
+        assert stats[a].acked_total == stats[b].acked_total == 1
+        assert stats[a].available == stats[b].available == 0

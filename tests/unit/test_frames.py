@@ -216,7 +216,7 @@ V = bytes([FRAME_VERSION])
     [
         (b"", "empty"),
         (bytes([FRAME_VERSION + 1]) + b"\x04", f"version {FRAME_VERSION + 1}"),
-        (b"\x01\x04", "version 1 (this build speaks 2)"),  # an older peer: refused, not misread
+        (b"\x02\x04", "version 2 (this build speaks 3)"),  # an older peer: refused, not misread
         (V, "EOFError"),
         (V + b"\x08", "IndexError"),  # union branch 4 of 0-3
         (V + b"\x04\x00", "trailing bytes"),  # Close, then junk

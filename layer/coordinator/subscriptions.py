@@ -1,0 +1,304 @@
+"""Subscriptions: subscribe, replace, acks and close, for one queue or a regex of queue names.
+
+A subscription to a regex (a queue name starting with ``^``, as for underlying topics) is one
+subscription in every configured queue whose name matches. Its backlog is shared: the minimum of
+the matched queues' ``max_per_subscription_backlog`` and its own ``max_backlog``, counted over
+all of them. Before each queue dispatches, the coordinator gives the subscription, in that queue,
+the room left over by what it holds everywhere (``share_backlogs``), so the total never exceeds
+the backlog.
+
+A bookmark names a message of a topic, and a topic may feed several queues: an ack goes to the
+first of the subscription's queues that accepts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from layer.api.service import AckFailure, DeliverySink
+from layer.coordinator.runtime import QueueRuntime, SubscriptionState
+from layer.engine.model import AckError, AckOp, AckOutcome, Bookmark, Semantics
+from layer.exceptions import InvalidRequest, QLayerError, UnknownQueue
+from layer.expr import compile_expression
+from layer.state.base import Store
+
+if TYPE_CHECKING:
+    from layer.coordinator.service import Coordinator
+
+log = logging.getLogger(__name__)
+
+Matcher = Callable[[Bookmark], bool] | None
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionHandle:
+    """What the API holds for one open subscription (a ``layer.api.service.Subscription``)."""
+
+    _coordinator: Coordinator
+    _state: SubscriptionState
+    lease_period_s: float
+
+    @property
+    def id(self) -> str:
+        return self._state.id
+
+    @property
+    def backlog(self) -> int:
+        return self._state.backlog
+
+    async def ack(
+        self, op: AckOp, bookmarks: Sequence[str], seconds: float = 0.0
+    ) -> list[AckFailure]:
+        return await self._coordinator._ack(self._state, op, bookmarks, seconds)
+
+    async def replace(self, queue: str, max_backlog: int, filter: str | None) -> int:
+        return await self._coordinator._replace(self._state, queue, max_backlog, filter)
+
+    async def close(self) -> None:
+        self._coordinator._close_subscription(self._state)
+
+
+class Subscriptions:
+    """The subscription half of the coordinator (a mixin of ``Coordinator``)."""
+
+    _runtimes: dict[str, QueueRuntime]
+    _store: Store
+    _clock: Callable[[], float]
+    _wake: asyncio.Event
+    _waiters: list[asyncio.Future[None]]
+    _loop: asyncio.AbstractEventLoop | None
+    _instance: str
+    _sub_ids: itertools.count[int]
+
+    def _check_alive(self) -> None:
+        raise NotImplementedError
+
+    def _runtime(self, queue: str) -> QueueRuntime:
+        rt = self._runtimes.get(queue)
+        if rt is None:
+            raise UnknownQueue(
+                f"queue {queue!r} is not configured"
+                f" (configured: {', '.join(sorted(self._runtimes))})"
+            )
+        return rt
+
+    def _resolve(self, queue: str) -> list[QueueRuntime]:
+        """The queues a subscription to ``queue`` (a name, or a regex starting with ^) joins."""
+        if not queue.startswith("^"):
+            return [self._runtime(queue)]
+        try:
+            pattern = re.compile(queue)
+        except re.error as exc:
+            raise InvalidRequest(f"queue pattern {queue!r} is not a regex: {exc}") from None
+        found = [rt for name, rt in sorted(self._runtimes.items()) if pattern.search(name)]
+        if not found:
+            raise UnknownQueue(
+                f"queue pattern {queue!r} matches no configured queue"
+                f" (configured: {', '.join(sorted(self._runtimes))})"
+            )
+        return found
+
+    def _matcher(self, rt: QueueRuntime, filter: str | None) -> Matcher:
+        if filter is None:
+            return None
+        expression = compile_expression(filter)  # ExpressionError: the caller's mistake
+        if rt.exprs.reader is None:
+            raise InvalidRequest(
+                f"queue {rt.name!r} holds {rt.config.message_type} messages: "
+                "content filters need json or avro (with avro_schema)"
+            )
+        return rt.matcher(self._store, expression)
+
+    def _prepare(
+        self, queue: str, max_backlog: int, filter: str | None
+    ) -> tuple[list[QueueRuntime], list[Matcher], int]:
+        """Everything that can fail, checked before anything changes."""
+        if max_backlog < 1:
+            raise InvalidRequest(f"max_backlog must be at least 1, got {max_backlog}")
+        rts = self._resolve(queue)
+        matchers = [self._matcher(rt, filter) for rt in rts]
+        backlog = min(max_backlog, *(rt.config.max_per_subscription_backlog for rt in rts))
+        return rts, matchers, backlog
+
+    async def subscribe(
+        self,
+        queue: str,
+        max_backlog: int,
+        sink: DeliverySink,
+        client: str = "",
+        filter: str | None = None,
+    ) -> SubscriptionHandle:
+        self._check_alive()
+        rts, matchers, backlog = self._prepare(queue, max_backlog, filter)
+        sub_id = f"{self._instance}-{next(self._sub_ids)}"
+        state = SubscriptionState(sub_id, queue, sink, backlog, client, filter=filter)
+        now = self._clock()
+        for rt, match in zip(rts, matchers, strict=True):
+            rt.engine.subscribe(sub_id, backlog, now, match)
+            rt.subscriptions[sub_id] = state
+        state.queues = [rt.name for rt in rts]
+        log.info(
+            "queue=%s subscription=%s client=%s backlog=%d filter=%r queues=%d",
+            queue,
+            sub_id,
+            client,
+            backlog,
+            filter,
+            len(rts),
+        )
+        self._wake.set()
+        lease_period = min(rt.config.lease_period for rt in rts)
+        return SubscriptionHandle(self, state, lease_period)  # type: ignore[arg-type]
+
+    def share_backlogs(self, rt: QueueRuntime) -> None:
+        """Before ``rt`` dispatches: each multi-queue subscription may take, here, what its
+        shared backlog has left after what it holds in all its queues."""
+        for sub in rt.subscriptions.values():
+            if len(sub.queues) < 2:
+                continue
+            held = {name: self._runtimes[name].engine.held_by(sub.id) for name in sub.queues}
+            room = max(0, sub.backlog - sum(held.values()))
+            rt.engine.set_backlog(sub.id, held[rt.name] + room)
+
+    async def _replace(
+        self, sub: SubscriptionState, queue: str, max_backlog: int, filter: str | None
+    ) -> int:
+        """Atomically: new queue(s), filter and backlog; leases stay with the subscription (in
+        a queue it leaves too, paused there until they are acked or time out)."""
+        self._check_alive()
+        if sub.closed:
+            raise InvalidRequest("the subscription is closed")
+        rts, matchers, backlog = self._prepare(queue, max_backlog, filter)
+        now = self._clock()
+        names = [rt.name for rt in rts]
+        for name in sub.queues:
+            if name in names:
+                continue
+            old = self._runtimes[name]
+            old.subscriptions.pop(sub.id, None)
+            if old.engine.held_by(sub.id):
+                old.engine.set_backlog(sub.id, 0)
+                sub.draining.add(name)
+            else:
+                old.engine.disconnect(sub.id, now)
+        for rt, match in zip(rts, matchers, strict=True):
+            sub.draining.discard(rt.name)
+            rt.subscriptions[sub.id] = sub
+            rt.engine.subscribe(sub.id, backlog, now, match)
+        sub.queue, sub.queues, sub.backlog, sub.filter = queue, names, backlog, filter
+        log.info(
+            "queue=%s subscription=%s replaced: backlog=%d filter=%r queues=%d",
+            queue,
+            sub.id,
+            backlog,
+            filter,
+            len(names),
+        )
+        self._wake.set()
+        return backlog
+
+    async def _ack(
+        self, sub: SubscriptionState, op: AckOp, texts: Sequence[str], seconds: float
+    ) -> list[AckFailure]:
+        self._check_alive()
+        if sub.closed:
+            return [
+                AckFailure(t, "subscription_closed", "the subscription is closed") for t in texts
+            ]
+        failures: list[AckFailure] = []
+        bookmarks: list[Bookmark] = []
+        originals: list[str] = []
+        for text in texts:
+            try:
+                bookmarks.append(Bookmark.parse(text))
+                originals.append(text)
+            except ValueError as exc:
+                failures.append(
+                    AckFailure(text, "malformed_bookmark", f"malformed bookmark: {exc}")
+                )
+        if (op is AckOp.EXTEND and not seconds > 0) or seconds < 0:
+            return failures + [
+                AckFailure(t, "invalid_request", f"{op} needs seconds > 0, got {seconds}")
+                for t in originals
+            ]
+        now = self._clock()
+        outcomes = self._ack_in_queues(sub, bookmarks, op, now, seconds)
+        accepted = 0
+        for text, outcome in zip(originals, outcomes, strict=True):
+            if outcome.error is None:
+                accepted += 1
+            else:
+                failures.append(AckFailure(text, outcome.error, _ack_message(outcome.error, text)))
+        self._wake.set()
+        alo = any(
+            self._runtimes[name].config.semantics == Semantics.AT_LEAST_ONCE for name in sub.queues
+        )
+        if accepted and op is not AckOp.EXTEND and alo:
+            assert self._loop is not None
+            fut: asyncio.Future[None] = self._loop.create_future()
+            self._waiters.append(fut)
+            await fut  # answered once the done records are committed
+        return failures
+
+    def _ack_in_queues(
+        self,
+        sub: SubscriptionState,
+        bookmarks: list[Bookmark],
+        op: AckOp,
+        now: float,
+        seconds: float,
+    ) -> list[AckOutcome]:
+        """Each bookmark in the first queue that accepts it (the queues it holds leases in
+        after a replace, too); when none does, the first queue's answer."""
+        outcomes: list[AckOutcome] | None = None
+        for name in [*sub.queues, *sorted(sub.draining)]:
+            engine = self._runtimes[name].engine
+            if outcomes is None:
+                outcomes = engine.ack(sub.id, bookmarks, op, now, seconds)
+            else:
+                retry = [i for i, o in enumerate(outcomes) if o.error is not None]
+                if retry:
+                    again = engine.ack(sub.id, [bookmarks[i] for i in retry], op, now, seconds)
+                    for i, outcome in zip(retry, again, strict=True):
+                        if outcome.error is None or outcomes[i].error is AckError.UNKNOWN_BOOKMARK:
+                            outcomes[i] = outcome
+            if name in sub.draining and not engine.held_by(sub.id):
+                engine.disconnect(sub.id, now)
+                sub.draining.discard(name)
+        assert outcomes is not None
+        return outcomes
+
+    def _close_subscription(self, sub: SubscriptionState) -> None:
+        if sub.closed:
+            return
+        sub.closed = True
+        alive = True
+        try:
+            self._check_alive()
+        except QLayerError:
+            alive = False
+        now = self._clock()
+        for name in [*sub.queues, *sub.draining]:
+            rt = self._runtimes[name]
+            rt.subscriptions.pop(sub.id, None)
+            if alive:
+                rt.engine.disconnect(sub.id, now)
+        sub.draining.clear()
+        if alive:
+            self._wake.set()
+        log.info("queue=%s subscription=%s closed", sub.queue, sub.id)
+
+
+def _ack_message(error: object, bookmark: str) -> str:
+    texts = {
+        "unknown_bookmark": "is not a message of this queue, or is already done",
+        "not_lease_holder": "is leased to another subscription (leasing is strict)",
+        "not_leased": "is not leased",
+    }
+    return f"bookmark {bookmark} {texts.get(str(error), str(error))}"
