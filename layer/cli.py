@@ -206,6 +206,25 @@ def _parser() -> argparse.ArgumentParser:
     aw.add_argument("--expire", action="store_true", help="expire instead of ack")
     client_args(aw)
 
+    rd = sub.add_parser(
+        "redrive",
+        help="move a queue's dead letters back into it",
+        description=(
+            "Publish QUEUE's dead letters into it again as new messages (fresh delivery\n"
+            "counts), each at most once ever: the move is recorded in the changelog. Prints\n"
+            '"moved N, already redriven M, unmatched K".'
+        ),
+        epilog=_filter_epilog(
+            "qlayer redrive orders",
+            "qlayer redrive orders --filter \"/symbol = 'IBM'\" --limit 100",
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    rd.add_argument("queue")
+    rd.add_argument("--filter", metavar="EXPR", help="move only dead letters matching EXPR")
+    rd.add_argument("--limit", type=_count, metavar="N", help="move at most N dead letters")
+    client_args(rd)
+
     d = sub.add_parser(
         "demo",
         help="run the end-to-end demo: broker, coordinator, 1,000 orders, 3 consumers",
@@ -427,6 +446,16 @@ def cmd_ack_where(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_redrive(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        result = client.redrive(args.queue, args.filter, args.limit)
+    print(
+        f"moved {result.moved}, already redriven {result.already}, unmatched {result.unmatched}",
+        flush=True,
+    )
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from layer.demo import run_demo
 
@@ -441,6 +470,7 @@ COMMANDS = {
     "stats": cmd_stats,
     "browse": cmd_browse,
     "ack-where": cmd_ack_where,
+    "redrive": cmd_redrive,
     "demo": cmd_demo,
 }
 

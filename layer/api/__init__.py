@@ -9,6 +9,7 @@ from layer.api.service import (
     QueueInfo,
     QueueService,
     QueueStats,
+    RedriveResult,
     Subscription,
 )
 
@@ -21,5 +22,6 @@ __all__ = [
     "QueueInfo",
     "QueueService",
     "QueueStats",
+    "RedriveResult",
     "Subscription",
 ]

@@ -46,6 +46,10 @@ __all__ = [
     "AckResult",
     "AckWhere",
     "AckWhereReply",
+    "REDRIVE_CODEC",
+    "REDRIVE_REPLY_CODEC",
+    "Redrive",
+    "RedriveReply",
     "Browse",
     "BrowseReply",
     "ClientFrame",
@@ -211,6 +215,20 @@ class AckWhere:
 class AckWhereReply:
     acked: int
     skipped: int
+
+
+@dataclass(frozen=True, slots=True)
+class Redrive:
+    queue: str
+    filter: str | None = None
+    limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RedriveReply:
+    moved: int
+    already: int
+    unmatched: int
 
 
 # --- schemas ----------------------------------------------------------------------------------
@@ -543,4 +561,14 @@ ACK_WHERE_REPLY_CODEC: FrameCodec[AckWhereReply] = FrameCodec(
     "ack_where_reply",
     lambda f: {"acked": f.acked, "skipped": f.skipped},
     lambda r: AckWhereReply(r["acked"], r["skipped"]),
+)
+REDRIVE_CODEC: FrameCodec[Redrive] = FrameCodec(
+    "redrive",
+    lambda f: {"queue": f.queue, "filter": f.filter, "limit": f.limit},
+    lambda r: Redrive(r["queue"], r["filter"], r["limit"]),
+)
+REDRIVE_REPLY_CODEC: FrameCodec[RedriveReply] = FrameCodec(
+    "redrive_reply",
+    lambda f: {"moved": f.moved, "already": f.already, "unmatched": f.unmatched},
+    lambda r: RedriveReply(r["moved"], r["already"], r["unmatched"]),
 )

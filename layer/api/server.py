@@ -37,6 +37,8 @@ from layer.api.frames import (
     PUBLISH_CODEC,
     PUBLISHED_CODEC,
     QUEUE_LIST_CODEC,
+    REDRIVE_CODEC,
+    REDRIVE_REPLY_CODEC,
     SERVER_FRAME_CODEC,
     STATS_CODEC,
     STATS_REPLY_CODEC,
@@ -54,6 +56,8 @@ from layer.api.frames import (
     Publish,
     Published,
     QueueList,
+    Redrive,
+    RedriveReply,
     Replace,
     Replaced,
     Stats,
@@ -337,6 +341,11 @@ class ApiServer:
                     request_deserializer=_lenient(ACK_WHERE_CODEC),
                     response_serializer=ACK_WHERE_REPLY_CODEC.encode,
                 ),
+                "Redrive": grpc.unary_unary_rpc_method_handler(
+                    self._redrive,
+                    request_deserializer=_lenient(REDRIVE_CODEC),
+                    response_serializer=REDRIVE_REPLY_CODEC.encode,
+                ),
             },
         )
 
@@ -418,6 +427,19 @@ class ApiServer:
         except QLayerError as exc:
             await _abort(context, _status_of(exc), str(exc))
         return AckWhereReply(result.acked, result.skipped)
+
+    async def _redrive(self, request: object, context: grpc.aio.ServicerContext) -> RedriveReply:
+        await self._authorize(context)
+        req = await self._request(context, request, Redrive)
+        if req.limit is not None and req.limit < 0:
+            await _abort(
+                context, grpc.StatusCode.INVALID_ARGUMENT, f"limit must be >= 0, got {req.limit}"
+            )
+        try:
+            result = await self._service.redrive(req.queue, req.filter, req.limit)
+        except QLayerError as exc:
+            await _abort(context, _status_of(exc), str(exc))
+        return RedriveReply(result.moved, result.already, result.unmatched)
 
     # --- the subscription stream --------------------------------------------------------------
 

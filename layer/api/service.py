@@ -37,6 +37,16 @@ class AckFailure:
 
 
 @dataclass(frozen=True, slots=True)
+class RedriveResult:
+    """What a redrive did: ``moved`` dead letters were published into the queue again;
+    ``already`` had been redriven before (never twice); ``unmatched`` did not match the filter."""
+
+    moved: int
+    already: int
+    unmatched: int
+
+
+@dataclass(frozen=True, slots=True)
 class AckWhereResult:
     """What an ack by filter did: ``acked`` messages finished; ``skipped`` matched but were
     leased to someone else under strict leasing (or are not deliverable now)."""
@@ -134,6 +144,13 @@ class QueueService(Protocol):
     async def ack_where(self, queue: str, filter: str, expire: bool = False) -> AckWhereResult:
         """Ack (or, with ``expire``, expire) every deliverable message matching ``filter`` on
         behalf of no subscription; durable when it returns."""
+        ...
+
+    async def redrive(
+        self, queue: str, filter: str | None = None, limit: int | None = None
+    ) -> RedriveResult:
+        """Publish the queue's dead letters (matching ``filter``, at most ``limit``) into it
+        again, each at most once ever; durable when it returns."""
         ...
 
     async def publish(

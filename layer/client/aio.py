@@ -27,6 +27,8 @@ from layer.api.frames import (
     PUBLISH_CODEC,
     PUBLISHED_CODEC,
     QUEUE_LIST_CODEC,
+    REDRIVE_CODEC,
+    REDRIVE_REPLY_CODEC,
     SERVER_FRAME_CODEC,
     STATS_CODEC,
     STATS_REPLY_CODEC,
@@ -38,6 +40,7 @@ from layer.api.frames import (
     Error,
     ListQueues,
     Messages,
+    Redrive,
     Replace,
     Replaced,
     Stats,
@@ -50,6 +53,7 @@ from layer.api.service import (
     DeliveredMessage,
     QueueInfo,
     QueueStats,
+    RedriveResult,
 )
 from layer.client._common import (
     ACK_BATCH_SIZE,
@@ -538,6 +542,11 @@ class AsyncQueueClient:
             request_serializer=ACK_WHERE_CODEC.encode,
             response_deserializer=ACK_WHERE_REPLY_CODEC.decode,
         )
+        self._redrive = self._channel.unary_unary(
+            SERVICE + "Redrive",
+            request_serializer=REDRIVE_CODEC.encode,
+            response_deserializer=REDRIVE_REPLY_CODEC.decode,
+        )
 
     def subscribe(
         self, queue: str, max_backlog: int = 1, filter: str | None = None
@@ -607,6 +616,17 @@ class AsyncQueueClient:
         ``UnknownQueue``, ``InvalidRequest`` for a bad filter."""
         reply = await self._call(self._ack_where, AckWhere(queue, filter, expire))
         return AckWhereResult(reply.acked, reply.skipped)
+
+    async def redrive(
+        self, queue: str, filter: str | None = None, limit: int | None = None
+    ) -> RedriveResult:
+        """Move the queue's dead letters (those matching ``filter``, at most ``limit``) back
+        into it: each is published again as a new message with fresh delivery counts, and
+        recorded, so a dead letter is never redriven twice. Durable when it returns. Raises
+        ``UnknownQueue``, ``InvalidRequest`` (no dead-letter topic, a bad filter)."""
+        check_limit(limit)
+        reply = await self._call(self._redrive, Redrive(queue, filter, limit))
+        return RedriveResult(reply.moved, reply.already, reply.unmatched)
 
     async def stats(self, queue: str | None = None) -> list[QueueStats]:
         return list((await self._call(self._stats, Stats(queue))).queues)

@@ -35,11 +35,13 @@ from layer.api.service import (
     DeliveredMessage,
     QueueInfo,
     QueueStats,
+    RedriveResult,
 )
 from layer.codec import ChangeKind, encode, encode_change
 from layer.config import Config
 from layer.coordinator.ingest import Fetched, IngestReader
 from layer.coordinator.publish_route import PublishRoute, routes_publishes
+from layer.coordinator.redrive import REDRIVE_SUFFIX, copy_of, read_dead_letters, redriven_record
 from layer.coordinator.runtime import QueueRuntime
 from layer.coordinator.subscriptions import Subscriptions
 from layer.coordinator.view import read_view, reconcile, view_records
@@ -58,7 +60,8 @@ from layer.engine.model import (
     TopicPartition,
 )
 from layer.engine.queue import QueueEngine
-from layer.exceptions import BrokerError, InvalidRequest, QLayerError
+from layer.exceptions import BrokerError, ConfigError, InvalidRequest, QLayerError
+from layer.expr import compile_expression
 from layer.state.base import Store, StoreBatch, StoredMessage
 from layer.state.changelog import ChangelogRecord, ChangelogWriter, ExtraRecord
 from layer.state.recovery import restore
@@ -100,7 +103,8 @@ class Coordinator(Subscriptions):
         self._instance = uuid.uuid4().hex[:8]
         self._loop: asyncio.AbstractEventLoop | None = None
         self.rounds = 0
-        self._last_commit = 0.0  # monotonic start of the last changelog commit
+        self._last_commit = 0.0
+        self._redrive_lock = asyncio.Lock()  # monotonic start of the last changelog commit
 
     # ----------------------------------------------------------------------------------------
     # life cycle
@@ -592,6 +596,71 @@ class Coordinator(Subscriptions):
             self._waiters.append(fut)
             await fut
         return AckWhereResult(acked, len(outcomes) - acked)
+
+    async def redrive(
+        self, queue: str, filter: str | None = None, limit: int | None = None
+    ) -> RedriveResult:
+        """See ``layer.coordinator.redrive``; one redrive at a time, so none moves a letter
+        another is moving."""
+        self._check_alive()
+        rt = self._runtime(queue)
+        q = rt.config
+        if q.dead_letter_topic is None:
+            raise InvalidRequest(f"queue {queue!r} has no dead_letter_topic: nothing to redrive")
+        try:
+            target = q.publish_target
+        except ConfigError as exc:
+            raise InvalidRequest(str(exc)) from None
+        expression = compile_expression(filter) if filter is not None else None
+        if expression is not None and rt.exprs.reader is None:
+            raise InvalidRequest(f"queue {queue!r} holds {q.message_type} messages: no filter")
+        if limit is not None and limit < 0:
+            raise InvalidRequest(f"limit must be >= 0, got {limit}")
+        assert self._writer is not None
+        async with self._redrive_lock:
+            settings = consumer_settings(self._base_settings, self._profile)
+            letters = await asyncio.to_thread(
+                read_dead_letters, settings, q.dead_letter_topic, queue
+            )
+            done = {bm for bm, _ in self._store.entries(queue + REDRIVE_SUFFIX)}
+            now_ms = int(self._clock() * 1000)
+            records: list[ChangelogRecord] = []
+            extra: list[ExtraRecord] = []
+            batch = StoreBatch()
+            already = unmatched = 0
+            for letter, envelope in letters:
+                if letter in done:
+                    already += 1
+                    continue
+                if expression is not None:
+                    assert rt.exprs.reader is not None
+                    doc = rt.exprs.reader.read(envelope["payload"])[0]
+                    if not expression.matches(doc):
+                        unmatched += 1
+                        continue
+                if limit is not None and len(extra) >= limit:
+                    break
+                key, value = redriven_record(queue, letter, now_ms)
+                records.append((rt.changelog_topic, key, value))
+                extra.append(copy_of(target, letter, envelope))
+                batch.put_entry_value(queue + REDRIVE_SUFFIX, letter, value)
+            if records:
+                loop = asyncio.get_running_loop()
+                offsets = await loop.run_in_executor(
+                    self._commit_pool, self._writer.commit, records, extra
+                )
+                for (topic, partition), last in offsets.items():
+                    batch.set_changelog_offset(topic, partition, last + 1)
+                self._store.write(batch)
+        log.info(
+            "queue=%s redrive filter=%r: moved=%d already=%d unmatched=%d",
+            queue,
+            filter,
+            len(extra),
+            already,
+            unmatched,
+        )
+        return RedriveResult(len(extra), already, unmatched)
 
     async def publish(
         self,
