@@ -111,6 +111,7 @@ Precisions (decided while implementing; the contract above still holds):
 - LowWater/Forget are appended at the end of ``drain()``'s changes, after the Done that caused them.
 """
 
-from layer.engine.queue import UNLIMITED, Lease, QueueEngine
+from layer.engine.queries import Lease
+from layer.engine.queue import UNLIMITED, QueueEngine
 
 __all__ = ["UNLIMITED", "Lease", "QueueEngine"]

@@ -8,9 +8,10 @@ from __future__ import annotations
 import sys
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from typing import Any
 
 from layer.engine.fairness import Subscriber, make_picker
+from layer.engine.holding import Holding
 from layer.engine.index import (
     AVAILABLE,
     DELAYED,
@@ -24,6 +25,7 @@ from layer.engine.index import (
     LeaseIndex,
     PriorityOrder,
 )
+from layer.engine.leases import Leases
 from layer.engine.model import (
     AckError,
     AckOp,
@@ -36,18 +38,17 @@ from layer.engine.model import (
     DoneReason,
     Effects,
     EngineSettings,
-    EngineStats,
     Forget,
     Leased,
     Leasing,
     LowWater,
-    Returned,
     ReturnReason,
     Semantics,
     TopicPartition,
     ViewChange,
 )
 from layer.engine.partition import PartitionState
+from layer.engine.queries import Queries
 from layer.engine.routing import Router
 from layer.exceptions import QueueError
 
@@ -59,16 +60,7 @@ _NOT_HOLDER = AckError.NOT_LEASE_HOLDER
 _NOT_LEASED = AckError.NOT_LEASED
 
 
-class Lease(NamedTuple):
-    """A current lease, as answered by ``QueueEngine.lease_of``."""
-
-    subscription: str
-    deadline: float
-    deliveries: int
-    cancels: int
-
-
-class QueueEngine:
+class QueueEngine(Queries, Holding, Leases):
     """One queue's state machine (see the module docstring for the contract)."""
 
     def __init__(self, name: str, settings: EngineSettings) -> None:
@@ -357,39 +349,6 @@ class QueueEngine:
             self._view.clear()
         return effects
 
-    # -- queries -----------------------------------------------------------------------------
-
-    def stats(self, now: float) -> EngineStats:
-        oldest = self._ages.oldest()
-        return EngineStats(
-            available=self._available,
-            leased=self._leased,
-            inactive=sum(p.inactive() for p in self._parts) if self._depth else 0,
-            subscriptions=len(self._subs),
-            oldest_available_at=None if oldest is None else oldest.timestamp,
-            done_total=self._done_total,
-            dead_lettered_total=self._dead_total,
-            delivered_total=self._delivered_total,
-            delayed=self._delayed,
-            held=self._held_count,
-        )
-
-    def available(self, limit: int | None = None) -> list[Bookmark]:
-        """The messages in the queue that nobody holds and that are not delayed, in delivery
-        order (messages held behind a barrier, the barrier included, come last): a browse."""
-        if not self._router.active() and not self._held_count:
-            return [entry.bookmark for entry in self._order.browse(limit)]
-        ready = sorted(self._entries(AVAILABLE), key=_by_key)
-        ready.extend(e for e in self._held if e.state == HELD)
-        return [entry.bookmark for entry in ready[:limit]]
-
-    def lease_of(self, bookmark: Bookmark) -> Lease | None:
-        part = self._lookup(bookmark)
-        entry = None if part is None else part.entry(bookmark.offset)
-        if entry is None or entry.state != LEASED or entry.deadline is None:
-            return None
-        return Lease(entry.holder.name, entry.deadline, entry.deliveries, entry.cancels)
-
     def low_water(self, partition: TopicPartition) -> int:
         part = self._partition(partition)
         part.advance()
@@ -397,59 +356,10 @@ class QueueEngine:
             self._touch(part)
         return part.low_water
 
-    def partitions(self) -> list[TopicPartition]:
-        return [part.tp for part in self._parts]
-
-    def outstanding(self, subscription: str) -> list[Bookmark]:
-        sub = self._subscriber(subscription)
-        if self._alo:
-            return [entry.bookmark for entry in sub.leases]
-        return list(sub.handed)
-
-    def held_by(self, subscription: str) -> int:
-        """How many messages ``subscription`` holds against its backlog (0 when unknown)."""
-        sub = self._subs.get(subscription)
-        return 0 if sub is None else sub.outstanding
-
-    def barriers(self) -> set[Bookmark]:
-        """The barrier messages not sent yet."""
-        return {entry.bookmark for entry in self._barriers}
-
-    def leased(self) -> list[Bookmark]:
-        """Every leased message (ack by filter looks at these too)."""
-        return [entry.bookmark for entry in self._entries(LEASED)]
-
-    def counts(self, bookmark: Bookmark) -> tuple[int, int]:
-        """``(deliveries, cancels)`` of a message in the queue; (0, 0) when it is not."""
-        part = self._lookup(bookmark)
-        entry = None if part is None else part.entry(bookmark.offset)
-        return (0, 0) if entry is None else (entry.deliveries, entry.cancels)
-
-    def group_owner(self, group: object) -> str | None:
-        """The subscription a message group is bound to now, if any."""
-        owner = self._router.owners.get(group)
-        return None if owner is None else owner.name
-
     # -- internals ---------------------------------------------------------------------------
-
-    def _subscriber(self, subscription: str) -> Subscriber:
-        sub = self._subs.get(subscription)
-        if sub is None:
-            raise QueueError(
-                f"queue {self.name!r}: subscription {subscription!r} is not registered"
-            )
-        return sub
 
     def _live(self) -> int:
         return self._available + self._leased + self._delayed + self._held_count
-
-    def _entries(self, state: int) -> Iterable[Entry]:
-        for part in self._parts:
-            items = part.items
-            for i in range(part.head, len(items)):
-                item = items[i]
-                if type(item) is Entry and item.state == state:
-                    yield item
 
     def _deliver(self, entry: Entry, sub: Subscriber, now: float) -> None:
         bm = entry.bookmark
@@ -479,128 +389,9 @@ class QueueEngine:
         sub.outstanding += 1
         self._picker.served(sub)
 
-    def _dispatch_routed(self, now: float) -> None:
-        """Dispatch when filters, groups or an exclusive consumer restrict who may take what:
-        always the best message some subscription with room may take (see ``routing``)."""
-        order, router, picker = self._order, self._router, self._picker
-        expiration = self._expiration
-        subs = self._subs
-        while self._available:
-            ready = [s for s in subs.values() if s.outstanding < s.backlog]
-            if not ready:
-                return
-            best = None
-            best_sub = None
-            for sub in ready:
-                item = router.head(sub)
-                if item is not None and (best is None or item[0] < best[0]):
-                    best, best_sub = item, sub
-            head = order.peek()
-            if head is not None and (best is None or head.key < best[0]):
-                order.pop()
-                if expiration is not None and now - head.timestamp >= expiration:
-                    self._finish(head, DoneReason.EXPIRATION, now)
-                    continue
-                eligible, narrowed = router.eligible(head)
-                if not eligible:
-                    router.unmatched(head, narrowed)
-                    continue
-                with_room = [s for s in eligible if s.outstanding < s.backlog]
-                if with_room:
-                    self._deliver(head, picker.choose(with_room), now)
-                else:
-                    router.park(head, eligible, narrowed)
-                continue
-            if best is None or best_sub is None:
-                return
-            router.pop(best_sub)
-            entry = best[2]
-            if expiration is not None and now - entry.timestamp >= expiration:
-                self._finish(entry, DoneReason.EXPIRATION, now)
-                continue
-            takers = [s for s in best[3] if s.outstanding < s.backlog and router.allowed(s, entry)]
-            if takers:
-                self._deliver(entry, picker.choose(takers), now)
-            else:  # its group found an owner meanwhile: match it again
-                entry.gen += 1
-                self._requeue(entry)
-
     def _requeue(self, entry: Entry) -> None:
         """Back into the main delivery order (the router's callback; ``gen`` already bumped)."""
         self._order.push_returned(entry)
-
-    def _make_available(self, entry: Entry) -> None:
-        entry.state = AVAILABLE
-        entry.gen += 1
-        self._available += 1
-        self._order.push_returned(entry)
-        self._ages.push(entry)
-        if self._view is not None:
-            self._viewed(entry, 1)
-
-    def view_synced(self) -> None:
-        """The caller published the whole live contents (a restart's reconciliation): the
-        view changes recorded until now are part of that and must not be reported again."""
-        if self._view is not None:
-            self._view.clear()
-
-    def _viewed(self, entry: Entry, sign: int) -> None:
-        found = self._view.get(entry.bookmark)  # type: ignore[union-attr]
-        if found is None:
-            self._view[entry.bookmark] = [sign, sign, entry]  # type: ignore[index]
-        else:
-            found[1] = sign
-
-    def _delay(self, entry: Entry, until: float) -> None:
-        entry.state = DELAYED
-        self._delayed += 1
-        self._delays.push(entry, until)
-
-    def _send_barriers(self, now: float) -> None:
-        """Send the first pending barrier once everything before it is done, to every current
-        subscription whose filter matches, then release what it held (up to the next one).
-        With no subscription at all it waits: a barrier sent to nobody would be lost."""
-        barriers = self._barriers
-        while barriers and self._subs and not (self._available + self._leased + self._delayed):
-            barrier = barriers.popleft()
-            bm = barrier.bookmark
-            for sub in self._subs.values():
-                if sub.match is None or sub.match(bm):
-                    self._deliveries.append(
-                        Delivery(sub.name, bm, barrier.deliveries + 1, barrier.cancels, None, True)
-                    )
-            barrier.deliveries += 1
-            self._finish(barrier, DoneReason.BARRIER, now)
-            self._release_held(now)
-
-    def _release_held(self, now: float) -> None:
-        held, barriers = self._held, self._barriers
-        stop = barriers[0] if barriers else None
-        while held:
-            entry = held[0]
-            if entry is stop:
-                return
-            held.popleft()
-            if entry.state != HELD:  # acked or conflated while held
-                continue
-            self._held_count -= 1
-            entry.state = AVAILABLE
-            self._available += 1
-            self._order.push_returned(entry)
-            self._ages.push(entry)
-
-    def _conflate_older(self, entry: Entry, key: object, now: float) -> None:
-        """Last-value queues: ``entry`` replaces the older message with its key unless that one
-        is leased (then both stay; the older is conflated if it comes back)."""
-        entry.ckey = key
-        older = self._latest.get(key)
-        self._latest[key] = entry
-        if older is not None and older.state in _REPLACEABLE:
-            self._finish(older, DoneReason.CONFLATED, now)
-
-    def _lookup(self, bm: Bookmark) -> PartitionState | None:
-        by_partition = self._topics.get(bm.topic)
-        return None if by_partition is None else by_partition.get(bm.partition)
 
     def _require(self, bm: Bookmark) -> PartitionState:
         part = self._lookup(bm)
@@ -637,18 +428,6 @@ class QueueEngine:
         if reason.dead_letter:
             self._dead_total += 1
 
-    def _release(self, entry: Entry) -> None:
-        """End ``entry``'s lease in the bookkeeping (no effect emitted)."""
-        sub: Subscriber = entry.holder
-        del sub.leases[entry]
-        sub.outstanding -= 1
-        if sub.name in self._subs:
-            self._picker.update(sub)
-            self._router.returned(sub, entry.group)
-        self._leased -= 1
-        entry.holder = None
-        entry.deadline = None
-
     def _finish(self, entry: Entry, reason: DoneReason, now: float) -> None:
         """The message leaves the queue."""
         state = entry.state
@@ -676,93 +455,3 @@ class QueueEngine:
         part.items[part.find(bm.offset)] = bm
         self._touch(part)
         self._emit_done(bm, reason, entry.deliveries, entry.cancels, now)
-
-    def _end_lease(
-        self, entry: Entry, reason: ReturnReason, now: float, delay: float = 0.0
-    ) -> None:
-        """A lease ends without ack: the message is returned, or done when a limit is reached."""
-        if reason is ReturnReason.CANCEL:
-            entry.cancels += 1
-        done = self._limit_reason(entry.deliveries, entry.cancels)
-        expiration = self._expiration
-        if done is None and expiration is not None and now - entry.timestamp >= expiration:
-            done = DoneReason.EXPIRATION
-        if done is None and entry.ckey is not None and self._latest.get(entry.ckey) is not entry:
-            done = DoneReason.CONFLATED  # a newer message with its key arrived meanwhile
-        if done is not None:
-            self._finish(entry, done, now)
-            return
-        self._release(entry)
-        if reason is ReturnReason.TIMEOUT:
-            delay = self.settings.backoff(entry.deliveries)
-        not_before = now + delay if delay > 0 else None
-        if not_before is None:
-            self._make_available(entry)
-        else:
-            self._delay(entry, not_before)
-        self._changes.append(
-            Returned(entry.bookmark, reason, entry.deliveries, entry.cancels, not_before)
-        )
-
-    def _ack_one(
-        self, sub: Subscriber | None, bm: Bookmark, op: AckOp, now: float, seconds: float
-    ) -> AckError | None:
-        part = self._lookup(bm)
-        if part is None:
-            return _UNKNOWN
-        offset = bm.offset
-        entry = part.entry(offset)
-        if entry is None:
-            if (
-                op is AckOp.ACK
-                and part.read_pos <= offset < part.high_watermark
-                and part.remember(offset)
-            ):
-                self._emit_done(bm, DoneReason.ACKED, 0, 0, now)
-                return None
-            return _UNKNOWN
-        holder = entry.holder
-        if op is AckOp.ACK or op is AckOp.EXPIRE:
-            if self._strict and holder is not sub and (sub is not None or holder is not None):
-                return _NOT_HOLDER
-            reason = DoneReason.ACKED if op is AckOp.ACK else DoneReason.CONSUMER_EXPIRE
-            self._finish(entry, reason, now)
-            return None
-        if holder is None:
-            return _NOT_LEASED
-        if self._strict and holder is not sub:
-            return _NOT_HOLDER
-        if op is AckOp.CANCEL:
-            self._end_lease(entry, ReturnReason.CANCEL, now, seconds)
-        else:
-            deadline = now + seconds
-            entry.deadline = deadline
-            self._leases.push(entry, deadline)
-        return None
-
-    def _release_slot(self, sub: Subscriber, bm: Bookmark) -> AckError | None:
-        """At-most-once: an ack only gives the subscription its backlog slot back."""
-        if bm not in sub.handed:
-            return _UNKNOWN
-        group = sub.handed.pop(bm)
-        sub.outstanding -= 1
-        self._picker.update(sub)
-        self._router.returned(sub, group)
-        return None
-
-    def _amo_finish(self, bm: Bookmark, op: AckOp, now: float) -> AckError | None:
-        """At-most-once, on behalf of no subscription (ack by filter): finish a queued message."""
-        part = self._lookup(bm)
-        entry = None if part is None else part.entry(bm.offset)
-        if entry is None or op not in (AckOp.ACK, AckOp.EXPIRE):
-            return _UNKNOWN
-        reason = DoneReason.ACKED if op is AckOp.ACK else DoneReason.CONSUMER_EXPIRE
-        self._finish(entry, reason, now)
-        return None
-
-
-def _by_key(entry: Entry) -> Any:
-    return entry.key
-
-
-_REPLACEABLE = frozenset({AVAILABLE, DELAYED, HELD})

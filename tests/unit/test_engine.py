@@ -25,7 +25,7 @@ from layer.engine.model import (
     Semantics,
     TopicPartition,
 )
-from layer.engine.queue import UNLIMITED, Lease, QueueEngine
+from layer.engine import UNLIMITED, Lease, QueueEngine
 from layer.exceptions import QueueError
 
 TOPIC = "orders"

@@ -1,0 +1,106 @@
+"""What the parts of the queue engine share: its fields and the steps each part calls.
+
+``QueueEngine`` (``layer.engine.queue``) is assembled from mixins, one concern each:
+``Queries`` (read-only answers), ``Leases`` (acks, cancels, lease ends) and ``Holding`` (what
+waits: barriers, delays, last-value conflation, the view journal, routed dispatch). They work on
+the fields declared here, which ``QueueEngine.__init__`` sets.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from layer.engine.fairness import Subscriber
+from layer.engine.index import AgeIndex, DelayIndex, Entry, FifoOrder, LeaseIndex, PriorityOrder
+from layer.engine.model import (
+    Bookmark,
+    Change,
+    Delivery,
+    DoneReason,
+    EngineSettings,
+    ReturnReason,
+)
+from layer.engine.partition import PartitionState
+from layer.engine.routing import Router
+
+
+class EngineBase:
+    name: str
+    settings: EngineSettings
+    _alo: bool
+    _strict: bool
+    _lease_period: float
+    _max_deliveries: int
+    _max_cancels: int
+    _expiration: float | None
+    _depth: int
+    _priority: bool
+    _order: FifoOrder | PriorityOrder
+    _ages: AgeIndex
+    _leases: LeaseIndex
+    _picker: Any
+    _subs: dict[str, Subscriber]
+    _router: Router
+    _delays: DelayIndex
+    _delayed: int
+    _barriers: deque[Entry]
+    _held: deque[Entry]
+    _held_count: int
+    _conflate: bool
+    _latest: dict[object, Entry]
+    _topics: dict[str, dict[int, PartitionState]]
+    _parts: list[PartitionState]
+    _available: int
+    _leased: int
+    _done_total: int
+    _dead_total: int
+    _delivered_total: int
+    _changes: list[Change]
+    _deliveries: list[Delivery]
+    _view: dict[Bookmark, list[Any]] | None
+
+    # steps of the core (QueueEngine) that the mixins call
+    def _deliver(self, entry: Entry, sub: Subscriber, now: float) -> None:
+        raise NotImplementedError
+
+    def _finish(self, entry: Entry, reason: DoneReason, now: float) -> None:
+        raise NotImplementedError
+
+    def _emit_done(
+        self, bm: Bookmark, reason: DoneReason, deliveries: int, cancels: int, now: float
+    ) -> None:
+        raise NotImplementedError
+
+    def _limit_reason(self, deliveries: int, cancels: int) -> DoneReason | None:
+        raise NotImplementedError
+
+    # steps of one mixin that another calls
+    def _lookup(self, bm: Bookmark) -> PartitionState | None:
+        raise NotImplementedError
+
+    def _subscriber(self, subscription: str) -> Subscriber:
+        raise NotImplementedError
+
+    def _make_available(self, entry: Entry) -> None:
+        raise NotImplementedError
+
+    def _delay(self, entry: Entry, until: float) -> None:
+        raise NotImplementedError
+
+    def _viewed(self, entry: Entry, sign: int) -> None:
+        raise NotImplementedError
+
+    def _release_held(self, now: float) -> None:
+        raise NotImplementedError
+
+    def _release(self, entry: Entry) -> None:
+        raise NotImplementedError
+
+    def _requeue(self, entry: Entry) -> None:
+        raise NotImplementedError
+
+    def _end_lease(
+        self, entry: Entry, reason: ReturnReason, now: float, delay: float = 0.0
+    ) -> None:
+        raise NotImplementedError

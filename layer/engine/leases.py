@@ -1,0 +1,116 @@
+"""How leases end: acks, cancels, expires, extends and timeouts (a ``QueueEngine`` mixin)."""
+
+from __future__ import annotations
+
+from layer.engine.base import EngineBase
+from layer.engine.fairness import Subscriber
+from layer.engine.index import Entry
+from layer.engine.model import (
+    AckError,
+    AckOp,
+    Bookmark,
+    DoneReason,
+    Returned,
+    ReturnReason,
+)
+
+_UNKNOWN = AckError.UNKNOWN_BOOKMARK
+_NOT_HOLDER = AckError.NOT_LEASE_HOLDER
+_NOT_LEASED = AckError.NOT_LEASED
+
+
+class Leases(EngineBase):
+    def _release(self, entry: Entry) -> None:
+        """End ``entry``'s lease in the bookkeeping (no effect emitted)."""
+        sub: Subscriber = entry.holder
+        del sub.leases[entry]
+        sub.outstanding -= 1
+        if sub.name in self._subs:
+            self._picker.update(sub)
+            self._router.returned(sub, entry.group)
+        self._leased -= 1
+        entry.holder = None
+        entry.deadline = None
+
+    def _end_lease(
+        self, entry: Entry, reason: ReturnReason, now: float, delay: float = 0.0
+    ) -> None:
+        """A lease ends without ack: the message is returned, or done when a limit is reached."""
+        if reason is ReturnReason.CANCEL:
+            entry.cancels += 1
+        done = self._limit_reason(entry.deliveries, entry.cancels)
+        expiration = self._expiration
+        if done is None and expiration is not None and now - entry.timestamp >= expiration:
+            done = DoneReason.EXPIRATION
+        if done is None and entry.ckey is not None and self._latest.get(entry.ckey) is not entry:
+            done = DoneReason.CONFLATED  # a newer message with its key arrived meanwhile
+        if done is not None:
+            self._finish(entry, done, now)
+            return
+        self._release(entry)
+        if reason is ReturnReason.TIMEOUT:
+            delay = self.settings.backoff(entry.deliveries)
+        not_before = now + delay if delay > 0 else None
+        if not_before is None:
+            self._make_available(entry)
+        else:
+            self._delay(entry, not_before)
+        self._changes.append(
+            Returned(entry.bookmark, reason, entry.deliveries, entry.cancels, not_before)
+        )
+
+    def _ack_one(
+        self, sub: Subscriber | None, bm: Bookmark, op: AckOp, now: float, seconds: float
+    ) -> AckError | None:
+        part = self._lookup(bm)
+        if part is None:
+            return _UNKNOWN
+        offset = bm.offset
+        entry = part.entry(offset)
+        if entry is None:
+            if (
+                op is AckOp.ACK
+                and part.read_pos <= offset < part.high_watermark
+                and part.remember(offset)
+            ):
+                self._emit_done(bm, DoneReason.ACKED, 0, 0, now)
+                return None
+            return _UNKNOWN
+        holder = entry.holder
+        if op is AckOp.ACK or op is AckOp.EXPIRE:
+            if self._strict and holder is not sub and (sub is not None or holder is not None):
+                return _NOT_HOLDER
+            reason = DoneReason.ACKED if op is AckOp.ACK else DoneReason.CONSUMER_EXPIRE
+            self._finish(entry, reason, now)
+            return None
+        if holder is None:
+            return _NOT_LEASED
+        if self._strict and holder is not sub:
+            return _NOT_HOLDER
+        if op is AckOp.CANCEL:
+            self._end_lease(entry, ReturnReason.CANCEL, now, seconds)
+        else:
+            deadline = now + seconds
+            entry.deadline = deadline
+            self._leases.push(entry, deadline)
+        return None
+
+    def _release_slot(self, sub: Subscriber, bm: Bookmark) -> AckError | None:
+        """At-most-once: an ack only gives the subscription its backlog slot back."""
+        if bm not in sub.handed:
+            return _UNKNOWN
+        group = sub.handed.pop(bm)
+        sub.outstanding -= 1
+        self._picker.update(sub)
+        self._router.returned(sub, group)
+        return None
+
+    def _amo_finish(self, bm: Bookmark, op: AckOp, now: float) -> AckError | None:
+        """At-most-once, on behalf of no subscription (ack by filter): finish a queued message."""
+        part = self._lookup(bm)
+        entry = None if part is None else part.entry(bm.offset)
+        if entry is None or op not in (AckOp.ACK, AckOp.EXPIRE):
+            return _UNKNOWN
+        reason = DoneReason.ACKED if op is AckOp.ACK else DoneReason.CONSUMER_EXPIRE
+        self._finish(entry, reason, now)
+        return None
