@@ -730,6 +730,7 @@ class Coordinator(Subscriptions):
                         "filtered_total": float(rt.counters.filtered),
                         "delayed": float(s.delayed),
                         "held": float(s.held),
+                        "unread": float(max(s.unread, len(rt.inbox))),
                         "routed_total": float(rt.route.copied_total if rt.route else 0),
                         "rounds_total": float(self.rounds),
                     },

@@ -297,3 +297,5 @@ class EngineStats:
     delivered_total: int
     delayed: int = 0  # waiting for a delayed (re)delivery time
     held: int = 0  # behind a barrier not sent yet (counted in neither available nor leased)
+    # in the underlying partitions, not read into the queue yet (the lag an autoscaler watches)
+    unread: int = 0

@@ -25,10 +25,11 @@ class Lease(NamedTuple):
 class Queries(EngineBase):
     def stats(self, now: float) -> EngineStats:
         oldest = self._ages.oldest()
+        unread = sum(p.inactive() for p in self._parts)
         return EngineStats(
             available=self._available,
             leased=self._leased,
-            inactive=sum(p.inactive() for p in self._parts) if self._depth else 0,
+            inactive=unread if self._depth else 0,
             subscriptions=len(self._subs),
             oldest_available_at=None if oldest is None else oldest.timestamp,
             done_total=self._done_total,
@@ -36,6 +37,7 @@ class Queries(EngineBase):
             delivered_total=self._delivered_total,
             delayed=self._delayed,
             held=self._held_count,
+            unread=unread,
         )
 
     def available(self, limit: int | None = None) -> list[Bookmark]:

@@ -138,6 +138,7 @@ def test_view_topic_leaves_out_inactive_messages(
         )
         state = assert_view_matches(client, q, view)
         assert len(state["members"]) == 5
+        assert client.stats(q)[0].extra["unread"] == 7  # the lag, for autoscalers
         with client.subscribe(q, max_backlog=3) as sub:
             for _ in range(3):
                 msg = sub.next(timeout=10)

@@ -468,6 +468,19 @@ def test_room_is_the_target_depth_minus_the_active_messages(engine_factory):
     assert engine_factory().room() == UNLIMITED
 
 
+def test_unread_is_the_lag_behind_the_high_watermark_with_or_without_a_depth(engine_factory):
+    plain, capped = engine_factory(partitions=2), engine_factory(target_queue_depth=2)
+    for engine in (plain, capped):
+        add(engine, 0, 1)
+        engine.mark_read(TP0, 2)
+        engine.set_high_watermark(TP0, 9)
+    plain.set_high_watermark(TP1, 3)
+    assert (plain.stats(0.0).unread, plain.stats(0.0).inactive) == (10, 0)
+    assert (capped.stats(0.0).unread, capped.stats(0.0).inactive) == (7, 7)
+    add(plain, 0, 1, 2, partition=1)
+    assert plain.stats(0.0).unread == 7
+
+
 def test_acks_between_read_position_and_high_watermark_are_remembered(engine_factory):
     engine = engine_factory(target_queue_depth=2)
     add(engine, 0, 1)
