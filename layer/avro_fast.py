@@ -14,6 +14,8 @@ then 0; an enum is its symbol's index.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from layer.exceptions import SerializationError
 
 CHANGELOG_VALUE_VERSION = 1
@@ -101,6 +103,25 @@ def stored_message(
     return b"".join(parts)
 
 
+@lru_cache(maxsize=4096)
+def _view_prefix(queue: str, topic: str, partition: int) -> bytes:
+    q, t = queue.encode(), topic.encode()
+    return long(len(q)) + q + long(len(t)) + t + long(partition)
+
+
+def _headers(headers: tuple[tuple[str, bytes | None], ...]) -> bytes:
+    if not headers:
+        return b"\x00"
+    parts = [long(len(headers))]
+    for hk, hv in headers:
+        raw = hk.encode()
+        parts.append(long(len(raw)))
+        parts.append(raw)
+        parts.append(_opt_bytes(hv))
+    parts.append(b"\x00")
+    return b"".join(parts)
+
+
 def view_change(
     sign: int,
     queue: str,
@@ -114,36 +135,25 @@ def view_change(
     priority: int | None,
     deliveries: int,
     cancels: int,
-    at_ms: int,
+    at_ms: int | bytes,
 ) -> bytes:
-    q = queue.encode()
-    t = topic.encode()
-    parts = [
-        b"\x01",  # VIEW_CHANGE_VERSION
-        long(sign),
-        long(len(q)),
-        q,
-        long(len(t)),
-        t,
-        long(partition),
-        long(offset),
-        _opt_bytes(key),
-        _opt_bytes(value),
-    ]
-    if headers:
-        parts.append(long(len(headers)))
-        for hk, hv in headers:
-            raw = hk.encode()
-            parts.append(long(len(raw)))
-            parts.append(raw)
-            parts.append(_opt_bytes(hv))
-    parts.append(b"\x00")
-    parts.append(long(timestamp_ms))
-    parts.append(_opt_long(priority))
-    parts.append(long(deliveries))
-    parts.append(long(cancels))
-    parts.append(long(at_ms))
-    return b"".join(parts)
+    """``at_ms`` may be given already encoded (``long(at_ms)``): a round stamps every change
+    with the same time, and a 13-digit varint is the costliest field to encode."""
+    return b"".join(
+        (
+            b"\x01\x02" if sign == 1 else b"\x01" + long(sign),  # VIEW_CHANGE_VERSION, sign
+            _view_prefix(queue, topic, partition),
+            long(offset),
+            b"\x00" if key is None else b"\x02" + long(len(key)) + key,
+            b"\x00" if value is None else b"\x02" + long(len(value)) + value,
+            _headers(headers),
+            long(timestamp_ms),
+            _opt_long(priority),
+            long(deliveries),
+            long(cancels),
+            at_ms if isinstance(at_ms, bytes) else long(at_ms),
+        )
+    )
 
 
 class _Reader:

@@ -384,6 +384,7 @@ class Coordinator(Subscriptions):
 
         records: list[ChangelogRecord] = []
         extra: list[ExtraRecord] = []
+        views: list[ExtraRecord] = []
         batch = StoreBatch()
         pushes: list[tuple[QueueRuntime, list[tuple[str, list[DeliveredMessage]]]]] = []
         for rt in self._runtimes.values():
@@ -415,19 +416,19 @@ class Coordinator(Subscriptions):
                 self._apply(rt, change, value, batch, payloads, extra)
             if effects.view:
                 assert rt.config.view_topic is not None
-                extra.extend(
+                views.extend(
                     view_records(rt.config.view_topic, name, effects.view, payloads, now_ms)
                 )
             if effects.deliveries:
                 pushes.append((rt, self._materialize(rt, effects.deliveries, payloads)))
         waiters, self._waiters = self._waiters, []
 
-        if records or extra:
+        if records or extra or views:
             assert self._writer is not None
             loop = asyncio.get_running_loop()
             self._last_commit = time.monotonic()
             offsets = await loop.run_in_executor(
-                self._commit_pool, self._writer.commit, records, extra
+                self._commit_pool, self._writer.commit, records, extra, views
             )
             for (topic, partition), last in offsets.items():
                 batch.set_changelog_offset(topic, partition, last + 1)

@@ -45,7 +45,7 @@ def view_record(
     deliveries: int,
     cancels: int,
     stored: StoredMessage | None,
-    at_ms: int,
+    at_ms: int | bytes,
 ) -> ViewRecord:
     if stored is None:  # never while the store is intact: the change still says what happened
         stored = StoredMessage(None, None)

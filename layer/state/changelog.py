@@ -85,8 +85,13 @@ class ChangelogWriter:
         self,
         records: Sequence[ChangelogRecord],
         extra: Sequence[ExtraRecord] = (),
+        bulk: Sequence[ExtraRecord] = (),
     ) -> dict[tuple[str, int], int]:
-        """Produce ``records`` and ``extra`` in one transaction and commit it.
+        """Produce ``records``, ``extra`` and ``bulk`` in one transaction and commit it.
+
+        ``bulk`` records get no delivery report of their own (a Python callback per record is a
+        measurable cost for many small records): a failed one still fails the commit, which
+        librdkafka refuses while any message of the transaction failed.
 
         Returns the highest offset written per (changelog topic, partition) of ``records``.
         Raises ``StateError`` when anything failed; nothing of the batch is then visible to a
@@ -94,7 +99,7 @@ class ChangelogWriter:
         """
         with self._lock:
             producer = self._usable()
-            if not records and not extra:
+            if not records and not extra and not bulk:
                 return {}
             last: dict[tuple[str, int], int] = {}
             errors: list[str] = []
@@ -127,6 +132,8 @@ class ChangelogWriter:
                     self._produce(producer, record[0], record[1], record[2], None, on_record)
                 for topic, key, value, headers in extra:
                     self._produce(producer, topic, key, value, headers, on_extra)
+                for topic, key, value, headers in bulk:
+                    self._produce(producer, topic, key, value, headers, None)
                 remaining = producer.flush(self._timeout)
                 if remaining:
                     raise StateError(
@@ -172,6 +179,8 @@ class ChangelogWriter:
             try:
                 if headers:
                     producer.produce(topic, value, key, headers=list(headers), on_delivery=callback)
+                elif callback is None:
+                    producer.produce(topic, value, key)
                 else:
                     producer.produce(topic, value, key, on_delivery=callback)
                 return

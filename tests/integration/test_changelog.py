@@ -256,6 +256,25 @@ def test_records_of_aborted_transactions_are_never_applied(
     assert result.records_applied == 2
 
 
+def test_a_failed_bulk_record_fails_the_commit_without_a_report_of_its_own(
+    topic_factory: Callable[..., str],
+    kafka_settings: dict[str, Any],
+    consume_all: Callable[..., list[Any]],
+) -> None:
+    topic, side = topic_factory(partitions=1), topic_factory(partitions=1)
+    writer = ChangelogWriter({**kafka_settings, "message.max.bytes": 10_000}, f"tx-{topic}")
+    try:
+        records = to_records(topic, "q", [Forget(Bookmark("under", 0, 1))])
+        with pytest.raises(StateError):
+            writer.commit(
+                records, bulk=[(side, b"ok", b"v", None), (side, None, b"x" * 50_000, None)]
+            )
+        writer.commit(records, bulk=[(side, b"kept", b"v", None)])
+    finally:
+        writer.close()
+    assert [m.key() for m in consume_all(side)] == [b"kept"]
+
+
 def test_a_new_writer_with_the_same_id_fences_the_old_one(
     writer_factory: Callable[[str], ChangelogWriter],
     topic_factory: Callable[..., str],
