@@ -80,35 +80,6 @@ def changelog_value(
     )
 
 
-def stored_message(
-    key: bytes | None,
-    value: bytes | None,
-    headers: tuple[tuple[str, bytes | None], ...],
-    timestamp_ms: int,
-    priority: int | None,
-    error: str | None,
-) -> bytes:
-    parts = [b"\x01", _opt_bytes(key), _opt_bytes(value)]  # STORED_MESSAGE_VERSION
-    if headers:
-        parts.append(long(len(headers)))
-        for hk, hv in headers:
-            raw = hk.encode()
-            parts.append(long(len(raw)))
-            parts.append(raw)
-            parts.append(_opt_bytes(hv))
-    parts.append(b"\x00")
-    parts.append(long(timestamp_ms))
-    parts.append(_opt_long(priority))
-    parts.append(_opt_str(error))
-    return b"".join(parts)
-
-
-@lru_cache(maxsize=4096)
-def _view_prefix(queue: str, topic: str, partition: int) -> bytes:
-    q, t = queue.encode(), topic.encode()
-    return long(len(q)) + q + long(len(t)) + t + long(partition)
-
-
 def _headers(headers: tuple[tuple[str, bytes | None], ...]) -> bytes:
     if not headers:
         return b"\x00"
@@ -120,6 +91,27 @@ def _headers(headers: tuple[tuple[str, bytes | None], ...]) -> bytes:
         parts.append(_opt_bytes(hv))
     parts.append(b"\x00")
     return b"".join(parts)
+
+
+def stored_message(
+    key: bytes | None,
+    value: bytes | None,
+    headers: tuple[tuple[str, bytes | None], ...],
+    timestamp_ms: int,
+    priority: int | None,
+    error: str | None,
+) -> bytes:
+    parts = [b"\x01", _opt_bytes(key), _opt_bytes(value), _headers(headers)]  # version 1
+    parts.append(long(timestamp_ms))
+    parts.append(_opt_long(priority))
+    parts.append(_opt_str(error))
+    return b"".join(parts)
+
+
+@lru_cache(maxsize=4096)
+def _view_prefix(queue: str, topic: str, partition: int) -> bytes:
+    q, t = queue.encode(), topic.encode()
+    return long(len(q)) + q + long(len(t)) + t + long(partition)
 
 
 def view_change(

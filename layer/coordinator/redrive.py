@@ -15,18 +15,16 @@ bookmark the message had when it was dead-lettered.
 from __future__ import annotations
 
 import logging
-import time
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException
-from confluent_kafka import TopicPartition as KafkaPartition
+from confluent_kafka import Message
 
 from layer.codec import ChangeKind, decode, encode_key, encode_value
 from layer.codec import ChangelogKey as Key
+from layer.coordinator.scan import scan_topic
 from layer.engine.model import Bookmark
-from layer.exceptions import BrokerError, SerializationError
+from layer.exceptions import SerializationError
 
 log = logging.getLogger(__name__)
 
@@ -42,49 +40,19 @@ def read_dead_letters(
 ) -> list[Letter]:
     """Every committed dead letter of ``queue`` in ``topic`` (a topic may collect the letters
     of several queues), in log order. Records that are not envelopes are skipped and logged."""
-    consumer = Consumer(
-        {
-            **settings,
-            "group.id": f"qlayer-redrive-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-        }
-    )
     letters: list[Letter] = []
-    try:
-        meta = consumer.list_topics(topic, timeout=idle_timeout).topics.get(topic)
-        if meta is None or meta.error is not None or not meta.partitions:
-            raise BrokerError(f"dead-letter topic {topic} is not available")
-        partitions = sorted(meta.partitions)
-        consumer.assign([KafkaPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        pending, last = set(partitions), time.monotonic()
-        while pending:
-            batch = consumer.consume(num_messages=10_000, timeout=0.2)
-            for msg in batch:
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        pending.discard(msg.partition())
-                        continue
-                    raise BrokerError(f"reading dead-letter topic {topic} failed: {err}")
-                where = Bookmark(topic, msg.partition() or 0, msg.offset() or 0)
-                try:
-                    envelope = decode("dead_letter", msg.value() or b"")
-                except SerializationError as exc:
-                    log.warning("dead-letter topic=%s record=%s skipped: %s", topic, where, exc)
-                    continue
-                if envelope["queue"] == queue:
-                    letters.append((where, envelope))
-            if batch:
-                last = time.monotonic()
-            elif time.monotonic() - last > idle_timeout:
-                raise BrokerError(f"dead-letter topic {topic}: no end of partition in time")
-    except KafkaException as exc:
-        raise BrokerError(f"reading dead-letter topic {topic} failed: {exc}") from exc
-    finally:
-        consumer.close()
+
+    def collect(msg: Message) -> None:
+        where = Bookmark(topic, msg.partition() or 0, msg.offset() or 0)
+        try:
+            envelope = decode("dead_letter", msg.value() or b"")
+        except SerializationError as exc:
+            log.warning("dead-letter topic=%s record=%s skipped: %s", topic, where, exc)
+            return
+        if envelope["queue"] == queue:
+            letters.append((where, envelope))
+
+    scan_topic(settings, topic, "dead-letter topic", collect, idle_timeout)
     return letters
 
 

@@ -15,18 +15,15 @@ the coordinator reads the view topic back and publishes the corrections (``recon
 from __future__ import annotations
 
 import logging
-import time
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException
-from confluent_kafka import TopicPartition as KafkaPartition
+from confluent_kafka import Message
 
 from layer import avro_fast
 from layer.codec import decode
+from layer.coordinator.scan import scan_topic
 from layer.engine.model import Bookmark, ViewChange
-from layer.exceptions import BrokerError
 from layer.state.base import StoredMessage
 
 log = logging.getLogger(__name__)
@@ -93,55 +90,21 @@ def read_view(
     settings: Mapping[str, Any], topic: str, idle_timeout: float = 30.0
 ) -> dict[Bookmark, bytes]:
     """The view topic's current contents: for every bookmark whose last record is +1, that
-    record's value. Reads committed records from the beginning to the end of every partition
-    (a broker that never compacts makes this read the whole history)."""
-    consumer = Consumer(
-        {
-            **settings,
-            "group.id": f"qlayer-view-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-        }
-    )
-    try:
-        meta = consumer.list_topics(topic, timeout=idle_timeout).topics.get(topic)
-        if meta is None or meta.error is not None or not meta.partitions:
-            raise BrokerError(f"view topic {topic} is not available: {meta and meta.error}")
-        partitions = sorted(meta.partitions)
-        consumer.assign([KafkaPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        pending = set(partitions)
-        contents: dict[Bookmark, bytes] = {}
-        last = time.monotonic()
-        while pending:
-            batch = consumer.consume(num_messages=10_000, timeout=0.2)
-            for msg in batch:
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        pending.discard(msg.partition())
-                        continue
-                    raise BrokerError(f"reading view topic {topic} failed: {err}")
-                key, value = msg.key(), msg.value()
-                if key is None or not value or len(value) < 2:
-                    continue  # not ours: a reader skips it too
-                bookmark = Bookmark.parse(key.decode())
-                if value[1] == 0x02:  # the zig-zag varint of sign +1
-                    contents[bookmark] = value
-                else:
-                    contents.pop(bookmark, None)
-            if batch:
-                last = time.monotonic()
-            elif time.monotonic() - last > idle_timeout:
-                raise BrokerError(
-                    f"view topic {topic}: no records nor end of partition for {idle_timeout:.0f}s"
-                )
-        return contents
-    except KafkaException as exc:
-        raise BrokerError(f"reading view topic {topic} failed: {exc}") from exc
-    finally:
-        consumer.close()
+    record's value (a broker that never compacts makes this read the whole history)."""
+    contents: dict[Bookmark, bytes] = {}
+
+    def apply(msg: Message) -> None:
+        key, value = msg.key(), msg.value()
+        if key is None or not value or len(value) < 2:
+            return  # not ours: a reader skips it too
+        bookmark = Bookmark.parse(key.decode())
+        if value[1] == 0x02:  # the zig-zag varint of sign +1
+            contents[bookmark] = value
+        else:
+            contents.pop(bookmark, None)
+
+    scan_topic(settings, topic, "view topic", apply, idle_timeout)
+    return contents
 
 
 def reconcile(
