@@ -28,9 +28,28 @@ _KIND_INDEX = {"LEASED": 0, "RETURNED": 1, "DONE": 2, "POSITION": 3}
 _SMALL = [bytes([(n << 1)]) if (n << 1) < 0x80 else b"" for n in range(64)]
 
 
+# Millisecond times (lease deadlines, record and message times) are 6-byte varints and repeat
+# a lot: one round stamps every record with the same time, a producer batch shares one. Remember
+# the recent ones (bounded) rather than encoding them again.
+_TIMES: dict[int, bytes] = {}
+_TIMES_MAX = 8192
+
+
 def long(n: int) -> bytes:
     if 0 <= n < 64:
         return _SMALL[n]
+    if n >= 0x1_0000_0000:
+        found = _TIMES.get(n)
+        if found is None:
+            found = _varint(n)
+            if len(_TIMES) >= _TIMES_MAX:
+                _TIMES.clear()
+            _TIMES[n] = found
+        return found
+    return _varint(n)
+
+
+def _varint(n: int) -> bytes:
     z = (n << 1) ^ (n >> 63)
     out = bytearray()
     while z > 0x7F:
