@@ -553,9 +553,11 @@ class AsyncQueueClient:
     ) -> _Subscribing:
         """Open a subscription: ``sub = await client.subscribe(q)`` or
         ``async with client.subscribe(q) as sub``. With ``filter`` (a content filter such as
-        ``"/symbol = 'IBM' AND /qty > 100"``) only matching messages are delivered. Raises
-        ``UnknownQueue``, or ``InvalidRequest`` for a bad backlog or filter (the message names
-        the column)."""
+        ``"/symbol = 'IBM' AND /qty > 100"``) only matching messages are delivered. A
+        ``queue`` starting with ``^`` is a regex of queue names: one subscription in every
+        matching queue, sharing one backlog (``msg.queue`` says where a message came from).
+        Raises ``UnknownQueue``, or ``InvalidRequest`` for a bad backlog or filter (the message
+        names the column)."""
         return _Subscribing(self, queue, max_backlog, filter)
 
     async def _open(

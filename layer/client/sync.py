@@ -526,9 +526,11 @@ class QueueClient:
     ) -> Subscription:
         """Open a subscription; at most ``max_backlog`` messages (capped by the queue) are
         leased to it and unacknowledged at a time. With ``filter`` (a content filter such as
-        ``"/symbol = 'IBM' AND /qty > 100"``) only matching messages are delivered. Raises
-        ``UnknownQueue``, or ``InvalidRequest`` for a bad backlog or filter (the message names
-        the column)."""
+        ``"/symbol = 'IBM' AND /qty > 100"``) only matching messages are delivered. A
+        ``queue`` starting with ``^`` is a regex of queue names: one subscription in every
+        matching queue, sharing one backlog (``msg.queue`` says where a message came from).
+        Raises ``UnknownQueue``, or ``InvalidRequest`` for a bad backlog or filter (the message
+        names the column)."""
         subscription = Subscription(
             self._channel,
             queue,
