@@ -1,9 +1,6 @@
-"""The queue workload of ``bench/queue_bench.py`` run on peer brokers on this machine.
+"""The peer brokers of the benchmark, each through its standard Python client, on loopback.
 
 RabbitMQ (a quorum queue), NATS JetStream (a work-queue stream) and Redis Streams (a consumer
-group), each through its standard Python client. Run ``python -m bench.peers.run --help``.
+group). Each module holds a ``System`` for ``bench.harness``, its ``check_available`` and the
+``consume`` function its consumer processes run. ``python -m bench.run`` drives them.
 """
-
-from bench.peers.common import PeerUnavailable
-
-__all__ = ["PeerUnavailable"]

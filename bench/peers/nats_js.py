@@ -32,17 +32,14 @@ from nats.js.api import (
     StreamConfig,
 )
 
-from bench.peers.common import (
-    CONSUMERS,
+from bench.harness import (
     PUBLISH_WINDOW,
     Pacer,
-    PeerUnavailable,
     Published,
+    Recorder,
+    ServiceUnavailable,
     payload,
 )
-from bench.peers.common import latency as _latency
-from bench.peers.common import throughput as _throughput
-from bench.peers.worker import Recorder
 
 NATS_URL = os.environ.get("BENCH_NATS_URL", "nats://127.0.0.1:4222")
 START = (
@@ -72,7 +69,7 @@ async def _connect() -> Client:
             timeout=10,
         )
     except _ERRORS as exc:
-        raise PeerUnavailable(
+        raise ServiceUnavailable(
             f"NATS is not reachable at {NATS_URL} ({type(exc).__name__}: {exc}); "
             f"start it with: {START}"
         ) from exc
@@ -83,7 +80,7 @@ async def _check() -> None:
     try:
         await nc.jetstream().account_info()
     except _ERRORS as exc:
-        raise PeerUnavailable(
+        raise ServiceUnavailable(
             f"NATS at {NATS_URL} answers but JetStream does not ({type(exc).__name__}: {exc}); "
             f"start it with -js: {START}"
         ) from exc
@@ -92,11 +89,12 @@ async def _check() -> None:
 
 
 def check_available() -> None:
-    """Raise ``PeerUnavailable`` unless the server accepts a connection and has JetStream."""
+    """Raise ``ServiceUnavailable`` unless the server accepts a connection and has JetStream."""
     asyncio.run(_check())
 
 
 class NatsPeer:
+    name = "nats"
     worker_module = "bench.peers.nats_js"
 
     def __init__(
@@ -261,26 +259,3 @@ async def _consume(target: dict[str, Any], rec: Recorder, stop: Any) -> None:
 def consume(target: dict[str, Any], rec: Recorder, stop: Any) -> None:
     """A consumer process: one member of the consumer's deliver group."""
     asyncio.run(_consume(target, rec, stop))
-
-
-def run_throughput(
-    n: int,
-    size: int,
-    consumers: int = CONSUMERS,
-    *,
-    max_ack_pending: int = DEFAULT_MAX_ACK_PENDING,
-) -> dict[str, Any]:
-    check_available()
-    return _throughput(NatsPeer(max_ack_pending), n, size, consumers)
-
-
-def run_latency(
-    rate: float,
-    seconds: float,
-    size: int,
-    consumers: int = CONSUMERS,
-    *,
-    max_ack_pending: int = DEFAULT_MAX_ACK_PENDING,
-) -> dict[str, Any]:
-    check_available()
-    return _latency(NatsPeer(max_ack_pending), rate, seconds, size, consumers)

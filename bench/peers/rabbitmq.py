@@ -23,17 +23,14 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
-from bench.peers.common import (
-    CONSUMERS,
+from bench.harness import (
     PUBLISH_WINDOW,
     Pacer,
-    PeerUnavailable,
     Published,
+    Recorder,
+    ServiceUnavailable,
     payload,
 )
-from bench.peers.common import latency as _latency
-from bench.peers.common import throughput as _throughput
-from bench.peers.worker import Recorder
 
 AMQP_URL = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 START = "rabbitmq-server -detached"
@@ -58,7 +55,7 @@ def _where() -> str:
     return f"{params.host}:{params.port}"
 
 
-def _unavailable(exc: BaseException) -> PeerUnavailable:
+def _unavailable(exc: BaseException) -> ServiceUnavailable:
     # pika's connection errors often print empty; the wrapped cause says what failed
     cause = exc
     while not str(cause):
@@ -66,14 +63,14 @@ def _unavailable(exc: BaseException) -> PeerUnavailable:
         if not isinstance(inner, BaseException):
             break
         cause = inner
-    return PeerUnavailable(
+    return ServiceUnavailable(
         f"RabbitMQ is not reachable at {_where()} ({type(cause).__name__}: {cause}); "
         f"start it with: {START}"
     )
 
 
 def check_available() -> None:
-    """Raise ``PeerUnavailable`` unless the broker accepts a connection."""
+    """Raise ``ServiceUnavailable`` unless the broker accepts a connection."""
     try:
         conn = pika.BlockingConnection(_params())
     except (pika.exceptions.AMQPError, OSError) as exc:
@@ -98,6 +95,7 @@ def _text(value: Any) -> str:
 
 
 class RabbitPeer:
+    name = "rabbitmq"
     worker_module = "bench.peers.rabbitmq"
 
     def __init__(self, prefetch: int = DEFAULT_PREFETCH, window: int = PUBLISH_WINDOW) -> None:
@@ -285,22 +283,3 @@ def consume(target: dict[str, Any], rec: Recorder, stop: Any) -> None:
     while not stop.is_set():
         conn.process_data_events(time_limit=0.05)
     conn.close()
-
-
-def run_throughput(
-    n: int, size: int, consumers: int = CONSUMERS, *, prefetch: int = DEFAULT_PREFETCH
-) -> dict[str, Any]:
-    check_available()
-    return _throughput(RabbitPeer(prefetch), n, size, consumers)
-
-
-def run_latency(
-    rate: float,
-    seconds: float,
-    size: int,
-    consumers: int = CONSUMERS,
-    *,
-    prefetch: int = DEFAULT_PREFETCH,
-) -> dict[str, Any]:
-    check_available()
-    return _latency(RabbitPeer(prefetch), rate, seconds, size, consumers)

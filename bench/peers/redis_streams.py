@@ -16,17 +16,14 @@ from typing import Any
 import redis
 import redis.exceptions
 
-from bench.peers.common import (
-    CONSUMERS,
+from bench.harness import (
     PUBLISH_WINDOW,
     Pacer,
-    PeerUnavailable,
     Published,
+    Recorder,
+    ServiceUnavailable,
     payload,
 )
-from bench.peers.common import latency as _latency
-from bench.peers.common import throughput as _throughput
-from bench.peers.worker import Recorder
 
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 START = (
@@ -42,13 +39,13 @@ def _client() -> redis.Redis:
 
 
 def check_available() -> None:
-    """Raise ``PeerUnavailable`` unless the server answers PING."""
+    """Raise ``ServiceUnavailable`` unless the server answers PING."""
     client = _client()
     try:
         client.ping()
     except (redis.exceptions.RedisError, OSError) as exc:
         where = client.connection_pool.connection_kwargs
-        raise PeerUnavailable(
+        raise ServiceUnavailable(
             f"Redis is not reachable at {where.get('host')}:{where.get('port')} "
             f"({type(exc).__name__}: {exc}); start it with: {START}"
         ) from exc
@@ -57,6 +54,7 @@ def check_available() -> None:
 
 
 class RedisPeer:
+    name = "redis"
     worker_module = "bench.peers.redis_streams"
 
     def __init__(self, count: int = DEFAULT_COUNT, window: int = PUBLISH_WINDOW) -> None:
@@ -140,22 +138,3 @@ def consume(target: dict[str, Any], rec: Recorder, stop: Any) -> None:
                 ids.append(entry_id)
             r.xack(key, group, *ids)
             rec.acked(len(ids))
-
-
-def run_throughput(
-    n: int, size: int, consumers: int = CONSUMERS, *, count: int = DEFAULT_COUNT
-) -> dict[str, Any]:
-    check_available()
-    return _throughput(RedisPeer(count), n, size, consumers)
-
-
-def run_latency(
-    rate: float,
-    seconds: float,
-    size: int,
-    consumers: int = CONSUMERS,
-    *,
-    count: int = DEFAULT_COUNT,
-) -> dict[str, Any]:
-    check_available()
-    return _latency(RedisPeer(count), rate, seconds, size, consumers)

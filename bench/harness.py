@@ -1,18 +1,21 @@
-"""What every peer shares: the workload, the consumer processes, the two measurements.
+"""The one harness every system under test goes through: workload, consumers, the two drivers.
 
-A peer supplies a small object (``Peer``) that creates and deletes a fresh queue, publishes into it
-and counts what is left, plus a ``consume`` function run in each consumer process. The drivers here
-(``throughput`` and ``latency``) do the rest the same way for every peer, so the figures compare.
-
-The payload and percentile helpers are copied from ``bench/queue_bench.py`` on purpose: the peer
-bench must not move when the qlayer bench does.
+A system (qlayer, raw Kafka, RabbitMQ, NATS JetStream, Redis Streams) supplies a small object
+(``System``) that creates and deletes a fresh queue, publishes into it and counts what is left,
+plus a module-level ``consume(target, recorder, stop)`` run in each consumer process. The drivers
+here (``throughput`` and ``latency``) do the rest the same way for every system, so the figures
+compare: the same payloads, the same number of consumer processes, the same pacing, the same
+clock (latency = the consumer's wall clock at delivery minus the ``ts`` the publisher put in the
+message, on one machine), the same end-of-run rule.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import multiprocessing as mp
+import os
 import shutil
 import statistics
 import tempfile
@@ -31,19 +34,32 @@ PUBLISH_WINDOW = 1000
 SUSTAINED_SHARE = 0.95
 
 
-class PeerUnavailable(Exception):
-    """A peer's service cannot be reached; the message says how to start it."""
+class ServiceUnavailable(Exception):
+    """A service the run needs cannot be reached; the message says how to start it."""
+
+
+_PAD = "x" * 65536
 
 
 def payload(size: int, i: int) -> bytes:
-    """A JSON message of about ``size`` bytes carrying its publish time ``ts`` (epoch seconds)."""
-    base = {"id": i, "symbol": "ACME", "qty": i % 100, "ts": time.time(), "pad": ""}
-    raw = json.dumps(base)
-    base["pad"] = "x" * max(0, size - len(raw))
-    return json.dumps(base).encode()
+    """A JSON message of ``size`` bytes (at least ~70) carrying its publish time ``ts`` first.
+
+    ``{"ts": 1763800000.123456, "id": 7, "symbol": "ACME", "qty": 7, "pad": "xxx..."}``. Built by
+    one format instead of ``json.dumps``: on two cores the publisher's CPU is taken from the
+    systems under test (8.5 us a message with json.dumps twice, ~1 us like this).
+    """
+    head = f'{{"ts": {time.time():.6f}, "id": {i}, "symbol": "ACME", "qty": {i % 100}, "pad": "'
+    return (head + _PAD[: max(0, size - len(head) - 2)] + '"}').encode()
 
 
-def percentiles(values: list[float]) -> dict[str, float]:
+def publish_time(body: bytes) -> float:
+    """The ``ts`` of a message made by ``payload``: a slice, not a JSON parse of the message."""
+    if body.startswith(b'{"ts": '):
+        return float(body[7 : body.index(b",", 7)])
+    return float(json.loads(body)["ts"])
+
+
+def percentiles(values: list[float] | array[float]) -> dict[str, float]:
     """Latency percentiles in milliseconds of ``values`` given in seconds."""
     if not values:
         return {}
@@ -62,12 +78,16 @@ def percentiles(values: list[float]) -> dict[str, float]:
     }
 
 
+def loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 class Pacer:
     """When message ``i`` is due: at once for rate 0, else ``i / rate`` after the start.
 
     With ``seconds``, a publisher that falls behind the offered rate stops once that time (and a
     second's grace) is up rather than running on: a latency point takes its length whatever the
-    peer achieves, and reports the rate it did achieve.
+    system achieves, and reports the rate it did achieve.
     """
 
     def __init__(self, rate: float, seconds: float = 0.0) -> None:
@@ -96,9 +116,10 @@ class Published:
     confirmed: float  # the broker confirmed the last outstanding message
 
 
-class Peer(Protocol):
-    """One broker under test, seen from the driver process."""
+class System(Protocol):
+    """One system under test, seen from the driver process."""
 
+    name: str  # short key: "qlayer", "kafka", "rabbitmq", "nats", "redis"
     # the module whose ``consume(target, recorder, stop)`` runs in each consumer process
     worker_module: str
 
@@ -113,7 +134,7 @@ class Peer(Protocol):
     ) -> Published:
         """Publish ``n`` messages, at ``rate`` per second or as fast as allowed (rate 0).
 
-        With ``seconds``, stop early if the peer falls behind (see ``Pacer``).
+        With ``seconds``, stop early if the system falls behind (see ``Pacer``).
         """
         ...
 
@@ -126,11 +147,61 @@ class Peer(Protocol):
         ...
 
 
+def _observed(system: System, target: dict[str, Any], messages: int) -> dict[str, Any]:
+    """What a system reports of its own costs for a run, if it can (``observe``, optional)."""
+    observe = getattr(system, "observe", None)
+    return dict(observe(target, messages)) if observe is not None else {}
+
+
+# --- the consumer processes ------------------------------------------------------------------
+
+
+class Recorder:
+    """One consumer's view of the run: its slot in the shared counters and its latencies.
+
+    The system's consumer calls ``delivered`` on every delivery and ``acked`` after every ack (or,
+    for raw Kafka, after every consumed batch: there is no ack).
+    """
+
+    def __init__(self, index: int, shared: tuple[Any, Any, Any, Any]) -> None:
+        self.index = index
+        self._acks, self._last, self._redelivered, self._ready = shared
+        self.latencies = array("d")
+
+    def ready(self) -> None:
+        """The consumer is subscribed: the driver may start publishing."""
+        self._ready[self.index] = 1
+
+    def delivered(self, body: bytes, redelivered: bool = False) -> None:
+        self.latencies.append(time.time() - publish_time(body))
+        if redelivered:
+            self._redelivered[self.index] += 1
+
+    def acked(self, count: int = 1) -> None:
+        """``count`` acks were handed to the broker's client."""
+        self._acks[self.index] += count
+        self._last[self.index] = time.time()
+
+
+def _consumer_main(
+    module: str,
+    target: dict[str, Any],
+    index: int,
+    shared: tuple[Any, Any, Any, Any],
+    stop: Any,
+    out: str,
+) -> None:
+    """A consumer process: consume ``target`` with the system in ``module`` until ``stop``."""
+    rec = Recorder(index, shared)
+    importlib.import_module(module).consume(target, rec, stop)
+    Path(out).write_bytes(rec.latencies.tobytes())
+
+
 @dataclass(frozen=True)
 class Collected:
     acked: int
     redelivered: int
-    latencies: list[float]
+    latencies: array[float]
 
 
 class ConsumerPool:
@@ -141,10 +212,8 @@ class ConsumerPool:
     """
 
     def __init__(self, module: str, target: dict[str, Any], consumers: int) -> None:
-        from bench.peers import worker  # the worker imports the peer modules, which import us
-
         ctx = mp.get_context("spawn")
-        self._dir = Path(tempfile.mkdtemp(prefix="qlayer-peers-"))
+        self._dir = Path(tempfile.mkdtemp(prefix="qlayer-bench-"))
         self.acks = ctx.Array("q", consumers, lock=False)
         self.last = ctx.Array("d", consumers, lock=False)
         self.redelivered = ctx.Array("q", consumers, lock=False)
@@ -152,7 +221,7 @@ class ConsumerPool:
         self.stop = ctx.Event()
         self.procs = [
             ctx.Process(
-                target=worker.run,
+                target=_consumer_main,
                 args=(
                     module,
                     target,
@@ -196,15 +265,15 @@ class ConsumerPool:
     def wait_acked(self, n: int, timeout: float) -> float:
         """Block until ``n`` acks are counted; return the wall time of the last one."""
         deadline = time.monotonic() + timeout
-        report = time.monotonic() + 5
+        report = time.monotonic() + 10
         while (acked := sum(self.acks)) < n:
             self._check_alive()
             now = time.monotonic()
             if now > deadline:
                 raise RuntimeError(f"only {acked} of {n} messages acked after {timeout:.0f} s")
             if now > report:
-                log.info("acked %d/%d", acked, n)
-                report = now + 5
+                log.info("  acked %d/%d", acked, n)
+                report = now + 10
             time.sleep(0.005)
         return max(self.last)
 
@@ -214,11 +283,9 @@ class ConsumerPool:
         failed = [p.name for p in self.procs if p.exitcode != 0]
         if failed:
             raise RuntimeError(f"consumer processes failed: {', '.join(failed)}")
-        latencies: list[float] = []
+        latencies = array("d")
         for i in range(len(self.procs)):
-            lat = array("d")
-            lat.frombytes((self._dir / f"latencies-{i}").read_bytes())
-            latencies.extend(lat)
+            latencies.frombytes((self._dir / f"latencies-{i}").read_bytes())
         return Collected(sum(self.acks), sum(self.redelivered), latencies)
 
     def _shutdown(self) -> None:
@@ -233,84 +300,100 @@ class ConsumerPool:
                 p.join(5)
 
 
-def _drained(peer: Peer, target: dict[str, Any], timeout: float = 10.0) -> int:
+# --- the two drivers -------------------------------------------------------------------------
+
+
+def _drained(system: System, target: dict[str, Any], timeout: float = 10.0) -> int:
     """What the broker still holds once the last acks had time to land (they are async)."""
     deadline = time.monotonic() + timeout
-    while (left := peer.outstanding(target)) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    while (left := system.outstanding(target)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     if left:
-        log.warning("broker still holds %d unacked messages after the run", left)
+        log.warning("%s still holds %d unacked messages after the run", system.name, left)
     return left
 
 
-def throughput(peer: Peer, n: int, size: int, consumers: int = CONSUMERS) -> dict[str, Any]:
-    """Publish ``n`` as fast as the peer allows while ``consumers`` processes consume and ack."""
-    target = peer.create()
+def throughput(system: System, n: int, size: int, consumers: int = CONSUMERS) -> dict[str, Any]:
+    """Publish ``n`` as fast as the system allows while ``consumers`` processes consume and ack.
+
+    Throughput is ``n`` over the time from the first publish to the last ack a consumer handed
+    to its client.
+    """
+    load_before = loadavg()
+    target = system.create()
     try:
-        with ConsumerPool(peer.worker_module, target, consumers) as pool:
-            pub = peer.publish(target, n, size, 0.0)
-            end = pool.wait_acked(n, timeout=60 + n / 200)
+        with ConsumerPool(system.worker_module, target, consumers) as pool:
+            pub = system.publish(target, n, size, 0.0)
+            end = pool.wait_acked(n, timeout=120 + n / 500)
             got = pool.finish()
-        left = _drained(peer, target)
+        left = _drained(system, target)
+        observed = _observed(system, target, n)
     finally:
-        peer.delete(target)
-    # the publish side again with nobody consuming: the peer's publish capacity on its own
-    target = peer.create()
-    try:
-        alone = peer.publish(target, n, size, 0.0)
-    finally:
-        peer.delete(target)
+        system.delete(target)
     elapsed = end - pub.first
     return {
-        "n": n,
-        "size": size,
+        "messages": n,
+        "message_bytes": size,
         "consumers": consumers,
-        "throughput_msg_s": round(n / elapsed),
+        "msgs_per_s": round(n / elapsed),
         "elapsed_s": round(elapsed, 3),
-        "publish_msg_s": round(n / max(1e-9, pub.confirmed - pub.first)),
-        "publish_only_msg_s": round(n / max(1e-9, alone.confirmed - alone.first)),
+        "publish_msgs_per_s": round(n / max(1e-9, pub.confirmed - pub.first)),
         "acked": got.acked,
         "redelivered": got.redelivered,
         "unacked_after": left,
+        # saturated: this is mostly how long messages waited in the queue, not the delivery path
         "latency_saturated": percentiles(got.latencies),
-        "settings": peer.settings(),
+        **observed,
+        "loadavg_before": load_before,
+        "loadavg_after": loadavg(),
     }
 
 
 def latency(
-    peer: Peer, rate: float, seconds: float, size: int, consumers: int = CONSUMERS
+    system: System, rate: float, seconds: float, size: int, consumers: int = CONSUMERS
 ) -> dict[str, Any]:
-    """Publish at ``rate`` per second for ``seconds``; latency is delivery time minus ``ts``."""
+    """Publish at ``rate`` per second for ``seconds``; latency is delivery time minus ``ts``.
+
+    A system that does not keep up (publishes or acks below ``SUSTAINED_SHARE`` of the rate) is
+    reported with the rates it achieved and no percentiles: under overload the percentiles would
+    measure how long the run lasted, not the system.
+    """
+    load_before = loadavg()
     n = max(2, int(rate * seconds))
-    target = peer.create()
+    target = system.create()
     try:
-        with ConsumerPool(peer.worker_module, target, consumers) as pool:
-            pub = peer.publish(target, n, size, rate, seconds)
-            end = pool.wait_acked(pub.count, timeout=60 + 4 * seconds)
+        with ConsumerPool(system.worker_module, target, consumers) as pool:
+            pub = system.publish(target, n, size, rate, seconds)
+            end = pool.wait_acked(pub.count, timeout=120 + 4 * seconds)
             got = pool.finish()
-        left = _drained(peer, target)
+        left = _drained(system, target)
+        observed = _observed(system, target, pub.count)
     finally:
-        peer.delete(target)
+        system.delete(target)
     # n messages paced at `rate` span n - 1 intervals
     achieved = (pub.count - 1) / max(1e-9, pub.last_sent - pub.first)
     delivered = (pub.count - 1) / max(1e-9, end - pub.first)
     sustained = min(achieved, delivered) >= SUSTAINED_SHARE * rate
+    observed = percentiles(got.latencies)
     res: dict[str, Any] = {
-        "offered_rate": rate,
-        "achieved_rate": round(achieved),
-        "delivered_rate": round(delivered),
+        "offered_msgs_per_s": rate,
+        "achieved_msgs_per_s": round(achieved),
+        "delivered_msgs_per_s": round(delivered),
         "sustained": sustained,
         "seconds": seconds,
         "published": pub.count,
-        "size": size,
+        "message_bytes": size,
         "consumers": consumers,
         "count": len(got.latencies),
-        "latency": percentiles(got.latencies),
+        "latency": observed if sustained else None,
         "redelivered": got.redelivered,
         "unacked_after": left,
-        "settings": peer.settings(),
+        **observed,
+        "loadavg_before": load_before,
+        "loadavg_after": loadavg(),
     }
     if not sustained:
+        res["latency_while_overloaded"] = observed
         res["note"] = (
             f"did not sustain {rate:.0f} msg/s offered: published at {achieved:.0f}/s, "
             f"delivered and acked at {delivered:.0f}/s"

@@ -1,0 +1,298 @@
+"""The README table of a benchmark run: every figure, and qlayer's ratio to the best peer and to
+the raw-Kafka ceiling.
+
+``python -m bench.report bench/results/queue-....json`` prints the Markdown; with ``--readme
+README.md`` it also replaces the text between ``<!-- bench-table:begin -->`` and
+``<!-- bench-table:end -->`` (inside the README's Benchmarks section) with it.
+
+A ratio is always qlayer's figure divided by the other's: for throughput above 1 is better, for
+latency, memory and restart times below 1 is better. The best peer is the best of RabbitMQ, NATS
+JetStream and Redis Streams on that row (highest throughput, lowest latency); raw Kafka is not a
+peer but the ceiling. A latency point a system did not sustain shows the rate it achieved instead
+of percentiles, and gives no ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+BEGIN = "<!-- bench-table:begin -->"
+END = "<!-- bench-table:end -->"
+PEERS = ("rabbitmq", "nats", "redis")
+COLUMNS = ("qlayer", "kafka", "rabbitmq", "nats", "redis")
+HEADS = {
+    "qlayer": "qlayer",
+    "kafka": "raw Kafka (ceiling)",
+    "rabbitmq": "RabbitMQ",
+    "nats": "NATS JetStream",
+    "redis": "Redis Streams",
+}
+SHORT = {"rabbitmq": "RabbitMQ", "nats": "NATS", "redis": "Redis"}
+
+# a cell: the number to compare (None: none), and the text to show
+Cell = tuple[float | None, str]
+
+
+def _num(x: float, digits: int = 0) -> str:
+    return f"{x:,.{digits}f}"
+
+
+def _tp_cells(results: dict[str, Any], i: int) -> dict[str, Cell]:
+    cells: dict[str, Cell] = {}
+    for s, runs in results.get("throughput", {}).items():
+        r = runs[i] if i < len(runs) else {}
+        if "msgs_per_s" in r:
+            cells[s] = (float(r["msgs_per_s"]), _num(r["msgs_per_s"]))
+        else:
+            cells[s] = (None, "failed" if "error" in r else "skipped")
+    return cells
+
+
+def _lat_cells(results: dict[str, Any], i: int, key: str) -> dict[str, Cell]:
+    cells: dict[str, Cell] = {}
+    for s, runs in results.get("latency", {}).items():
+        r = runs[i] if i < len(runs) else {}
+        if "sustained" not in r:
+            cells[s] = (None, "failed" if "error" in r else "skipped")
+        elif not r["sustained"]:
+            cells[s] = (None, f"not sustained ({_num(r['delivered_msgs_per_s'])}/s)")
+        else:
+            v = r["latency"][key]
+            cells[s] = (float(v), _num(v, 1 if v >= 10 else 2))
+    return cells
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    if a is None or b is None or b == 0:
+        return "–"
+    return f"{a / b:.2f}"
+
+
+def _row(label: str, cells: dict[str, Cell], higher_better: bool, columns: list[str]) -> str:
+    peers = [(s, cells[s][0]) for s in PEERS if s in cells and cells[s][0] is not None]
+    best = None
+    if peers:
+        pick = max if higher_better else min
+        best = pick(peers, key=lambda p: p[1])  # type: ignore[arg-type, return-value]
+    q = cells.get("qlayer", (None, ""))[0]
+    vs_peer = "–"
+    if best is not None:
+        r = _ratio(q, best[1])
+        vs_peer = f"{r} ({SHORT[best[0]]})" if r != "–" else "–"
+    vs_ceiling = _ratio(q, cells.get("kafka", (None, ""))[0])
+    shown = [cells.get(s, (None, "–"))[1] for s in columns]
+    return f"| {label} | " + " | ".join(shown) + f" | {vs_peer} | {vs_ceiling} |"
+
+
+def markdown(results: dict[str, Any], source: Path | str | None = None) -> str:
+    columns = [c for c in COLUMNS if c in results.get("settings", {})]
+    head = "| measure | " + " | ".join(HEADS[c] for c in columns)
+    rows = [
+        head + " | qlayer ÷ best peer | qlayer ÷ ceiling |",
+        "|---|" + "---:|" * (len(columns) + 2),
+    ]
+    w = results["workload"]
+    for i, size in enumerate(w["sizes"] if results.get("throughput") else ()):
+        label = f"throughput, {size:,} B JSON, publish → deliver → ack (msg/s)"
+        rows.append(_row(label, _tp_cells(results, i), True, columns))
+    cpu = [
+        r.get("coordinator_cpu_us_per_msg") for r in results.get("throughput", {}).get("qlayer", [])
+    ]
+    if cpu and all(c is not None for c in cpu):
+        rows.append(
+            _row(
+                "coordinator CPU per message in those runs, "
+                + " / ".join(f"{size:,} B" for size in w["sizes"])
+                + " (µs)",
+                {"qlayer": (None, " / ".join(f"{c:.0f}" for c in cpu))},
+                False,
+                columns,
+            )
+        )
+    for i, rate in enumerate(w["latency_rates"] if results.get("latency") else ()):
+        for key, name in (("p50_ms", "p50"), ("p99_ms", "p99"), ("p999_ms", "p99.9")):
+            label = f"latency at {rate:,.0f} msg/s offered, {name} (ms)"
+            rows.append(_row(label, _lat_cells(results, i, key), False, columns))
+    m = results.get("memory_restart") or {}
+    if "bytes_per_queued_message" in m:
+        only = {
+            "qlayer": (float(m["bytes_per_queued_message"]), _num(m["bytes_per_queued_message"]))
+        }
+        q = m["queued"]
+        rows.append(
+            _row(f"coordinator RSS per queued message, {q:,} queued (bytes)", only, False, columns)
+        )
+        ingest = m["ingest_msgs_per_s"]
+        rows.append(
+            _row(
+                f"ingest into the queue, {m['message_bytes']} B, no consumers (msg/s)",
+                {"qlayer": (None, _num(ingest))},
+                True,
+                columns,
+            )
+        )
+        for key, name in (
+            ("state_intact", "state dir intact"),
+            ("from_changelog", "rebuilt from the changelog"),
+        ):
+            serving, full = m[f"restart_{key}_serving_s"], m[f"restart_{key}_all_available_s"]
+            rows.append(
+                _row(
+                    f"restart with {q:,} queued, {name}: serving / all available (s)",
+                    {"qlayer": (float(serving), f"{serving} / {full}")},
+                    False,
+                    columns,
+                )
+            )
+    elif m:
+        rows.append(f"| memory and restart | {'failed' if 'error' in m else 'skipped'} |")
+    notes = []
+    for s, runs in results.get("latency", {}).items():
+        for r in runs:
+            if r.get("note"):
+                notes.append(f"- {HEADS[s]}: {r['note']}.")
+    p = results.get("profile") or {}
+    if "throughput_while_sampled" in p:
+        notes.append(
+            f"- qlayer under py-spy ({p['samples']:,} samples): "
+            f"{_num(p['throughput_while_sampled']['msgs_per_s'])} msg/s at 200 B."
+        )
+    out = "\n".join(rows)
+    if notes:
+        out += "\n\n" + "\n".join(notes)
+    return out + "\n\n" + context(results, source)
+
+
+def context(results: dict[str, Any], source: Path | str | None = None) -> str:
+    """Machine, versions and settings of a run, as a short list."""
+    mc, v, w = results["machine"], results["versions"], results["workload"]
+    st = results["settings"]
+    mins = results.get("duration_s", 0) / 60
+    lines = [
+        f"Run `{results['name']}`"
+        + (f" (`{source}`)" if source else "")
+        + f", {results['started'][:16].replace('T', ' ')}, {mins:.0f} min"
+        + (", quick" if results.get("quick") else "")
+        + f", git {results.get('git', {}).get('head', '?')}"
+        + (" with uncommitted changes" if results.get("git", {}).get("uncommitted") else "")
+        + ".",
+        f"- Machine: {mc['cpus']} cores ({mc.get('cpu') or 'cpu ?'}), {mc['memory_gib']} GiB, "
+        f"{mc['platform']}; load average (1/5/15 min) {'/'.join(map(str, mc['loadavg_before']))} "
+        f"before, {'/'.join(map(str, mc.get('loadavg_after', [])))} after (shared machine).",
+        f"- Versions: Python {v['python']}, confluent-kafka {v['confluent-kafka']}, "
+        f"grpcio {v['grpcio']}, rocksdict {v['rocksdict']}, pika {v['pika']}, "
+        f"nats-py {v['nats-py']}, redis-py {v['redis']}.",
+    ]
+    servers = (
+        [st["kafka" if "kafka" in st else "qlayer"]["broker"]]
+        if ("kafka" in st or "qlayer" in st)
+        else []
+    )
+    servers += [st[s]["server"] for s in PEERS if s in st]
+    lines.append("- Servers: " + "; ".join(servers) + ".")
+    lines.append(
+        f"- Workload: {w['semantics']}; {w['consumers']} consumer processes, "
+        f"{w['consumer_window']} unacked messages per consumer "
+        "(qlayer max_backlog, RabbitMQ prefetch, Redis XREADGROUP COUNT, NATS MaxAckPending "
+        f"{w['consumer_window'] * w['consumers']} for the group); "
+        f"{w['throughput_messages']:,} messages per throughput run; latency points of "
+        f"{w['latency_seconds']:.0f} s with {w['latency_message_bytes']} B messages."
+    )
+    for s in ("rabbitmq", "nats", "redis"):
+        if s in st:
+            d = st[s]
+            lines.append(f"- {HEADS[s]}: {d['queue']}; {d['durability']}; ack: {d['ack']}.")
+    if "qlayer" in st:
+        lines.append(f"- qlayer: {st['qlayer']['queue']}; {st['qlayer']['consumer']}.")
+    return "\n".join(lines)
+
+
+def mean_load(results: dict[str, Any]) -> float:
+    loads = [
+        x
+        for group in ("throughput", "latency")
+        for runs in results.get(group, {}).values()
+        for r in runs
+        for x in (r.get("loadavg_before", [None])[0], r.get("loadavg_after", [None])[0])
+        if x is not None
+    ]
+    return sum(loads) / len(loads) if loads else float("nan")
+
+
+def spread(runs: list[tuple[str, dict[str, Any]]]) -> str:
+    """Headline figures of several runs side by side: how much a shared machine moves them."""
+
+    def tp(r: dict[str, Any], s: str, i: int) -> str:
+        rs = r.get("throughput", {}).get(s, [])
+        return _num(rs[i]["msgs_per_s"]) if i < len(rs) and "msgs_per_s" in rs[i] else "–"
+
+    def p50(r: dict[str, Any], s: str, i: int) -> str:
+        rs = r.get("latency", {}).get(s, [])
+        if i >= len(rs) or "sustained" not in rs[i]:
+            return "–"
+        if not rs[i]["sustained"]:
+            return f"n.s. ({_num(rs[i]['delivered_msgs_per_s'])}/s)"
+        return _num(rs[i]["latency"]["p50_ms"], 1)
+
+    order = " / ".join(("qlayer", "Kafka", *(SHORT[s] for s in PEERS)))
+    rows = [
+        f"| run | mean load | msg/s at 200 B: {order} | msg/s at 1 KiB | p50 at 1,000 msg/s (ms) |",
+        "|---|---:|---|---|---|",
+    ]
+    for name, r in runs:
+        rows.append(
+            f"| `{name}` | {mean_load(r):.1f} | "
+            + " | ".join(
+                [
+                    " / ".join(tp(r, s, 0) for s in COLUMNS),
+                    " / ".join(tp(r, s, 1) for s in COLUMNS),
+                    " / ".join(p50(r, s, 0) for s in COLUMNS),
+                ]
+            )
+            + " |"
+        )
+    return "\n".join(rows)
+
+
+def update_readme(readme: Path, text: str) -> None:
+    body = readme.read_text()
+    start, end = body.find(BEGIN), body.find(END)
+    if start < 0 or end < start:
+        raise SystemExit(f"{readme}: no {BEGIN} ... {END} block to replace")
+    readme.write_text(body[: start + len(BEGIN)] + "\n" + text + "\n" + body[end:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("results", type=Path, help="a bench/results/queue-*.json file")
+    p.add_argument("--readme", type=Path, help="replace the table block in this README")
+    p.add_argument(
+        "--also", type=Path, nargs="*", default=[], help="other runs: a table of their headlines"
+    )
+    args = p.parse_args(argv)
+    results = json.loads(args.results.read_text())
+    text = markdown(results, source=args.results)
+    if args.also:
+        runs = [(args.results.stem, results)]
+        runs += [(f.stem, json.loads(f.read_text())) for f in args.also]
+        text += (
+            "\n\nThe headline figures of every full run of the day (the one above first), "
+            "with the mean 1-minute load average over its measurements:\n\n" + spread(runs)
+        )
+    print(text)
+    if args.readme:
+        update_readme(args.readme, text)
+        print(f"updated {args.readme}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
