@@ -13,7 +13,8 @@ from typing import Protocol
 from layer.engine.model import AckError, AckOp, Bookmark
 
 
-@dataclass(frozen=True, slots=True)
+# Built per message: not frozen (a frozen __init__ costs ~6x), and never mutated.
+@dataclass(slots=True, unsafe_hash=True)
 class DeliveredMessage:
     """A message handed to a subscription."""
 

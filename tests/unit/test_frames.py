@@ -297,3 +297,32 @@ def test_corrupted_frames_decode_or_raise_serialization_error(
         data[position % len(data)] = value
     with contextlib.suppress(SerializationError):
         codec.decode(bytes(data))
+
+
+_opt_bytes = st.none() | st.binary(max_size=30)
+_delivered = st.builds(
+    DeliveredMessage,
+    bookmark=st.builds(
+        Bookmark,
+        st.text(min_size=1, max_size=12),
+        st.integers(0, 2**31 - 1),
+        st.integers(0, 2**63 - 1),
+    ),
+    key=_opt_bytes,
+    value=_opt_bytes,
+    headers=st.lists(st.tuples(st.text(max_size=8), _opt_bytes), max_size=3),
+    timestamp_ms=st.integers(-(2**63), 2**63 - 1),
+    deliveries=st.integers(0, 2**31 - 1),
+    cancels=st.integers(0, 2**31 - 1),
+    lease_deadline_ms=st.none() | st.integers(-(2**63), 2**63 - 1),
+    barrier=st.booleans(),
+    queue=st.text(max_size=12),
+)
+
+
+@given(st.lists(_delivered, max_size=4))
+def test_the_hand_written_messages_frame_is_fastavros_bytes(messages: list[Any]) -> None:
+    frame = Messages(messages)
+    fast = SERVER_FRAME_CODEC.encode(frame)
+    assert fast == FrameCodec.encode(SERVER_FRAME_CODEC, frame)  # the generic fastavro path
+    assert SERVER_FRAME_CODEC.decode(fast) == frame
