@@ -13,13 +13,15 @@ from connectors.kafka import (
     PROFILES,
     TANSU,
     BrokerProfile,
+    IsolationLevel,
+    Watermarks,
     admin_settings,
     cached_high_watermark,
     client_settings,
     consumer_settings,
     detect_profile,
     producer_settings,
-    read_high_watermarks,
+    read_watermarks,
 )
 from layer.exceptions import BrokerError, ConfigError
 
@@ -79,6 +81,7 @@ __all__ = [
     "BrokerProfile",
     "EmbeddedBroker",
     "ExternalBroker",
+    "IsolationLevel",
     "KAFKA",
     "KafkaContainerBroker",
     "PROFILES",
@@ -86,6 +89,7 @@ __all__ = [
     "TANSU",
     "TopicAdmin",
     "TopicSpec",
+    "Watermarks",
     "admin_settings",
     "cached_high_watermark",
     "client_settings",
@@ -93,6 +97,6 @@ __all__ = [
     "detect_profile",
     "find_tansu_binary",
     "producer_settings",
-    "read_high_watermarks",
+    "read_watermarks",
     "start_broker",
 ]

@@ -8,12 +8,13 @@ Code elsewhere asks the profile ("can this broker compact?"), never the broker's
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
@@ -278,56 +279,104 @@ def cached_high_watermark(consumer: Consumer, topic: str, partition: int) -> int
     return None if high is None or high < 0 else int(high)
 
 
-def read_high_watermarks(
+IsolationLevel = Literal["read_uncommitted", "read_committed"]
+
+
+class Watermarks(NamedTuple):
+    """A partition's offsets: ``low``, the first one still on the broker, and ``high``, the one
+    after the last record a consumer of the isolation level may read (the high watermark, or
+    the last stable offset under read_committed)."""
+
+    low: int
+    high: int
+
+
+def read_watermarks(
     settings: Mapping[str, Any],
     partitions: Iterable[tuple[str, int]],
     *,
+    isolation_level: IsolationLevel = "read_uncommitted",
     timeout: float = 10.0,
-) -> dict[tuple[str, int], int]:
-    """The high watermark of each ``(topic, partition)``, taken from fetch responses.
+) -> dict[tuple[str, int], Watermarks]:
+    """Both watermarks of each ``(topic, partition)``, the high one taken from fetch responses.
 
-    ``settings`` are base client settings (:func:`client_settings`). A short-lived consumer
-    asks ListOffsets(latest) for a lower bound (exact on Kafka), fetches from there at most one
-    batch per partition, and reads the watermark the fetch response carried.
+    ``settings`` are base client settings (:func:`client_settings`, or any librdkafka consumer
+    settings: the ones a watermark read needs are set here). A short-lived consumer asks
+    ListOffsets for the low watermark and a lower bound of the high one (exact on Kafka), fetches
+    from there at most one batch per partition, and reads the high watermark the fetch response
+    carried. Under ``read_committed`` that is the last stable offset, which librdkafka reports
+    only in its statistics.
     """
+    if isolation_level not in ("read_uncommitted", "read_committed"):
+        raise ConfigError(
+            f"isolation level must be read_uncommitted or read_committed, got {isolation_level!r}"
+        )
     wanted = list(dict.fromkeys(partitions))
     if not wanted:
         return {}
+    committed = isolation_level == "read_committed"
+    stats: dict[str, Any] = {}
+
+    def on_stats(payload: str) -> None:
+        stats.update(json.loads(payload))
+
+    extra: dict[str, Any] = {"max.partition.fetch.bytes": 1, "enable.partition.eof": False}
+    if committed:
+        extra.update({"statistics.interval.ms": 20, "stats_cb": on_stats})
     deadline = time.monotonic() + timeout
     consumer = Consumer(
         consumer_settings(
             settings,
             TANSU,  # no group is joined; the session timeout does not matter
-            read_committed=False,
-            extra={"max.partition.fetch.bytes": 1, "enable.partition.eof": False},
+            read_committed=committed,
+            extra=extra,
         )
     )
     try:
+        lows: dict[tuple[str, int], int] = {}
         assignment = []
         for topic, partition in wanted:
             tp = TopicPartition(topic, partition)
             try:
-                _low, lower_bound = consumer.get_watermark_offsets(
+                low, lower_bound = consumer.get_watermark_offsets(
                     tp, timeout=max(0.1, deadline - time.monotonic())
                 )
             except KafkaException as exc:
                 raise BrokerError(
                     f"cannot read the watermarks of {topic}/{partition}: {exc}"
                 ) from exc
+            lows[(topic, partition)] = max(0, int(low))
             assignment.append(TopicPartition(topic, partition, max(0, int(lower_bound))))
         consumer.assign(assignment)
-        result: dict[tuple[str, int], int] = {}
+        result: dict[tuple[str, int], Watermarks] = {}
         while True:
             for topic, partition in wanted:
-                if (topic, partition) not in result:
+                if (topic, partition) in result:
+                    continue
+                if committed:
+                    high = _stable_offset(stats, topic, partition)
+                else:
                     high = cached_high_watermark(consumer, topic, partition)
-                    if high is not None:
-                        result[(topic, partition)] = high
+                if high is not None:
+                    result[(topic, partition)] = Watermarks(lows[(topic, partition)], high)
             if len(result) == len(wanted):
                 return result
             if time.monotonic() > deadline:
                 missing = ", ".join(f"{t}/{p}" for t, p in wanted if (t, p) not in result)
                 raise BrokerError(f"no fetch response within {timeout:.1f}s for {missing}")
-            consumer.consume(num_messages=len(wanted), timeout=0.05)
+            for message in consumer.consume(num_messages=len(wanted), timeout=0.02):
+                error = message.error()
+                if error is not None and not error.retriable():
+                    raise BrokerError(
+                        f"cannot fetch from {message.topic()}/{message.partition()}: {error}"
+                    )
     finally:
         consumer.close()
+
+
+def _stable_offset(stats: Mapping[str, Any], topic: str, partition: int) -> int | None:
+    """The last stable offset the latest fetch response of a partition carried, from
+    librdkafka's statistics (-1 there until a fetch answered)."""
+    entry = stats.get("topics", {}).get(topic, {}).get("partitions", {}).get(str(partition), {})
+    stable = entry.get("ls_offset", -1)
+    return int(stable) if stable >= 0 else None

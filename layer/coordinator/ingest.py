@@ -21,7 +21,7 @@ from typing import cast
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from connectors.kafka import read_high_watermarks
+from connectors.kafka import read_watermarks
 from layer.engine.model import Bookmark, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,8 @@ class IngestReader:
         fresh = [tp for tp in new if tp not in self._positions]
         latest: dict[tuple[str, int], int] = {}
         if fresh and self._start_from == "latest":
-            latest = read_high_watermarks(self._settings, [(t.topic, t.partition) for t in fresh])
+            marks = read_watermarks(self._settings, [(t.topic, t.partition) for t in fresh])
+            latest = {tp: m.high for tp, m in marks.items()}
         assign = []
         for tp in sorted(new):
             if tp in self._positions:

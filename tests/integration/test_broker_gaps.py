@@ -22,7 +22,7 @@ from connectors import (
     client_settings,
     consumer_settings,
     detect_profile,
-    read_high_watermarks,
+    read_watermarks,
 )
 from tests.helpers import wait_until
 
@@ -38,7 +38,7 @@ def test_list_offsets_latest_vs_fetch_high_watermark(
         producer.produce(topic, value=b"%d" % i)
     assert producer.flush(10) == 0
 
-    fetched = read_high_watermarks(kafka_settings, [(topic, 0)])[(topic, 0)]
+    fetched = read_watermarks(kafka_settings, [(topic, 0)])[(topic, 0)].high
     consumer = Consumer(consumer_settings(kafka_settings, broker.profile))
     try:
         _low, listed = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)

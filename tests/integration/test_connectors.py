@@ -23,7 +23,7 @@ from connectors import (
     consumer_settings,
     detect_profile,
     producer_settings,
-    read_high_watermarks,
+    read_watermarks,
     start_broker,
 )
 from layer.exceptions import BrokerError, ConfigError
@@ -255,7 +255,7 @@ def test_produce_and_consume_through_the_settings(broker, kafka_settings, topic_
     assert [tp.offset for tp in committed] == [10, 10]
 
 
-def test_read_high_watermarks_counts_every_record_of_a_batch(
+def test_read_watermarks_counts_every_record_of_a_batch(
     kafka_settings, topic_factory, producer_factory
 ) -> None:
     topic = topic_factory(partitions=2)
@@ -263,11 +263,35 @@ def test_read_high_watermarks_counts_every_record_of_a_batch(
     for i in range(100):
         producer.produce(topic, value=b"%d" % i, partition=0)
     assert producer.flush(10) == 0
-    assert read_high_watermarks(kafka_settings, [(topic, 0), (topic, 1)]) == {
-        (topic, 0): 100,
-        (topic, 1): 0,
+    assert read_watermarks(kafka_settings, [(topic, 0), (topic, 1)]) == {
+        (topic, 0): (0, 100),
+        (topic, 1): (0, 0),
     }
-    assert read_high_watermarks(kafka_settings, []) == {}
+    assert read_watermarks(kafka_settings, []) == {}
+    with pytest.raises(ConfigError, match="isolation level"):
+        read_watermarks(kafka_settings, [(topic, 0)], isolation_level="serializable")  # type: ignore[arg-type]
+
+
+def test_read_watermarks_read_committed_stops_before_an_open_transaction(
+    kafka_settings, topic_factory, producer_factory
+) -> None:
+    topic = topic_factory()
+    producer = producer_factory()
+    for i in range(5):
+        producer.produce(topic, value=b"%d" % i)
+    assert producer.flush(10) == 0
+    transactional = producer_factory(transactional_id=f"tx-{uuid.uuid4().hex}")
+    transactional.init_transactions(10)
+    transactional.begin_transaction()
+    for i in range(3):
+        transactional.produce(topic, value=b"open-%d" % i)
+    assert transactional.flush(10) == 0
+    tp = (topic, 0)
+    assert read_watermarks(kafka_settings, [tp])[tp] == (0, 8)
+    assert read_watermarks(kafka_settings, [tp], isolation_level="read_committed")[tp] == (0, 5)
+    transactional.commit_transaction(10)
+    # the commit marker takes an offset too
+    assert read_watermarks(kafka_settings, [tp], isolation_level="read_committed")[tp] == (0, 9)
 
 
 def test_transactions_commit_visible_open_hidden(

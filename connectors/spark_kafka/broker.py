@@ -1,0 +1,102 @@
+"""The driver's view of the broker: topic metadata and watermarks, never data."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from connectors.kafka import read_watermarks
+from connectors.spark_kafka.options import (
+    EARLIEST,
+    LATEST,
+    TP,
+    KafkaSourceOptions,
+    Offsets,
+    OffsetSpec,
+)
+from layer.exceptions import BrokerError, ConfigError
+
+METADATA_TIMEOUT_S = 30.0
+
+
+class BrokerView:
+    """A short-lived consumer on the driver: topic metadata and watermarks (never data)."""
+
+    def __init__(self, options: KafkaSourceOptions) -> None:
+        self._options = options
+        try:
+            self._consumer = Consumer(options.consumer_config(**{"enable.partition.eof": False}))
+        except KafkaException as exc:
+            raise ConfigError(f"the kafka.* options are refused by librdkafka: {exc}") from exc
+
+    def __enter__(self) -> BrokerView:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._consumer.close()
+
+    def topics(self) -> dict[str, list[int]]:
+        try:
+            metadata = self._consumer.list_topics(timeout=METADATA_TIMEOUT_S)
+        except KafkaException as exc:
+            raise BrokerError(
+                f"cannot list the topics at {self._options.bootstrap_servers}: {exc}"
+            ) from exc
+        return {
+            name: sorted(topic.partitions)
+            for name, topic in metadata.topics.items()
+            if topic.error is None
+        }
+
+    def partitions(self) -> list[TP]:
+        return self._options.subscription.resolve(self.topics())
+
+    def resolve(
+        self,
+        spec: OffsetSpec,
+        option: str,
+        partitions: Sequence[TP],
+        latest: Mapping[TP, int] | None = None,
+    ) -> Offsets:
+        """``spec`` for ``partitions``, asking the broker only for the watermarks it needs."""
+        wants_earliest = spec.kind == "earliest" or bool(spec.uses(EARLIEST))
+        wants_latest = spec.kind == "latest" or bool(spec.uses(LATEST))
+        earliest = self.earliest(partitions) if wants_earliest else {}
+        if wants_latest and latest is None:
+            latest = self.latest(partitions)
+        return spec.resolve(option, partitions, earliest, latest or {})
+
+    def earliest(self, partitions: Sequence[TP]) -> Offsets:
+        """Low watermarks (ListOffsets(earliest) is right on every broker)."""
+        result = {}
+        for topic, partition in partitions:
+            try:
+                low, _high = self._consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=METADATA_TIMEOUT_S
+                )
+            except KafkaException as exc:
+                raise BrokerError(
+                    f"cannot read the low watermark of {topic}/{partition}: {exc}"
+                ) from exc
+            result[(topic, partition)] = int(low)
+        return result
+
+    def latest(self, partitions: Sequence[TP]) -> Offsets:
+        """High watermarks (last stable offsets under read_committed) from fetch responses.
+
+        ListOffsets(latest) is wrong on some brokers (see
+        :class:`connectors.kafka.BrokerProfile`); :func:`connectors.kafka.read_watermarks` takes
+        the offset a fetch response carried, which is right everywhere.
+        """
+        settings: dict[str, Any] = self._options.client_settings()
+        marks = read_watermarks(
+            settings,
+            partitions,
+            isolation_level="read_committed"
+            if self._options.read_committed
+            else "read_uncommitted",
+            timeout=METADATA_TIMEOUT_S,
+        )
+        return {tp: mark.high for tp, mark in marks.items()}
