@@ -4,13 +4,16 @@ An embedded broker and a coordinator start; 1,000 JSON orders are published with
 confluent-kafka producer; three consumer processes work the queue; one of them is killed midway
 holding unacked leases, and the others get those messages at once (long before the lease would
 time out). Orders with a negative quantity are rejected by the consumers with ``expire`` and end
-on the dead-letter topic.
+on the dead-letter topic. At the end, with the consumers gone, late orders arrive and one client
+holds a few of them; a Spark view (``spark.queue_contents``, read from the queue's view topic)
+shows what is left in the queue, and agrees with ``browse``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -20,6 +23,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 LEASE_PERIOD = 30.0
 
@@ -42,6 +46,7 @@ lease_period = "{int(LEASE_PERIOD)}s"
 max_per_subscription_backlog = 10
 max_deliveries = 5
 dead_letter_topic = "orders.dead-letters"
+view_topic = "orders.view"
 """
     )
 
@@ -239,6 +244,11 @@ def run_demo(messages: int = 1000) -> int:
             and lag < LEASE_PERIOD
             and len(letters) == poison
         )
+        for proc in procs[1:]:  # the consumers; the queue is drained
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(10)
+        ok = _spark_view(broker.bootstrap_servers, cfg, server, workdir, messages, step) and ok
         step(f"{'OK' if ok else 'UNEXPECTED RESULT'} in {time.monotonic() - started:.1f}s")
         return 0 if ok else 1
     finally:
@@ -254,6 +264,118 @@ def run_demo(messages: int = 1000) -> int:
 
         shutil.rmtree(workdir, ignore_errors=True)
         step("cleaned up: broker, coordinator and consumers stopped, temporary files removed")
+
+
+# -- the end: a Spark view of what is left -----------------------------------------------------
+
+LATE_ORDERS = 40
+HELD = 5
+ORDER_SCHEMA = "id INT, symbol STRING, qty INT, price DOUBLE"
+
+
+def _spark_missing() -> str | None:
+    """Why the Spark view cannot run here, with how to fix it, or None."""
+    import importlib.util
+    import shutil
+
+    if importlib.util.find_spec("pyspark") is None:
+        return (
+            "PySpark is not installed: `.venv/bin/pip install -e '.[spark]'` (or `make test`,"
+            " which installs it) and a Java 17 runtime"
+        )
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+    if java is None or not os.access(java, os.X_OK):
+        return (
+            "no Java runtime found: install a JDK 17 (e.g. apt-get install openjdk-17-jre-headless)"
+        )
+    return None
+
+
+def _spark_view(
+    bootstrap: str, cfg: Path, server: str, workdir: Path, first_id: int, step: Any
+) -> bool:
+    """Late orders arrive; one client holds some; Spark shows the rest and browse agrees."""
+    from confluent_kafka import Producer
+
+    from layer.client import QueueClient
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for i in range(first_id, first_id + LATE_ORDERS):
+        order = {"id": i, "symbol": ["ACME", "INIT", "TECH"][i % 3], "qty": 1 + i % 10,
+                 "price": 10 + i % 7}  # fmt: skip
+        producer.produce("orders", key=str(i).encode(), value=json.dumps(order).encode())
+    producer.flush(10)
+    with QueueClient(server) as client, client.subscribe("orders", max_backlog=HELD) as holder:
+        held = [holder.next(timeout=10) for _ in range(HELD)]
+        deadline = time.monotonic() + 20
+        while (s := client.stats("orders")[0]).available != LATE_ORDERS - HELD:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the late orders did not arrive: {s}")
+            time.sleep(0.05)
+        step(
+            f"{LATE_ORDERS} late orders arrive after the consumers have gone; a client holds"
+            f" {sum(m is not None for m in held)} of them (leased, not acked)"
+        )
+        problem = _spark_missing()
+        if problem is not None:
+            step(f"Spark view skipped: {problem}")
+            return True
+        step("a Spark view of what is left in the queue (spark.queue_contents, local[2])")
+        view_started = time.monotonic()
+        spark = _spark_session(workdir / "spark.log")
+        try:
+            from spark import live_aggregate, queue_contents
+
+            contents = queue_contents(spark, "orders", config=cfg, schema=ORDER_SCHEMA)
+            totals = live_aggregate(
+                contents, by="symbol", sum={"value": "price * qty"}, avg={"avg_qty": "qty"}
+            )
+            rows = totals.orderBy("symbol").collect()
+        finally:
+            spark.stop()
+        browsed = len(client.browse("orders"))
+    listed = sum(row["count"] for row in rows)
+    print(f"    {'symbol':<8}{'orders':>8}{'value':>10}{'avg qty':>10}")
+    for row in rows:
+        print(
+            f"    {row['symbol']:<8}{row['count']:>8}{row['value']:>10.0f}{row['avg_qty']:>10.1f}"
+        )
+    print(
+        f"    {listed} orders in the view ({time.monotonic() - view_started:.1f}s with Spark's"
+        f" start); browse lists {browsed}; the {HELD} held ones are in neither"
+    )
+    return listed == browsed == LATE_ORDERS - HELD
+
+
+def _spark_session(log_path: Path) -> Any:
+    """A quiet local[2] session: the JVM's own output goes to ``log_path``."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # its connection chatter at INFO
+    from pyspark.sql import SparkSession
+
+    saved = os.dup(2)
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 2)  # the JVM inherits this stderr
+    try:
+        spark = (
+            SparkSession.builder.master("local[2]")
+            .appName("qlayer-demo")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(log)
+    return spark
 
 
 if __name__ == "__main__":

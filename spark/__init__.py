@@ -1,7 +1,29 @@
 """Views and aggregates over the live contents of qlayer queues, built with PySpark.
 
-The views arrive with the Spark issue: they read the underlying topics and the coordinator's
-changelog (``avro/changelog_*.avsc``) and never lease. Until then this package is empty.
+A queue with ``view_topic`` set has its coordinator publish every change of its live contents
+(what ``browse`` shows) to that topic; these helpers read it with the ``qlayer_view`` data source
+and never lease::
+
+    from spark import live_aggregate, queue_contents, queue_contents_stream
+
+    queue_contents(spark, "orders", config="qlayer.toml").show()   # what is available now
+    changes = queue_contents_stream(spark, "orders", config="qlayer.toml",
+                                    schema="symbol STRING, qty INT, price DOUBLE")
+    live_aggregate(changes, by="symbol", sum={"value": "price * qty"})  # stays right, streaming
 """
 
-__all__: list[str] = []
+from spark.aggregates import live_aggregate
+from spark.messages import message_column, spark_type_of
+from spark.settings import ViewSettings, view_settings
+from spark.views import CONTENT_COLUMNS, queue_contents, queue_contents_stream
+
+__all__ = [
+    "CONTENT_COLUMNS",
+    "ViewSettings",
+    "live_aggregate",
+    "message_column",
+    "queue_contents",
+    "queue_contents_stream",
+    "spark_type_of",
+    "view_settings",
+]

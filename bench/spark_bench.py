@@ -1,0 +1,491 @@
+"""Spark views benchmark: the batch view of a large queue, and streaming freshness under load.
+
+Measures, against the embedded broker and real coordinator processes (results to
+``bench/results/spark-views-<time>.json``):
+
+- **batch view**: ``queue_contents(spark, queue).count()`` and a ``live_aggregate`` by symbol
+  over a queue holding ``--messages`` (default 1,000,000) available messages, i.e. that many
+  +1 records in its view topic; the first action of the session (Python workers start) and
+  the best of two more; plus the ``qlayer_view`` range reader alone, without Spark.
+- **streaming freshness**: ``--rate`` (default 1,000) msg/s offered to a queue that consumers
+  drain (ack as they go) while a streaming ``live_aggregate`` runs with a ``--trigger``
+  processing-time trigger. Every ``--probe-every``-th message is a probe with a symbol of its
+  own, leased once the aggregate has shown it and acked with ``wait=True``; its freshness is
+  the time from the ack's return (the done record is durable) to the ``foreachBatch`` call
+  whose result shows its group emptied. A message leaves the live contents when it is leased,
+  just before the consumer gets it, so delivery-to-update is reported too, and
+  publish-to-update for the probe entering the aggregate.
+
+Run: ``python -m bench.spark_bench [--quick]`` (needs the ``spark`` extra and Java 17).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from confluent_kafka import Producer  # noqa: E402
+
+from connectors import TopicAdmin, TopicSpec, admin_settings, client_settings  # noqa: E402
+from connectors.embedded import EmbeddedBroker  # noqa: E402
+from connectors.kafka import read_watermarks  # noqa: E402
+from layer.client import QueueClient  # noqa: E402
+
+SCHEMA = "id INT, sym STRING, qty INT, price DOUBLE, probe BOOLEAN"
+SYMBOLS = ("ACME", "INIT", "TECH", "QLAY", "KAFK")
+_PAD = "x" * 120
+
+
+def say(text: str) -> None:
+    print(f"[spark-bench] {text}", flush=True)
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    """Percentiles in milliseconds of ``values`` in seconds."""
+    if not values:
+        return {}
+    v = sorted(values)
+
+    def at(q: float) -> float:
+        return round(v[min(len(v) - 1, int(q * len(v)))] * 1000.0, 1)
+
+    return {
+        "count": len(v),
+        "p50_ms": at(0.50),
+        "p90_ms": at(0.90),
+        "p99_ms": at(0.99),
+        "max_ms": round(v[-1] * 1000.0, 1),
+        "mean_ms": round(statistics.fmean(v) * 1000.0, 1),
+    }
+
+
+def order(i: int, probe: bool = False) -> bytes:
+    """A ~200-byte JSON order; a probe has a symbol of its own."""
+    doc = {
+        "id": i,
+        "sym": f"P-{i}" if probe else SYMBOLS[i % len(SYMBOLS)],
+        "qty": 1 + i % 9,
+        "price": 10 + (i % 7) * 0.25,
+        "pad": _PAD,
+    }
+    if probe:
+        doc["probe"] = True
+    return json.dumps(doc).encode()
+
+
+class Coordinator:
+    """``qlayer coordinator`` as a child process with one queue that has a view topic."""
+
+    def __init__(self, workdir: Path, bootstrap: str, queue: str, topic: str) -> None:
+        self.config = workdir / f"{queue}.toml"
+        self.config.write_text(
+            f'[broker]\nbootstrap_servers = "{bootstrap}"\n\n'
+            f'[coordinator]\nid = "bench-{queue}"\nlisten = "127.0.0.1:0"\n'
+            f'state_dir = "{workdir / (queue + "-state")}"\n\n'
+            f'[[queue]]\nname = "{queue}"\nunderlying_topic = "{topic}"\n'
+            f'view_topic = "{queue}.view"\nlease_period = "60s"\n'
+            "max_per_subscription_backlog = 1000\n"
+        )
+        log = open(workdir / f"{queue}-coordinator.log", "wb")  # noqa: SIM115 - the child owns it
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "layer.cli", "coordinator", "--config", str(self.config)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=log,
+        )
+        log.close()
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().decode().strip()
+        if not line.startswith("qlayer coordinator serving on"):
+            raise RuntimeError(f"the coordinator did not start; see {workdir}")
+        self.address = line.rsplit(" ", 1)[1]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def start_spark() -> Any:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("qlayer-spark-bench")
+        # one shuffle partition: a streaming aggregate keeps one state store, not two
+        .config("spark.sql.shuffle.partitions", os.environ.get("BENCH_SHUFFLE_PARTITIONS", "1"))
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def view_end(bootstrap: str, topic: str) -> int:
+    settings = {"bootstrap.servers": bootstrap}
+    marks = read_watermarks(settings, [(topic, 0)], isolation_level="read_committed")
+    return marks[(topic, 0)].high
+
+
+def timed(action: Any) -> tuple[float, Any]:
+    started = time.monotonic()
+    result = action()
+    return time.monotonic() - started, result
+
+
+# -- the batch view --------------------------------------------------------------------------
+
+
+def batch_view(spark: Any, broker: EmbeddedBroker, workdir: Path, messages: int) -> dict[str, Any]:
+    from connectors.spark_kafka import ViewInputPartition, ViewSourceOptions
+    from connectors.spark_kafka.view import read_view_range
+    from spark import live_aggregate, queue_contents
+
+    bootstrap = broker.bootstrap_servers
+    admin = TopicAdmin(admin_settings(client_settings(bootstrap, {})))
+    admin.ensure_topics([TopicSpec("big.orders", partitions=4)])
+    coordinator = Coordinator(workdir, bootstrap, "big", "big.orders")
+    try:
+        producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "linger.ms": 20,
+                "queue.buffering.max.messages": 1_000_000,
+                "queue.buffering.max.kbytes": 1_048_576,
+            }
+        )
+        started = time.monotonic()
+        for i in range(messages):
+            while True:
+                try:
+                    producer.produce("big.orders", order(i), partition=i % 4)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            if i % 10_000 == 0:
+                producer.poll(0)
+        producer.flush(60)
+        say(f"published {messages:,} orders in {time.monotonic() - started:.1f}s")
+        with QueueClient(coordinator.address) as client:
+            last = time.monotonic()
+            while (stats := client.stats("big")[0]).available < messages:
+                if time.monotonic() - last > 10:
+                    say(f"  queued {stats.available:,} of {messages:,}")
+                    last = time.monotonic()
+                time.sleep(0.5)
+        ingest_s = time.monotonic() - started
+        end = view_end(bootstrap, "big.view")
+        while True:  # the last rounds' view records are committed with their state
+            time.sleep(1)
+            now = view_end(bootstrap, "big.view")
+            if now == end:
+                break
+            end = now
+        say(f"queue holds {messages:,} available; view topic ends at {end:,} ({ingest_s:.1f}s)")
+        config = coordinator.config
+
+        def count() -> int:
+            return int(queue_contents(spark, "big", config=config).count())
+
+        def aggregate() -> list[Any]:
+            contents = queue_contents(spark, "big", config=config, schema=SCHEMA)
+            totals = live_aggregate(contents, by="sym", sum={"value": "price * qty"})
+            return list(totals.collect())
+
+        first_s, rows = timed(count)
+        assert rows == messages, f"the view has {rows:,} rows, the queue {messages:,}"
+        say(f"batch view count, first action of the session: {first_s:.1f}s")
+        warm = [timed(count)[0] for _ in range(2)]
+        say(f"batch view count, warm: {min(warm):.1f}s")
+        aggregate_runs = [timed(aggregate) for _ in range(2)]
+        groups = aggregate_runs[-1][1]
+        assert sum(row["count"] for row in groups) == messages
+        say(f"batch aggregate by symbol: {min(t for t, _ in aggregate_runs):.1f}s")
+
+        options = ViewSourceOptions.parse(
+            {"kafka.bootstrap.servers": bootstrap, "subscribe": "big.view"}
+        )
+        reader_s, read = timed(
+            lambda: sum(
+                b.num_rows
+                for b in read_view_range(options, ViewInputPartition("big.view", 0, 0, end, True))
+            )
+        )
+        assert read == messages
+        say(f"qlayer_view reader alone (one process, no Spark): {reader_s:.1f}s")
+        return {
+            "messages": messages,
+            "view_records": end,
+            "ingest_s": round(ingest_s, 1),
+            "count_first_action_s": round(first_s, 2),
+            "count_warm_s": round(min(warm), 2),
+            "aggregate_by_symbol_s": round(min(t for t, _ in aggregate_runs), 2),
+            "reader_alone_s": round(reader_s, 2),
+            "reader_alone_records_per_s": round(end / reader_s),
+        }
+    finally:
+        coordinator.stop()
+
+
+# -- streaming freshness ---------------------------------------------------------------------
+
+
+def load_worker(
+    bootstrap: str, server: str, rate: int, probe_every: int, stop: Any, out: Any
+) -> None:
+    """The offered load, in a process of its own (the measuring process keeps its GIL for
+    Spark's callbacks): publish ``rate`` orders a second, every ``probe_every``-th a probe, and
+    ack every order that is not a probe. Puts counts and the probes' publish times in ``out``."""
+    published: dict[int, float] = {}
+    counts = {"published": 0, "acked": 0}
+
+    def publish() -> None:
+        producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1})
+        started, i = time.monotonic(), 0
+        while not stop.is_set():
+            pause = started + i / rate - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            probe = i % probe_every == 0
+            producer.produce("fresh.orders", order(i, probe=probe))
+            if probe:
+                published[i] = time.time()
+            producer.poll(0)
+            i += 1
+        producer.flush(10)
+        counts["published"] = i
+
+    def consume() -> None:
+        with (
+            QueueClient(server) as client,
+            client.subscribe("fresh", max_backlog=200, filter="/probe IS NULL") as sub,
+        ):
+            while not stop.is_set():
+                msg = sub.next(timeout=0.2)
+                if msg is not None:
+                    msg.ack()
+                    counts["acked"] += 1
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (publish, consume)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    out.put({**counts, "probes": published})
+
+
+def freshness(
+    spark: Any,
+    broker: EmbeddedBroker,
+    workdir: Path,
+    rate: int,
+    duration: float,
+    probe_every: int,
+    trigger: str,
+) -> dict[str, Any]:
+    """Probes are leased only once the aggregate has shown them (a message leased in the round
+    it arrives never enters the live contents, so it would never leave them either)."""
+    from spark import live_aggregate, queue_contents_stream
+
+    bootstrap = broker.bootstrap_servers
+    admin = TopicAdmin(admin_settings(client_settings(bootstrap, {})))
+    # one partition: probes enter the view in id order, so "every probe up to N has entered"
+    admin.ensure_topics([TopicSpec("fresh.orders", partitions=1)])
+    coordinator = Coordinator(workdir, bootstrap, "fresh", "fresh.orders")
+    published: dict[int, float] = {}
+    entered: dict[int, float] = {}
+    updated: dict[int, float] = {}
+    lock = threading.Lock()  # on_batch runs on py4j's callback thread
+    highest_entered = [-1]
+
+    def on_batch(df: Any, _batch_id: int) -> None:
+        rows = df.collect()
+        now = time.time()
+        with lock:
+            for row in rows:
+                if row["sym"].startswith("P-"):
+                    probe = int(row["sym"][2:])
+                    (entered if row["count"] else updated).setdefault(probe, now)
+            highest_entered[0] = max(entered, default=-1)
+
+    def not_updated() -> set[int]:
+        with lock:
+            return set(acked) - set(updated)
+
+    changes = queue_contents_stream(spark, "fresh", config=coordinator.config, schema=SCHEMA)
+    query = (
+        live_aggregate(changes, by="sym")
+        .writeStream.outputMode("update")
+        .foreachBatch(on_batch)
+        .option("checkpointLocation", str(workdir / "fresh-checkpoint"))
+        .trigger(processingTime=trigger)
+        .start()
+    )
+    received: dict[int, float] = {}
+    acked: dict[int, float] = {}
+    stop = threading.Event()
+    stop_load = mp.get_context("spawn").Event()
+    counts = {"published": 0, "acked": 0}
+    try:
+        while query.lastProgress is None:
+            time.sleep(0.2)
+        ctx = mp.get_context("spawn")
+        out = ctx.Queue()
+        worker = ctx.Process(
+            target=load_worker,
+            args=(bootstrap, coordinator.address, rate, probe_every, stop_load, out),
+        )
+        with QueueClient(coordinator.address) as client:
+
+            def consume_probes() -> None:
+                gate = -1
+                with client.subscribe("fresh", max_backlog=10, filter="/id < 0") as sub:
+                    while not stop.is_set():
+                        seen = highest_entered[0]
+                        if seen > gate:  # lease only probes the aggregate has shown
+                            sub.replace(filter=f"/probe = TRUE AND /id <= {seen}")
+                            gate = seen
+                        msg = sub.next(timeout=0.05)
+                        if msg is None:
+                            continue
+                        probe = int(msg.json()["id"])
+                        received[probe] = time.time()
+                        msg.ack(wait=True)
+                        acked[probe] = time.time()
+                        counts["acked"] += 1
+
+            prober = threading.Thread(target=consume_probes, daemon=True)
+            started = time.monotonic()
+            worker.start()
+            prober.start()
+            time.sleep(duration)
+            stop.set()
+            stop_load.set()
+            load = out.get(timeout=60)
+            worker.join(30)
+            prober.join(30)
+            elapsed = time.monotonic() - started
+        published.update(load["probes"])
+        counts["published"] = load["published"]
+        counts["acked"] += load["acked"]
+        deadline = time.monotonic() + 60
+        while not_updated() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        missing = not_updated()
+        if query.exception() is not None:
+            raise RuntimeError(f"the streaming query failed: {query.exception()}")
+        progress = [p for p in query.recentProgress if p.numInputRows]
+        batch_ms = [p.durationMs.get("triggerExecution", 0) / 1000 for p in progress]
+        phases = (
+            {
+                phase: round(statistics.median(p.durationMs.get(phase, 0) for p in progress))
+                for phase in sorted({k for p in progress for k in p.durationMs})
+            }
+            if progress
+            else {}
+        )
+    finally:
+        query.stop()
+        coordinator.stop()
+    done = [p for p in acked if p in updated]
+    result = {
+        "offered_rate_per_s": rate,
+        "published_per_s": round(counts["published"] / elapsed),
+        "acked_per_s": round(counts["acked"] / elapsed),
+        "duration_s": round(elapsed, 1),
+        "trigger": trigger,
+        "probes_acked": len(acked),
+        "probes_never_seen_leaving": len(missing),
+        "ack_to_update": percentiles([updated[p] - acked[p] for p in done]),
+        "delivery_to_update": percentiles([updated[p] - received[p] for p in done]),
+        "publish_to_update": percentiles(
+            [entered[p] - published[p] for p in entered if p in published]
+        ),
+        "micro_batch_duration": percentiles(batch_ms),
+        "micro_batch_phases_median_ms": phases,
+        "micro_batches_with_data": len(progress),
+    }
+    say(f"freshness ack -> aggregate update: {result['ack_to_update']}")
+    say(f"freshness delivery -> aggregate update: {result['delivery_to_update']}")
+    say(f"freshness publish -> aggregate update: {result['publish_to_update']}")
+    say(f"micro-batch durations: {result['micro_batch_duration']}")
+    say(f"micro-batch phases (median ms): {phases}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=1_000_000, help="batch view queue size")
+    parser.add_argument("--rate", type=int, default=1000, help="offered msg/s for freshness")
+    parser.add_argument("--duration", type=float, default=60.0, help="freshness run seconds")
+    parser.add_argument("--probe-every", type=int, default=20, help="one probe per N messages")
+    parser.add_argument("--trigger", default="250 milliseconds", help="processing-time trigger")
+    parser.add_argument("--quick", action="store_true", help="100k messages, 20 s of load")
+    parser.add_argument("--skip-batch", action="store_true")
+    parser.add_argument("--skip-stream", action="store_true")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.messages, args.duration = 100_000, 20.0
+    results: dict[str, Any] = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            # the machine is shared: the 1-minute load average before and after each part
+            "load_average_1m": {"start": round(os.getloadavg()[0], 2)},
+        },
+        "spark": {"master": "local[2]"},
+    }
+    workdir = Path(tempfile.mkdtemp(prefix="qlayer-spark-bench-"))
+    broker = EmbeddedBroker().start()
+    try:
+        spark = start_spark()
+        results["spark"]["version"] = spark.version
+        load = results["machine"]["load_average_1m"]
+        if not args.skip_stream:
+            results["freshness"] = freshness(
+                spark, broker, workdir, args.rate, args.duration, args.probe_every, args.trigger
+            )
+            load["after_freshness"] = round(os.getloadavg()[0], 2)
+        if not args.skip_batch:
+            results["batch_view"] = batch_view(spark, broker, workdir, args.messages)
+            load["after_batch_view"] = round(os.getloadavg()[0], 2)
+        spark.stop()
+    finally:
+        broker.stop()
+    out = ROOT / "bench" / "results" / f"spark-views-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    say(f"results in {out.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,290 @@
+"""The qlayer_view data source over view records written here with a plain producer.
+
+The records follow ``avro/view_change.avsc``, as a coordinator writes them; the tests against a
+real coordinator are in test_spark_views.py and test_spark_live_stream.py.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import functions as F
+
+from connectors.spark_kafka import (
+    VIEW_FORMAT,
+    ViewDataSource,
+    ViewInputPartition,
+    register_view,
+    view_schema,
+)
+from layer.codec import encode
+from layer.exceptions import ConfigError
+from spark import live_aggregate, spark_type_of
+from tests.helpers import wait_until
+
+pytestmark = [
+    pytest.mark.spark,
+    # PySpark's collect() leaves its result socket to the garbage collector.
+    pytest.mark.filterwarnings("ignore:unclosed <socket.socket:ResourceWarning"),
+]
+
+BASE_MS = 1_700_000_000_000
+
+
+def change(
+    sign: int,
+    offset: int,
+    *,
+    sym: str = "A",
+    qty: int = 1,
+    deliveries: int = 0,
+    cancels: int = 0,
+    priority: int | None = None,
+    headers: list[tuple[str, bytes | None]] | None = None,
+) -> tuple[bytes, bytes]:
+    """(Kafka key, value) of a view record for message ``orders/0/<offset>``."""
+    value = encode(
+        "view_change",
+        {
+            "sign": sign,
+            "queue": "orders",
+            "topic": "orders",
+            "partition": 0,
+            "offset": offset,
+            "key": b"k%d" % offset,
+            "value": json.dumps({"sym": sym, "qty": qty}).encode(),
+            "headers": [{"key": k, "value": v} for k, v in headers or []],
+            "timestamp_ms": BASE_MS + offset,
+            "priority": priority,
+            "deliveries": deliveries,
+            "cancels": cancels,
+            "at_ms": BASE_MS + 10_000 + offset,
+        },
+    )
+    return f"orders/0/{offset}".encode(), value
+
+
+@pytest.fixture
+def view_topic(topic_factory, producer_factory) -> Any:
+    """``(topic, write)``: a new view topic and ``write([change(...), ...])``."""
+    topic = topic_factory(prefix="view")
+    producer = producer_factory()
+
+    def write(records: list[tuple[bytes, bytes]]) -> None:
+        for key, value in records:
+            producer.produce(topic, key=key, value=value)
+        assert producer.flush(10) == 0
+
+    return topic, write
+
+
+def _read(spark: Any, kafka_options: dict[str, str], topic: str, **options: str) -> Any:
+    register_view(spark)
+    return (
+        spark.read.format(VIEW_FORMAT).options(**kafka_options, subscribe=topic, **options).load()
+    )
+
+
+# A history: 0 in, 1 in and out, 2 in, out (leased) and back (cancelled, 1 cancel), 3 in and
+# out for good, 4 in; the live contents are 0, 2 and 4.
+HISTORY = [
+    change(1, 0, sym="A", qty=5, headers=[("h", b"1"), ("h", None)], priority=7),
+    change(1, 1, sym="B", qty=3),
+    change(1, 2, sym="A", qty=2),
+    change(-1, 1, sym="B", qty=3, deliveries=1),
+    change(1, 3, sym="B", qty=4),
+    change(-1, 2, sym="A", qty=2, deliveries=1),
+    change(1, 2, sym="A", qty=2, deliveries=1, cancels=1),
+    change(-1, 3, sym="B", qty=4, deliveries=1),
+    change(1, 4, sym="C", qty=1),
+]
+
+
+def test_a_batch_read_is_the_last_record_of_each_bookmark_that_is_in(
+    spark, kafka_options, view_topic
+) -> None:
+    topic, write = view_topic
+    write(HISTORY)
+    df = _read(spark, kafka_options, topic)
+    assert df.schema == view_schema()
+    rows = {r.bookmark: r for r in df.collect()}
+    assert sorted(rows) == ["orders/0/0", "orders/0/2", "orders/0/4"]
+    first = rows["orders/0/0"]
+    assert first.asDict() | {"headers": None, "enqueue_time": None, "changed_at": None} == {
+        "sign": 1,
+        "queue": "orders",
+        "bookmark": "orders/0/0",
+        "topic": "orders",
+        "partition": 0,
+        "offset": 0,
+        "key": bytearray(b"k0"),
+        "headers": None,
+        "value": bytearray(b'{"sym": "A", "qty": 5}'),
+        "priority": 7,
+        "deliveries": 0,
+        "cancels": 0,
+        "enqueue_time": None,
+        "changed_at": None,
+        "view_partition": 0,
+        "view_offset": 0,
+    }
+    assert [(h.key, h.value) for h in first.headers] == [("h", bytearray(b"1")), ("h", None)]
+    times = df.where("offset = 0").selectExpr(
+        "unix_millis(enqueue_time) AS enq", "unix_millis(changed_at) AS at"
+    )
+    assert times.first().asDict() == {"enq": BASE_MS, "at": BASE_MS + 10_000}
+    # the cancelled one comes back with its counts; its view offset is its latest record
+    assert (rows["orders/0/2"].deliveries, rows["orders/0/2"].cancels) == (1, 1)
+    assert rows["orders/0/2"].view_offset == 6
+
+
+def test_snapshot_false_gives_every_change_and_ending_offsets_give_the_past(
+    spark, kafka_options, view_topic
+) -> None:
+    topic, write = view_topic
+    write(HISTORY)
+    changes = _read(spark, kafka_options, topic, snapshot="false").orderBy("view_offset")
+    assert [(r.sign, r.offset) for r in changes.collect()] == [
+        (1, 0), (1, 1), (1, 2), (-1, 1), (1, 3), (-1, 2), (1, 2), (-1, 3), (1, 4),
+    ]  # fmt: skip
+    # the signed sum per bookmark is the snapshot, at points of the history
+    for end in (0, 4, 6, 8):
+        past = _read(spark, kafka_options, topic, endingOffsets=json.dumps({topic: {"0": end}}))
+        summed = (
+            changes.where(f"view_offset < {end}")
+            .groupBy("bookmark")
+            .agg(F.sum("sign").alias("n"))
+            .where("n > 0")
+        )
+        assert sorted(r.bookmark for r in past.collect()) == sorted(
+            r.bookmark for r in summed.collect()
+        ), end
+        assert all(r.n == 1 for r in summed.collect())
+
+
+def test_records_of_an_open_transaction_are_not_read(
+    spark, kafka_options, view_topic, producer_factory
+) -> None:
+    topic, write = view_topic
+    write(HISTORY[:3])
+    transactional = producer_factory(transactional_id=f"tx-{uuid.uuid4().hex}")
+    transactional.init_transactions(10)
+    transactional.begin_transaction()
+    key, value = change(-1, 0, sym="A", qty=5, deliveries=1)
+    transactional.produce(topic, key=key, value=value)
+    assert transactional.flush(10) == 0
+    try:
+        assert sorted(r.offset for r in _read(spark, kafka_options, topic).collect()) == [0, 1, 2]
+    finally:
+        transactional.commit_transaction(10)
+    assert sorted(r.offset for r in _read(spark, kafka_options, topic).collect()) == [1, 2]
+
+
+def test_a_stream_starts_with_the_live_contents_then_follows_the_changes(
+    spark, kafka_options, view_topic, checkpoint_dir: Path
+) -> None:
+    topic, write = view_topic
+    write(HISTORY)
+    register_view(spark)
+    batches: list[list[tuple[int, int]]] = []
+    stream = spark.readStream.format(VIEW_FORMAT).options(**kafka_options, subscribe=topic).load()
+
+    def record(df: Any, batch_id: int) -> None:
+        batches.append(sorted((r.sign, r.offset) for r in df.collect()))
+
+    parsed = stream.withColumn(
+        "message", F.from_json(F.col("value").cast("string"), "sym STRING, qty INT")
+    )
+    query = (
+        stream.writeStream.foreachBatch(record)
+        .option("checkpointLocation", str(checkpoint_dir / "changes"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    table = f"totals_{uuid.uuid4().hex}"
+    aggregate = (  # complete mode; update mode is in test_spark_live_stream.py
+        live_aggregate(parsed, by="sym", sum={"qty": "qty"}, avg={"avg_qty": "qty"})
+        .writeStream.outputMode("complete")
+        .format("memory")
+        .queryName(table)
+        .option("checkpointLocation", str(checkpoint_dir / "totals"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+
+    def totals() -> dict[str, tuple[int, int, float | None]]:
+        rows = spark.sql(f"SELECT * FROM {table}").collect()
+        return {r.sym: (r["count"], r.qty, r.avg_qty) for r in rows}
+
+    try:
+        wait_until(lambda: batches, timeout=60, message="no first micro-batch")
+        assert batches[0] == [(1, 0), (1, 2), (1, 4)]  # the contents: each live message once
+        write([change(-1, 0, sym="A", qty=5, deliveries=1), change(1, 5, sym="C", qty=2)])
+        wait_until(lambda: len(batches) >= 2, timeout=60, message="no second micro-batch")
+        assert batches[1] == [(-1, 0), (1, 5)]  # then the changes, as written
+        # B left before the stream started, so it never was a group
+        expected = {"A": (1, 2, 2.0), "C": (2, 3, 1.5)}
+        wait_until(lambda: totals() == expected, timeout=60, message=lambda: f"{totals()}")
+        write([change(-1, 2, sym="A", qty=2, deliveries=2, cancels=1)])
+        # an emptied group stays in complete mode, with a count of 0 and no average
+        expected = {"A": (0, 0, None), "C": (2, 3, 1.5)}
+        wait_until(lambda: totals() == expected, timeout=60, message=lambda: f"{totals()}")
+    finally:
+        query.stop()
+        aggregate.stop()
+
+
+def test_options_that_do_not_fit_a_view_are_refused(spark, kafka_options) -> None:
+    for option, value in (("includeHeaders", "true"), ("maxOffsetsPerTrigger", "10")):
+        with pytest.raises(ConfigError, match=option.lower()):
+            ViewDataSource({**kafka_options, "subscribe": "v", option: value})
+    with pytest.raises(ConfigError, match="snapshot"):
+        ViewDataSource({**kafka_options, "subscribe": "v", "snapshot": "maybe"})
+    missing = f"no-such-view-{uuid.uuid4().hex}"
+    with pytest.raises(Exception, match=f"view topic {missing} does not exist"):
+        _read(spark, kafka_options, missing).collect()
+
+
+def test_view_source_and_ranges_survive_pickling(kafka_options) -> None:
+    source = ViewDataSource({**kafka_options, "subscribe": "v"})
+    schema = source.schema()
+    for reader in (source, source.reader(schema), source.streamReader(schema)):
+        assert type(pickle.loads(pickle.dumps(reader))) is type(reader)
+    task = ViewInputPartition("v", 0, 10, 20, snapshot=True)
+    assert vars(pickle.loads(pickle.dumps(task))) == vars(task)
+
+
+def test_avro_schemas_map_to_spark_types() -> None:
+    import fastavro
+
+    parsed = fastavro.parse_schema(
+        {
+            "type": "record",
+            "name": "Order",
+            "fields": [
+                {"name": "id", "type": "long"},
+                {"name": "symbol", "type": "string"},
+                {"name": "qty", "type": ["null", "int"]},
+                {"name": "tags", "type": {"type": "array", "items": "string"}},
+                {"name": "side", "type": {"type": "enum", "name": "Side", "symbols": ["B", "S"]}},
+                {"name": "odd", "type": ["int", "string"]},
+            ],
+        }
+    )
+    spark_type, convert = spark_type_of(parsed)
+    assert spark_type.simpleString() == (
+        "struct<id:bigint,symbol:string,qty:int,tags:array<string>,side:string,odd:string>"
+    )
+    assert convert({"id": 1, "symbol": "X", "qty": None, "tags": ["a"], "side": "B", "odd": 3}) == {
+        "id": 1,
+        "symbol": "X",
+        "qty": None,
+        "tags": ["a"],
+        "side": "B",
+        "odd": "3",
+    }
