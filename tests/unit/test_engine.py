@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
+from layer.engine import UNLIMITED, Lease, QueueEngine
 from layer.engine.model import (
     AckError,
     AckOp,
@@ -25,7 +26,6 @@ from layer.engine.model import (
     Semantics,
     TopicPartition,
 )
-from layer.engine import UNLIMITED, Lease, QueueEngine
 from layer.exceptions import QueueError
 
 TOPIC = "orders"
