@@ -137,6 +137,7 @@ def run_demo(messages: int = 1000) -> int:
             }
             producer.produce("orders", key=str(i).encode(), value=json.dumps(order).encode())
         producer.flush(10)
+        del producer  # closed now, not when the broker is gone (it would log the disconnect)
         step(
             f"published {messages} orders to topic 'orders' with a plain confluent-kafka Producer "
             f"({poison} have a negative quantity)"
