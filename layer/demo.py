@@ -350,7 +350,22 @@ def _spark_view(
 
 
 def _spark_session(log_path: Path) -> Any:
-    """A quiet local[2] session: the JVM's own output goes to ``log_path``."""
+    """A quiet local[2] session: the JVM's own output goes to ``log_path``. A JVM that dies
+    before it reports its port (seen once on a loaded machine) gets one more try; a second
+    failure raises with the JVM's last words."""
+    from pyspark.errors import PySparkRuntimeError
+
+    try:
+        return _start_spark(log_path)
+    except PySparkRuntimeError:
+        try:
+            return _start_spark(log_path)
+        except PySparkRuntimeError as exc:
+            tail = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
+            raise RuntimeError(f"Spark's JVM did not start: {exc}\n{tail}") from exc
+
+
+def _start_spark(log_path: Path) -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # its connection chatter at INFO
