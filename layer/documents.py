@@ -52,6 +52,8 @@ class DocumentReader:
                 return json.loads(value), None
             except (ValueError, UnicodeDecodeError) as exc:
                 return None, f"unparseable json: {exc}"
+            except RecursionError:  # valid JSON nested deeper than the parser goes
+                return None, "unparseable json: nested too deep"
         if self._avro is not None:
             buffer = io.BytesIO(value)
             try:

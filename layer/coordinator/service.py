@@ -68,6 +68,10 @@ from layer.state.recovery import restore
 
 log = logging.getLogger(__name__)
 
+# A dead letter's payload is cut beyond this, so its envelope (key, headers and all) stays under
+# librdkafka's default message.max.bytes of 1,000,000.
+DEAD_LETTER_PAYLOAD_MAX = 900_000
+
 
 class Coordinator(Subscriptions):
     """Implements ``layer.api.service.QueueService`` over Kafka topics."""
@@ -479,6 +483,14 @@ class Coordinator(Subscriptions):
         self, rt: QueueRuntime, change: Done, stored: StoredMessage | None
     ) -> ExtraRecord:
         bm = change.bookmark
+        payload = stored.value if stored else None
+        detail = stored.error if stored else None
+        if payload is not None and len(payload) > DEAD_LETTER_PAYLOAD_MAX:
+            # the envelope must fit the producer's message.max.bytes, or the transaction (and
+            # the coordinator) would fail on this message again after every restart
+            cut = f"payload cut from {len(payload)} to {DEAD_LETTER_PAYLOAD_MAX} bytes"
+            detail = f"{detail}; {cut}" if detail else cut
+            payload = payload[:DEAD_LETTER_PAYLOAD_MAX]
         envelope = {
             "queue": rt.name,
             "topic": bm.topic,
@@ -487,9 +499,9 @@ class Coordinator(Subscriptions):
             "bookmark": str(bm),
             "key": stored.key if stored else None,
             "headers": [{"key": k, "value": v} for k, v in (stored.headers if stored else ())],
-            "payload": stored.value if stored else None,
+            "payload": payload,
             "reason": change.reason.value,
-            "detail": stored.error if stored else None,
+            "detail": detail,
             "deliveries": change.deliveries,
             "cancels": change.cancels,
             "message_timestamp_ms": stored.timestamp_ms if stored else 0,

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Matcher = Callable[[Bookmark], bool] | None
+# The longest extend or cancel delay a frame may ask (a year): beyond it, or not finite, the
+# deadline would not fit the changelog's milliseconds.
+MAX_SECONDS = 365 * 86400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,9 +225,13 @@ class Subscriptions:
                 failures.append(
                     AckFailure(text, "malformed_bookmark", f"malformed bookmark: {exc}")
                 )
-        if (op is AckOp.EXTEND and not seconds > 0) or seconds < 0:
+        if (op is AckOp.EXTEND and not seconds > 0) or not 0 <= seconds <= MAX_SECONDS:
             return failures + [
-                AckFailure(t, "invalid_request", f"{op} needs seconds > 0, got {seconds}")
+                AckFailure(
+                    t,
+                    "invalid_request",
+                    f"{op} needs seconds in [0, {MAX_SECONDS:g}] (> 0 to extend), got {seconds}",
+                )
                 for t in originals
             ]
         now = self._clock()
