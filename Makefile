@@ -19,8 +19,15 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest tests/unit -q -p no:cacheprovider
 
+# The long profile of the fault history run (minutes, not seconds).
+.PHONY: soak
+soak: $(STAMP)
+	QLAYER_SOAK=1 $(BIN)/python -m pytest tests/fault/test_history.py -q -p no:cacheprovider -s
+
+# the whole benchmark (~30 min; BENCH_ARGS=--quick: a few minutes); needs RabbitMQ, NATS, Redis up
 bench: $(STAMP)
-	$(BIN)/python -m bench.queue_bench
+	$(BIN)/python -m pip install -q -e '.[bench]'
+	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check layer connectors spark tests bench
