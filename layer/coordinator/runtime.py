@@ -93,10 +93,9 @@ class QueueRuntime:
     changelog_topic: str
     inbox: deque[Message] = field(default_factory=deque)
     subscriptions: dict[str, SubscriptionState] = field(default_factory=dict)
-    # Restored from the changelog for messages not read yet (state dir wiped): skip the done ones,
-    # give the others their delivery and cancel counts back when they are read again.
+    # Restored from the changelog for messages not read yet (state dir wiped): skip the done ones;
+    # the others get their delivery counts back from the engine (QueueEngine.restore_counts).
     restored_done: set[Bookmark] = field(default_factory=set)
-    restored_counts: dict[Bookmark, tuple[int, int]] = field(default_factory=dict)
     restored_delays: dict[Bookmark, float] = field(default_factory=dict)
     # Changes the coordinator itself originates (a partition's start), written with the next round.
     pending_changes: list[Change] = field(default_factory=list)
@@ -122,7 +121,6 @@ class QueueRuntime:
         """The engine's view of a message: its queue-level expressions evaluated once."""
         exprs = self.exprs
         wall = time.time()
-        deliveries, cancels = self.restored_counts.pop(bookmark, (0, 0))
         not_before = deliver_after(stored.headers)
         restored = self.restored_delays.pop(bookmark, None)
         if restored is not None and (not_before is None or restored > not_before):
@@ -131,8 +129,8 @@ class QueueRuntime:
             bookmark,
             stored.timestamp_ms / 1000.0 if stored.timestamp_ms else now,
             stored.priority,
-            deliveries,
-            cancels,
+            0,  # delivery and cancel counts: the engine's restored ones, if any
+            0,
             None if exprs.group is None else exprs.group.key(doc, wall),
             None if exprs.conflate is None else exprs.conflate.key(doc, wall),
             exprs.barrier is not None and exprs.barrier.matches(doc, wall),

@@ -191,11 +191,13 @@ class Coordinator(Subscriptions):
             engine.start_partition(tp, low)
             rt.known_partitions.add(tp)
         done = {bm for bm, e in entries.items() if e.kind is ChangeKind.DONE}
-        rt.restored_counts = {
-            bm: (e.deliveries, e.cancels)
-            for bm, e in entries.items()
-            if e.kind is not ChangeKind.DONE
-        }
+        engine.restore_counts(
+            {
+                bm: (e.deliveries, e.cancels)
+                for bm, e in entries.items()
+                if e.kind is not ChangeKind.DONE
+            }
+        )
         rt.restored_delays = {
             bm: e.lease_deadline_ms / 1000.0
             for bm, e in entries.items()
@@ -219,10 +221,10 @@ class Coordinator(Subscriptions):
                     doc = exprs.reader.read(stored.value)[0] if exprs.reader else None
                     arrivals.append(rt.arrival(bm, stored, doc, now))
                     continue
-            deliveries, cancels = rt.restored_counts.pop(bm, (0, 0))
             ts = timestamp_ms / 1000.0 if timestamp_ms else now
             not_before = rt.restored_delays.pop(bm, None)
-            arrivals.append(Arrival(bm, ts, priority, deliveries, cancels, not_before=not_before))
+            # counts: the engine's restored ones (restore_counts above)
+            arrivals.append(Arrival(bm, ts, priority, 0, 0, not_before=not_before))
         if arrivals:
             engine.add(arrivals, now)
         for tp, pos in positions.items():
@@ -233,7 +235,7 @@ class Coordinator(Subscriptions):
             self._store.write(batch)
         self._progress(
             f"loaded queue={name}: {len(arrivals)} messages from local state,"
-            f" {len(rt.restored_counts)} to re-read, {len(done)} done above the low-water marks"
+            f" {engine.restored_pending()} to re-read, {len(done)} done above the low-water marks"
         )
         return rt
 

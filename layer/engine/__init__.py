@@ -17,6 +17,10 @@ Events in (each takes ``now``, the caller's clock, seconds):
 - ``restore_done(bookmarks)``: done records restored from the changelog at or above the low-water
   mark. They count as done for the low-water mark, and are forgotten (Forget) once it passes them.
   They emit no Done.
+- ``restore_counts(counts)``: delivery and cancel counts (bookmark -> (deliveries, cancels))
+  restored from the changelog for messages not read yet. A message read later starts with them
+  (they win over the arrival's own counts), and a remembered ack of one carries them in its Done,
+  so a restart never turns a delivery count back. ``restored_pending()``: how many still wait.
 - ``mark_read(partition, next_offset)``: the coordinator read up to ``next_offset`` (exclusive) on
   this partition, including offsets that never became arrivals (filtered, control records, gaps).
   Needed for the low-water mark.
@@ -36,7 +40,8 @@ Events in (each takes ``now``, the caller's clock, seconds):
       available (unleased) message may not be acked under strict (NOT_LEASE_HOLDER). Lenient: any
       subscription may ack any message in the queue (available or leased by anyone). A bookmark at
       or beyond the partition's read position and below its high watermark is a remembered ack:
-      a Done(ACKED) is emitted now and the message is skipped when it arrives. Anything else
+      a Done(ACKED) is emitted now (with the restored counts, else 0) and the message is
+      skipped when it arrives. Anything else
       (other topic, below the low-water mark, already done, beyond the high watermark) is
       UNKNOWN_BOOKMARK.
     * ``subscription`` None acts for nobody (ack by filter): under strict leasing it may finish

@@ -49,6 +49,7 @@ class EngineBase:
     _held_count: int
     _conflate: bool
     _latest: dict[object, Entry]
+    _restored: dict[Bookmark, tuple[int, int]]
     _topics: dict[str, dict[int, PartitionState]]
     _parts: list[PartitionState]
     _available: int

@@ -73,7 +73,8 @@ class Leases(EngineBase):
                 and part.read_pos <= offset < part.high_watermark
                 and part.remember(offset)
             ):
-                self._emit_done(bm, DoneReason.ACKED, 0, 0, now)
+                deliveries, cancels = self._restored.pop(bm, (0, 0))
+                self._emit_done(bm, DoneReason.ACKED, deliveries, cancels, now)
                 return None
             return _UNKNOWN
         holder = entry.holder

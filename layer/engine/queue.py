@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from layer.engine.fairness import Subscriber, make_picker
@@ -91,6 +91,8 @@ class QueueEngine(Queries, Holding, Leases):
         self._held_count = 0
         self._conflate = settings.conflate
         self._latest: dict[object, Entry] = {}  # last-value queues: conflate key -> newest
+        # Delivery and cancel counts restored from the changelog for messages not read yet
+        self._restored: dict[Bookmark, tuple[int, int]] = {}
         self._next_sub = 0
         self._topics: dict[str, dict[int, PartitionState]] = {}
         self._parts: list[PartitionState] = []
@@ -140,6 +142,13 @@ class QueueEngine(Queries, Holding, Leases):
             else:
                 part.remember(offset)
 
+    def restore_counts(self, counts: Mapping[Bookmark, tuple[int, int]]) -> None:
+        self._restored.update(counts)
+
+    def restored_pending(self) -> int:
+        """How many restored counts still wait for their message to be read (or acked)."""
+        return len(self._restored)
+
     def mark_read(self, partition: TopicPartition, next_offset: int) -> None:
         part = self._partition(partition)
         if next_offset > part.read_pos:
@@ -173,16 +182,21 @@ class QueueEngine(Queries, Holding, Leases):
                     # Acked before it was read (or restored done): it only counts for the mark.
                     part.take_pending(offset, bm)
                     self._touch(part)
+                    if self._restored:
+                        self._restored.pop(bm, None)
                     continue
             part.read_pos = offset + 1
-            reason = self._limit_reason(arrival.deliveries, arrival.cancels)
+            deliveries, cancels = arrival.deliveries, arrival.cancels
+            if self._restored:
+                deliveries, cancels = self._restored.pop(bm, (deliveries, cancels))
+            reason = self._limit_reason(deliveries, cancels)
             if reason is None and expiration is not None and now - arrival.timestamp >= expiration:
                 reason = DoneReason.EXPIRATION
             if reason is not None:
                 part.offsets.append(offset)
                 part.items.append(bm)
                 self._touch(part)
-                self._emit_done(bm, reason, arrival.deliveries, arrival.cancels, now)
+                self._emit_done(bm, reason, deliveries, cancels, now)
                 continue
             seq = self._seq
             self._seq = seq + 1
@@ -191,7 +205,7 @@ class QueueEngine(Queries, Holding, Leases):
                 key: object = (_INF if priority is None else -priority, seq)
             else:
                 key = seq
-            entry = Entry(bm, key, arrival.timestamp, arrival.deliveries, arrival.cancels)
+            entry = Entry(bm, key, arrival.timestamp, deliveries, cancels)
             part.offsets.append(offset)
             part.items.append(entry)
             if not part.dirty:

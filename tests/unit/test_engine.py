@@ -512,6 +512,30 @@ def test_acks_between_read_position_and_high_watermark_are_remembered(engine_fac
     assert engine.low_water(TP0) == 4
 
 
+def test_restored_counts_survive_a_restart_whether_the_message_is_read_or_acked_unread(
+    engine_factory,
+):
+    """After a restart, counts restored from the changelog are the message's counts: when it is
+    read again (whatever the arrival says) and in the Done of an ack remembered before it is
+    read (beyond target_queue_depth), so a restart never turns a delivery count back."""
+    engine = engine_factory(target_queue_depth=1, max_deliveries=3)
+    engine.restore_counts({bm(0): (2, 1), bm(1): (1, 0), bm(2): (3, 0)})
+    assert engine.restored_pending() == 3
+    add(engine, 0)
+    engine.mark_read(TP0, 1)
+    engine.set_high_watermark(TP0, 3)
+    engine.subscribe("a", 1, 0.0)
+    assert errors(engine.ack("a", [bm(1)], ACK, 1.0)) == [None]
+    assert changes(engine) == [Done(bm(1), DoneReason.ACKED, 1, 0, 1.0)]
+    engine.dispatch(1.0)
+    assert engine.drain().deliveries == [Delivery("a", bm(0), 3, 1, 61.0)]
+    engine.ack("a", [bm(0)], ACK, 2.0)
+    engine.drain()
+    add(engine, 1, 2, now=3.0)  # 1 was acked unread; 2 reached max_deliveries before the restart
+    assert changes(engine)[0] == Done(bm(2), DoneReason.MAX_DELIVERIES, 3, 0, 3.0)
+    assert engine.restored_pending() == 0
+
+
 # -- at-most-once ----------------------------------------------------------------------------
 
 

@@ -95,6 +95,15 @@ class EngineMachine(RuleBasedStateMachine):
             self.engine.start_partition(TopicPartition(TOPIC, p), self.low[p])
             self.read_next[p] = self.low[p]
         self.engine.restore_done([b for b, c in self.durable.items() if isinstance(c, Done)])
+        # as the coordinator does: counts of messages not read yet live in the engine, and
+        # arrivals carry none (a remembered ack of one must keep its count: it never goes back)
+        self.engine.restore_counts(
+            {
+                b: (c.deliveries, c.cancels)
+                for b, c in self.durable.items()
+                if isinstance(c, (Leased, Returned))
+            }
+        )
         self.holders: dict[Bookmark, str] = {}
         self.deadlines: dict[Bookmark, float] = {}
         self.backlogs: dict[str, int] = {}
@@ -143,11 +152,7 @@ class EngineMachine(RuleBasedStateMachine):
                 timestamp, priority, filtered = self.log[p][offset]
                 if not filtered:
                     b = Bookmark(TOPIC, p, offset)
-                    record = self.durable.get(b)
-                    deliveries = cancels = 0
-                    if isinstance(record, (Leased, Returned)):
-                        deliveries, cancels = record.deliveries, record.cancels
-                    arrivals.append(Arrival(b, timestamp, priority, deliveries, cancels))
+                    arrivals.append(Arrival(b, timestamp, priority, 0, 0))
                     room -= 1
                 offset += 1
             self.engine.add(arrivals, self.now)
