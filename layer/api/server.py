@@ -125,10 +125,15 @@ class _StreamSink:
 
     def __init__(self) -> None:
         self._out: asyncio.Queue[_Outgoing] = asyncio.Queue()
+        self.unsent = 0  # messages delivered here and not yet written (see DeliverySink)
 
     def deliver(self, messages: Sequence[DeliveredMessage]) -> None:
         if messages:
+            self.unsent += len(messages)
             self._out.put_nowait(list(messages))
+
+    def sent(self, count: int) -> None:
+        self.unsent -= count
 
     def close(self, reason: str) -> None:
         self._out.put_nowait(_SinkClosed(reason))
@@ -587,4 +592,6 @@ class ApiServer:
             if end is not None:
                 return
             for frame in _message_frames(messages):
+                # waits while the client's HTTP/2 window is full (it does not read)
                 await context.write(frame)
+                sink.sent(len(frame.messages))

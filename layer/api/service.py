@@ -87,6 +87,13 @@ class DeliverySink(Protocol):
 
     def deliver(self, messages: Sequence[DeliveredMessage]) -> None: ...
 
+    @property
+    def unsent(self) -> int:
+        """Messages given to ``deliver`` and not yet written to the transport. A subscription
+        whose sink holds its backlog's worth gets no more until it drains (a client that
+        stopped reading must not take messages it cannot receive, nor grow memory)."""
+        ...
+
     def close(self, reason: str) -> None:
         """The coordinator ends the subscription (shutdown); the stream should finish."""
         ...

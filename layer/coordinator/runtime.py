@@ -74,6 +74,8 @@ class SubscriptionState:
     queues: list[str] = field(default_factory=list)
     # queues this subscription left by a replace while it still held leases there
     draining: set[str] = field(default_factory=set)
+    # paused (backlog 0 in its queue) because its stream holds a backlog's worth unsent
+    stalled: bool = False
 
 
 @dataclass(slots=True)

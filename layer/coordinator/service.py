@@ -403,7 +403,7 @@ class Coordinator(Subscriptions):
                     self._wake.set()
             engine = rt.engine
             engine.tick(now)
-            self.share_backlogs(rt)
+            self.apply_backlogs(rt)
             engine.dispatch(now)
             effects = engine.drain()
             changes = rt.pending_changes + effects.changes
@@ -748,6 +748,9 @@ class Coordinator(Subscriptions):
                         "unread": float(max(s.unread, len(rt.inbox))),
                         "routed_total": float(rt.route.copied_total if rt.route else 0),
                         "rounds_total": float(self.rounds),
+                        "stalled_subscriptions": float(
+                            sum(sub.stalled for sub in rt.subscriptions.values())
+                        ),
                     },
                 )
             )

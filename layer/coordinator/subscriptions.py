@@ -4,8 +4,12 @@ A subscription to a regex (a queue name starting with ``^``, as for underlying t
 subscription in every configured queue whose name matches. Its backlog is shared: the minimum of
 the matched queues' ``max_per_subscription_backlog`` and its own ``max_backlog``, counted over
 all of them. Before each queue dispatches, the coordinator gives the subscription, in that queue,
-the room left over by what it holds everywhere (``share_backlogs``), so the total never exceeds
+the room left over by what it holds everywhere (``apply_backlogs``), so the total never exceeds
 the backlog.
+
+A subscription whose stream holds its backlog's worth of messages not yet written (its client
+stopped reading: HTTP/2 flow control holds the writes) is *stalled*: it takes nothing new until
+the stream drains. What it holds comes back when the leases run out, to subscriptions that read.
 
 A bookmark names a message of a topic, and a topic may feed several queues: an ack goes to the
 first of the subscription's queues that accepts it.
@@ -159,14 +163,29 @@ class Subscriptions:
         lease_period = min(rt.config.lease_period for rt in rts)
         return SubscriptionHandle(self, state, lease_period)  # type: ignore[arg-type]
 
-    def share_backlogs(self, rt: QueueRuntime) -> None:
-        """Before ``rt`` dispatches: each multi-queue subscription may take, here, what its
-        shared backlog has left after what it holds in all its queues."""
+    def apply_backlogs(self, rt: QueueRuntime) -> None:
+        """Before ``rt`` dispatches: a stalled subscription may take nothing; a multi-queue one
+        may take, here, what its shared backlog has left after what it holds in all its
+        queues."""
         for sub in rt.subscriptions.values():
+            stalled = sub.sink.unsent >= sub.backlog
             if len(sub.queues) < 2:
+                if stalled != sub.stalled:
+                    rt.engine.set_backlog(sub.id, 0 if stalled else sub.backlog)
+                    sub.stalled = stalled
+                    log.log(
+                        logging.WARNING if stalled else logging.INFO,
+                        "queue=%s subscription=%s client=%s %s (%d messages unsent)",
+                        rt.name,
+                        sub.id,
+                        sub.client,
+                        "stalled: its client does not read" if stalled else "reads again",
+                        sub.sink.unsent,
+                    )
                 continue
             held = {name: self._runtimes[name].engine.held_by(sub.id) for name in sub.queues}
-            room = max(0, sub.backlog - sum(held.values()))
+            sub.stalled = stalled
+            room = 0 if stalled else max(0, sub.backlog - sum(held.values()))
             rt.engine.set_backlog(sub.id, held[rt.name] + room)
 
     async def _replace(
@@ -195,6 +214,7 @@ class Subscriptions:
             rt.subscriptions[sub.id] = sub
             rt.engine.subscribe(sub.id, backlog, now, match)
         sub.queue, sub.queues, sub.backlog, sub.filter = queue, names, backlog, filter
+        sub.stalled = False  # the subscribe above set the backlog: the next round checks again
         log.info(
             "queue=%s subscription=%s replaced: backlog=%d filter=%r queues=%d",
             queue,
