@@ -41,7 +41,6 @@ from connectors import (
     TopicSpec,
     admin_settings,
     client_settings,
-    consumer_settings,
 )
 from layer.client import QueueClient
 from layer.codec import ChangeKind, decode, decode_change
@@ -355,11 +354,14 @@ class Run:
         return tails
 
     def reader_settings(self, profile: Any) -> dict[str, Any]:
-        # librdkafka's fetch wait, not the Tansu profile's 10 ms: once the broker holds this much
-        # data, fetches that short come back empty and a reader barely moves
-        return consumer_settings(
-            client_settings(self.bootstrap, {}), profile, extra={"fetch.wait.max.ms": 500}
-        )
+        # librdkafka's own settings (its 500 ms fetch wait), not the Tansu profile's: once the
+        # broker holds this much data, fetches of a few milliseconds come back empty
+        settings = client_settings(self.bootstrap, {})
+        settings.update(
+            {"group.id": f"history-{uuid.uuid4().hex}", "enable.auto.commit": False,
+             "isolation.level": "read_committed"}
+        )  # fmt: skip
+        return settings
 
     def read_topic(self, topic: str, profile: Any, timeout: float = 120) -> list[Any]:
         """Every record of a one-partition topic, read to its end."""
