@@ -11,6 +11,7 @@ from pyspark.sql.datasource import InputPartition
 
 from connectors.kafka import cached_high_watermark
 from connectors.spark_kafka.options import KafkaSourceOptions
+from layer.coordinator.ingest import FetchWait
 from layer.exceptions import BrokerError
 
 if TYPE_CHECKING:
@@ -58,8 +59,12 @@ def consume_range(
     """
     if task.start >= task.end:
         return
-    consumer = Consumer(options.consumer_config())
+    config = options.consumer_config()
+    consumer = Consumer(config)
     timeout = options.poll_timeout_ms / 1000
+    # Some brokers (Tansu) answer a fetch empty when it cannot be served within the wait (their
+    # fetch time grows with the partition's number of record batches): let the wait grow then.
+    wait = FetchWait(int(config["fetch.wait.max.ms"]))
     try:
         consumer.assign([TopicPartition(task.topic, task.partition, task.start)])
         next_offset = task.start
@@ -86,6 +91,13 @@ def consume_range(
             if not messages:
                 position = consumer.position([TopicPartition(task.topic, task.partition)])[0]
                 next_offset = max(next_offset, position.offset)
+                wait_ms = wait.empty(time.monotonic(), lambda: True)
+                if wait_ms is not None and next_offset < task.end:
+                    consumer.close()
+                    consumer = Consumer({**config, "fetch.wait.max.ms": wait_ms})
+                    consumer.assign([TopicPartition(task.topic, task.partition, next_offset)])
+            else:
+                wait.fetched(time.monotonic(), lambda: False)
             if records:
                 yield records
             if next_offset > before:
