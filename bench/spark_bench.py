@@ -247,7 +247,7 @@ def batch_view(spark: Any, broker: EmbeddedBroker, workdir: Path, messages: int)
             "count_warm_s": round(min(warm), 2),
             "aggregate_by_symbol_s": round(min(t for t, _ in aggregate_runs), 2),
             "reader_alone_s": round(reader_s, 2),
-            "reader_alone_records_per_s": round(end / reader_s),
+            "reader_alone_messages_per_s": round(messages / reader_s),
         }
     finally:
         coordinator.stop()

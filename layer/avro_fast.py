@@ -1,5 +1,5 @@
 """Hand-written Avro binary for the records on the hot path: ChangelogValue, StoredMessage and
-ViewChange.
+the API's Messages frame (the view topic's ViewRound is in layer.coordinator.view).
 
 fastavro's schemaless writer costs ~10 µs a call for these small records (validation, buffer
 set-up), and the coordinator writes several per message. These functions produce the same bytes
@@ -21,7 +21,6 @@ from layer.exceptions import SerializationError
 
 CHANGELOG_VALUE_VERSION = 1
 STORED_MESSAGE_VERSION = 1
-VIEW_CHANGE_VERSION = 1
 
 _KIND_INDEX = {"LEASED": 0, "RETURNED": 1, "DONE": 2, "POSITION": 3}
 
@@ -126,46 +125,6 @@ def stored_message(
     parts.append(_opt_long(priority))
     parts.append(_opt_str(error))
     return b"".join(parts)
-
-
-@lru_cache(maxsize=4096)
-def _view_prefix(queue: str, topic: str, partition: int) -> bytes:
-    q, t = queue.encode(), topic.encode()
-    return long(len(q)) + q + long(len(t)) + t + long(partition)
-
-
-def view_change(
-    sign: int,
-    queue: str,
-    topic: str,
-    partition: int,
-    offset: int,
-    key: bytes | None,
-    value: bytes | None,
-    headers: tuple[tuple[str, bytes | None], ...],
-    timestamp_ms: int,
-    priority: int | None,
-    deliveries: int,
-    cancels: int,
-    at_ms: int | bytes,
-) -> bytes:
-    """``at_ms`` may be given already encoded (``long(at_ms)``): a round stamps every change
-    with the same time, and a 13-digit varint is the costliest field to encode."""
-    return b"".join(
-        (
-            b"\x01\x02" if sign == 1 else b"\x01" + long(sign),  # VIEW_CHANGE_VERSION, sign
-            _view_prefix(queue, topic, partition),
-            long(offset),
-            b"\x00" if key is None else b"\x02" + long(len(key)) + key,
-            b"\x00" if value is None else b"\x02" + long(len(value)) + value,
-            _headers(headers),
-            long(timestamp_ms),
-            _opt_long(priority),
-            long(deliveries),
-            long(cancels),
-            at_ms if isinstance(at_ms, bytes) else long(at_ms),
-        )
-    )
 
 
 def api_messages_frame(frame_version: int, messages: list[Any]) -> bytes:

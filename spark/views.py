@@ -39,8 +39,9 @@ CONTENT_COLUMNS = (
     "changed_at",
 )
 
-# Options the views set themselves: the whole topic, read as the live contents and then changes.
-_FIXED = ("startingoffsets", "snapshot")
+# Options the views set themselves: the whole topic, read as the live contents and then changes,
+# of this queue only.
+_FIXED = ("startingoffsets", "snapshot", "queue")
 
 
 def queue_contents(
@@ -69,7 +70,7 @@ def queue_contents(
     settings = _settings(queue, config, bootstrap_servers, view_topic, options)
     frame = (
         spark.read.format(_register(spark))
-        .options(**settings.options, startingOffsets="earliest", snapshot="true")
+        .options(**settings.options, startingOffsets="earliest", snapshot="true", queue=queue)
         .load()
     )
     return _with_message(frame, settings, schema).select(*CONTENT_COLUMNS)
@@ -95,7 +96,7 @@ def queue_contents_stream(
     settings = _settings(queue, config, bootstrap_servers, view_topic, options)
     frame = (
         spark.readStream.format(_register(spark))
-        .options(**settings.options, startingOffsets="earliest", snapshot="true")
+        .options(**settings.options, startingOffsets="earliest", snapshot="true", queue=queue)
         .load()
     )
     return _with_message(frame, settings, schema).select("sign", *CONTENT_COLUMNS)

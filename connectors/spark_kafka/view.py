@@ -1,28 +1,32 @@
 """The ``qlayer_view`` data source: a queue's view topic as typed, signed changes.
 
 A coordinator publishes every change of a queue's live contents (what ``browse`` shows) to the
-queue's ``view_topic``: Kafka key the bookmark, value an Avro ``ViewChange``
-(``avro/view_change.avsc``) with ``sign`` +1 when the message entered the live contents and -1
-when it left them; both carry the message. This source reads that topic with the ``qlayer_kafka``
-machinery (same options, partitions and offsets) and decodes each record into columns::
+queue's ``view_topic``: for each round, one ``ViewRound`` record (``avro/view_round.avsc``; Kafka
+key: the queue name) with, per change, the message's bookmark, ``sign`` (+1 when it entered the
+live contents, -1 when it left them), counts and priority. The messages themselves stay in the
+underlying topics: this source reads the view topic with the ``qlayer_kafka`` machinery (same
+options, partitions and offsets), expands the rounds into changes, and fetches each change's
+message from its underlying topic by offset (the same brokers and ``kafka.*`` settings), on the
+executors. Columns::
 
     sign, queue, bookmark, topic, partition, offset, key, headers, value, priority,
     deliveries, cancels, enqueue_time, changed_at, view_partition, view_offset
 
-``view_partition``/``view_offset`` are the record's place in the view topic (its order).
+``view_partition``/``view_offset`` are the round's place in the view topic (its order; the
+changes of one round keep their order within it). A message no longer on the broker (retention
+removed it) has NULL ``key``, ``value`` and ``enqueue_time``.
 
 Options: those of ``qlayer_kafka`` (``kafka.bootstrap.servers``, ``subscribe``...), with these
 differences: ``startingOffsets`` defaults to ``earliest`` in streaming too;
 ``kafka.isolation.level`` defaults to ``read_committed`` (the coordinator writes in
-transactions); ``includeHeaders`` and ``maxOffsetsPerTrigger`` are refused. And one option of
-its own:
+transactions); ``includeHeaders`` and ``maxOffsetsPerTrigger`` are refused. And two of its own:
 
+- ``queue``: only that queue's rounds (a view topic may be shared); default: every queue's.
 - ``snapshot`` (default true): a range that starts at the beginning of a partition is read as the
-  live contents at its end (per bookmark the last record, kept if it is +1) instead of every
+  live contents at its end (per bookmark the last change, kept if it is +1) instead of every
   change. A batch read from ``earliest`` then *is* the live contents, and a stream's first
-  micro-batch is the contents at its end, followed by the changes. This is also what keeps a
-  read from the beginning right on a compacted topic, where a -1 may survive its +1.
-  ``false``: every record, as written.
+  micro-batch is the contents at its end, followed by the changes. ``false``: every change, as
+  written.
 
 A subscribed topic that does not exist is an error (a coordinator creates its view topic when it
 starts): a view of nothing would look like an empty queue.
@@ -30,10 +34,12 @@ starts): a view of nothing would look like an empty queue.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import dataclasses
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
+from confluent_kafka import Message
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -61,7 +67,9 @@ from connectors.spark_kafka.reading import (
     message_offset,
 )
 from connectors.spark_kafka.source import KafkaBatchReader, KafkaDataSource, KafkaStreamReader
-from layer.exceptions import ConfigError, SerializationError
+from layer.coordinator.view import decode_round
+from layer.engine.model import Bookmark, ViewChange
+from layer.exceptions import BrokerError, ConfigError, SerializationError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -107,6 +115,7 @@ class ViewSourceOptions:
 
     kafka: KafkaSourceOptions
     snapshot: bool = True
+    queue: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ViewSourceOptions:
@@ -115,9 +124,10 @@ class ViewSourceOptions:
             if key in given:
                 raise ConfigError(f"option {key!r} is not supported by {VIEW_FORMAT}: {why}")
         snapshot = boolean_option("snapshot", given.pop("snapshot", "true"))
+        queue = given.pop("queue", None)
         given.setdefault("kafka.isolation.level", "read_committed")
         given.setdefault("startingoffsets", "earliest")
-        return cls(KafkaSourceOptions.parse(given, source=VIEW_FORMAT), snapshot)
+        return cls(KafkaSourceOptions.parse(given, source=VIEW_FORMAT), snapshot, queue)
 
 
 class ViewInputPartition(KafkaInputPartition):
@@ -170,95 +180,160 @@ def _mark(options: ViewSourceOptions, ranges: Sequence[InputPartition]) -> list[
 
 # -- reading ---------------------------------------------------------------------------------
 
-VIEW_CHANGE = "view_change"
+# A new range read starts where the wanted offsets of a partition are further apart than this:
+# reading past a gap is cheaper than a new consumer only while the gap is small.
+_GAP = 5_000
+# Changes expanded and fetched at a time (bounds a task's memory on a long range of changes).
+_CHUNK = 20_000
+
+#: a change with its round's queue and time and the round's offset in the view topic
+_Placed = tuple[ViewChange, str, int, int]
 
 
-class _Decoder:
-    """View records to rows in ``view_schema()``'s column order (without the last two), with
-    ``layer.codec`` (which reads every version of the schema). Measured: fastavro decodes a
-    record in about 8 µs here; a hand-written reader saved only a quarter to a third of that."""
+def _changes(options: ViewSourceOptions, task: KafkaInputPartition) -> Iterator[list[_Placed]]:
+    """The changes of the view records in ``task``, as (change, queue, round time, view offset),
+    in lists of about ``_CHUNK``; rounds of other queues (``queue`` option) are passed over."""
+    wanted = None if options.queue is None else options.queue.encode()
+    chunk: list[_Placed] = []
+    for records in consume_range(options.kafka, task):
+        for message in records:
+            value = message.value()
+            if not value or (wanted is not None and message.key() != wanted):
+                continue
+            offset = message_offset(message)
+            try:
+                round_ = decode_round(value)
+            except SerializationError as exc:
+                raise SerializationError(
+                    f"view record {task.topic}/{task.partition}/{offset}: {exc}"
+                ) from exc
+            queue, at_ms = round_.queue, round_.at_ms
+            chunk.extend((change, queue, at_ms, offset) for change in round_.changes)
+        if len(chunk) >= _CHUNK:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
-    def __init__(self) -> None:
-        from layer.codec import default_codec
 
-        self._codec = default_codec()
-        self._version = self._codec.version(VIEW_CHANGE)
+def _snapshot(options: ViewSourceOptions, task: KafkaInputPartition) -> list[_Placed]:
+    """The live contents at the end of ``task``: per bookmark its last change, if +1."""
+    last: dict[tuple[str, Bookmark], _Placed] = {}
+    for chunk in _changes(options, task):
+        for placed in chunk:
+            key = (placed[1], placed[0].bookmark)
+            if placed[0].sign > 0:
+                last[key] = placed
+            else:
+                last.pop(key, None)
+    return sorted(last.values(), key=lambda placed: placed[3])
 
-    def row(self, data: bytes) -> tuple[Any, ...]:
-        change = self._codec.decode(VIEW_CHANGE, data)
-        topic, partition, offset = change["topic"], change["partition"], change["offset"]
-        return (
-            change["sign"],
-            change["queue"],
-            f"{topic}/{partition}/{offset}",
-            topic,
-            partition,
-            offset,
-            change["key"],
-            change["headers"],
-            change["value"],
-            change["priority"],
-            change["deliveries"],
-            change["cancels"],
-            change["timestamp_ms"] * 1000,
-            change["at_ms"] * 1000,
+
+def fetch_messages(
+    kafka: KafkaSourceOptions, bookmarks: Iterable[Bookmark]
+) -> dict[Bookmark, Message]:
+    """The messages of ``bookmarks`` from their topics: per partition, the wanted offsets in
+    runs (a new run past a gap of ``_GAP``), each run one range read. A bookmark no longer on
+    the broker is missing from the answer."""
+    by_partition: dict[tuple[str, int], set[int]] = {}
+    for bm in bookmarks:
+        by_partition.setdefault((bm.topic, bm.partition), set()).add(bm.offset)
+    found: dict[Bookmark, Message] = {}
+    lenient = dataclasses.replace(kafka, fail_on_data_loss=False)  # a gone message is NULL
+    for (topic, partition), offsets in sorted(by_partition.items()):
+        ordered = sorted(offsets)
+        runs: list[list[int]] = [[ordered[0]]]
+        for offset in ordered[1:]:
+            if offset - runs[-1][-1] > _GAP:
+                runs.append([offset])
+            else:
+                runs[-1].append(offset)
+        for run in runs:
+            task = KafkaInputPartition(topic, partition, run[0], run[-1] + 1)
+            wanted = set(run)
+            try:
+                for records in consume_range(lenient, task):
+                    for message in records:
+                        offset = message_offset(message)
+                        if offset in wanted:
+                            found[Bookmark(topic, partition, offset)] = message
+            except BrokerError:
+                if not _topic_exists(kafka, topic):
+                    continue  # deleted since: its messages show as NULL
+                raise
+    return found
+
+
+def _topic_exists(kafka: KafkaSourceOptions, topic: str) -> bool:
+    with BrokerView(kafka) as broker:
+        return topic in broker.topics()
+
+
+def _rows(
+    options: ViewSourceOptions, placed: list[_Placed], view_partition: int
+) -> list[tuple[Any, ...]]:
+    messages = fetch_messages(options.kafka, {change.bookmark for change, *_ in placed})
+    rows: list[tuple[Any, ...]] = []
+    for change, queue, at_ms, view_offset in placed:
+        bm = change.bookmark
+        message = messages.get(bm)
+        if message is None:
+            key = value = enqueued = None
+            headers: list[dict[str, Any]] = []
+        else:
+            key, value = message.key(), message.value()
+            pairs = cast(list[tuple[str, bytes | None]], message.headers() or [])
+            headers = [{"key": k, "value": v} for k, v in pairs]
+            _kind, ms = message.timestamp()
+            enqueued = ms * 1000 if ms and ms > 0 else None
+        rows.append(
+            (
+                change.sign,
+                queue,
+                str(bm),
+                bm.topic,
+                bm.partition,
+                bm.offset,
+                key,
+                headers,
+                value,
+                None if change.priority is None else min(change.priority, _LONG_MAX),
+                change.deliveries,
+                change.cancels,
+                enqueued,
+                at_ms * 1000,
+                view_partition,
+                view_offset,
+            )
         )
+    return rows
 
-    def sign(self, data: bytes | None) -> int:
-        """A record's sign without decoding it: ``sign`` is the record's first field, so after
-        the format byte +1 is the zig-zag varint 0x02 and -1 is 0x01. A null value (a
-        tombstone) takes the bookmark out."""
-        if data is None:
-            return -1
-        if len(data) > 1 and data[0] == self._version and data[1] in (1, 2):
-            return 1 if data[1] == 2 else -1
-        return int(self._codec.decode(VIEW_CHANGE, data)["sign"])
+
+# Spark's LongType is signed: a priority above it (priorities are unsigned 64-bit) is shown as
+# the largest long, which still sorts above every smaller one.
+_LONG_MAX = 2**63 - 1
 
 
 def read_view_range(
     options: ViewSourceOptions, task: KafkaInputPartition | None
 ) -> Iterator[pa.RecordBatch]:
-    """The changes of ``task`` (its live contents at the end if it is a snapshot range)."""
+    """The changes of ``task`` (its live contents at the end if it is a snapshot range), with
+    their messages."""
     if task is None or task.start >= task.end:
         return
     import pyarrow as pa  # on the executors only
 
-    decoder = _Decoder()
-    keep: dict[bytes | None, int] | None = None
     if isinstance(task, ViewInputPartition) and task.snapshot:
-        # Pass 1 finds each bookmark's last record and keeps those that are +1; pass 2 reads
-        # the range again and decodes only those. Memory: one entry per live message.
-        keep = {}
-        for records in consume_range(options.kafka, task):
-            for message in records:
-                if decoder.sign(message.value()) > 0:
-                    keep[message.key()] = message_offset(message)
-                else:
-                    keep.pop(message.key(), None)
-        if not keep:
-            return
-    rows: list[tuple[Any, ...]] = []
-    view_partition = task.partition
-    for records in consume_range(options.kafka, task):
-        for message in records:
-            value = message.value()
-            if value is None:
-                continue  # a tombstone carries no message: nothing to add or take away
-            offset = message_offset(message)
-            if keep is not None and keep.get(message.key()) != offset:
-                continue
-            try:
-                row = decoder.row(value)
-            except SerializationError as exc:
-                raise SerializationError(
-                    f"view record {task.topic}/{task.partition}/{offset}: {exc}"
-                ) from exc
-            rows.append((*row, view_partition, offset))
-        if len(rows) >= ROWS_PER_ARROW_BATCH:
-            yield _record_batch(pa, rows)
-            rows = []
-    if rows:
-        yield _record_batch(pa, rows)
+        live = _snapshot(options, task)
+        chunks: Iterable[list[_Placed]] = (
+            live[i : i + _CHUNK] for i in range(0, len(live), _CHUNK)
+        )
+    else:
+        chunks = _changes(options, task)
+    for chunk in chunks:
+        rows = _rows(options, chunk, task.partition)
+        for i in range(0, len(rows), ROWS_PER_ARROW_BATCH):
+            yield _record_batch(pa, rows[i : i + ROWS_PER_ARROW_BATCH])
 
 
 def _arrow_types(pa: Any) -> list[Any]:

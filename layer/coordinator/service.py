@@ -44,7 +44,7 @@ from layer.coordinator.publish_route import PublishRoute, routes_publishes
 from layer.coordinator.redrive import REDRIVE_SUFFIX, copy_of, read_dead_letters, redriven_record
 from layer.coordinator.runtime import QueueRuntime
 from layer.coordinator.subscriptions import Subscriptions
-from layer.coordinator.view import read_view, reconcile, view_records
+from layer.coordinator.view import read_view, reconcile, view_record
 from layer.engine.model import (
     AckOp,
     Arrival,
@@ -58,6 +58,7 @@ from layer.engine.model import (
     LowWater,
     Returned,
     TopicPartition,
+    ViewChanges,
 )
 from layer.engine.queue import QueueEngine
 from layer.exceptions import BrokerError, ConfigError, InvalidRequest, QLayerError
@@ -244,18 +245,17 @@ class Coordinator(Subscriptions):
         topic = rt.config.view_topic
         assert topic is not None and self._writer is not None
         settings = consumer_settings(self._base_settings, self._profile)
-        published = await asyncio.to_thread(read_view, settings, topic)
+        published = await asyncio.to_thread(read_view, settings, topic, rt.name)
         engine = rt.engine
-        live = [(bm, *engine.counts(bm)) for bm in engine.available()]
-        missing = [bm for bm, _, _ in live if bm not in published]
-        payloads = rt.payloads(self._store, missing) if missing else {}
-        now_ms = int(self._clock() * 1000)
-        records = reconcile(topic, rt.name, published, live, payloads, now_ms)
-        if records:
-            await asyncio.to_thread(self._writer.commit, [], records)
+        live = engine.view_contents()
+        corrections = reconcile(published, live)
+        if corrections:
+            now_ms = int(self._clock() * 1000)
+            record = view_record(topic, rt.name, ViewChanges.of(corrections), now_ms)
+            await asyncio.to_thread(self._writer.commit, [], [record])
         engine.view_synced()
         self._progress(
-            f"view of queue={rt.name}: {len(live)} live messages, {len(records)} corrections"
+            f"view of queue={rt.name}: {len(live)} live messages, {len(corrections)} corrections"
         )
 
     def _start_reader(self, rt: QueueRuntime) -> IngestReader:
@@ -414,7 +414,6 @@ class Coordinator(Subscriptions):
             need = [d.bookmark for d in effects.deliveries]
             dead = [c for c in changes if isinstance(c, Done) and c.reason.dead_letter]
             need.extend(c.bookmark for c in dead)
-            need.extend(v.bookmark for v in effects.view)
             payloads = rt.payloads(store, need) if need else {}
             for change in changes:
                 key, value = encode_change(name, change, now_ms)
@@ -422,9 +421,7 @@ class Coordinator(Subscriptions):
                 self._apply(rt, change, value, batch, payloads, extra)
             if effects.view:
                 assert rt.config.view_topic is not None
-                views.extend(
-                    view_records(rt.config.view_topic, name, effects.view, payloads, now_ms)
-                )
+                views.append(view_record(rt.config.view_topic, name, effects.view, now_ms))
             if effects.deliveries:
                 pushes.append((rt, self._materialize(rt, effects.deliveries, payloads)))
         waiters, self._waiters = self._waiters, []

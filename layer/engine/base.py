@@ -20,6 +20,7 @@ from layer.engine.model import (
     DoneReason,
     EngineSettings,
     ReturnReason,
+    ViewChange,
 )
 from layer.engine.partition import PartitionState
 from layer.engine.routing import Router
@@ -71,6 +72,9 @@ class EngineBase:
     def _emit_done(
         self, bm: Bookmark, reason: DoneReason, deliveries: int, cancels: int, now: float
     ) -> None:
+        raise NotImplementedError
+
+    def _view_change(self, entry: Entry, sign: int) -> ViewChange:
         raise NotImplementedError
 
     def _limit_reason(self, deliveries: int, cancels: int) -> DoneReason | None:

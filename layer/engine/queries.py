@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 from layer.engine.base import EngineBase
 from layer.engine.fairness import Subscriber
 from layer.engine.index import AVAILABLE, HELD, LEASED, Entry
-from layer.engine.model import Bookmark, EngineStats, TopicPartition
+from layer.engine.model import Bookmark, EngineStats, TopicPartition, ViewChange
 from layer.engine.partition import PartitionState
 from layer.exceptions import QueueError
 
@@ -48,6 +48,13 @@ class Queries(EngineBase):
         ready = sorted(self._entries(AVAILABLE), key=_by_key)
         ready.extend(e for e in self._held if e.state == HELD)
         return [entry.bookmark for entry in ready[:limit]]
+
+    def view_contents(self) -> list[ViewChange]:
+        """What a view topic must hold now: a +1 change for every message a browse lists."""
+        return [
+            self._view_change(entry, 1)
+            for entry in (*self._entries(AVAILABLE), *(e for e in self._held if e.state == HELD))
+        ]
 
     def lease_of(self, bookmark: Bookmark) -> Lease | None:
         part = self._lookup(bookmark)

@@ -55,6 +55,8 @@ from layer.exceptions import QueueError
 UNLIMITED = sys.maxsize  # room() without target_queue_depth
 
 _INF = float("inf")
+# the view changes of a message by (it left during the round, it is in the view at its end)
+_SIGNS = {(False, False): (), (False, True): (1,), (True, False): (-1,), (True, True): (-1, 1)}
 _UNKNOWN = AckError.UNKNOWN_BOOKMARK
 _NOT_HOLDER = AckError.NOT_LEASE_HOLDER
 _NOT_LEASED = AckError.NOT_LEASED
@@ -354,12 +356,25 @@ class QueueEngine(Queries, Holding, Leases):
         effects = Effects(self._changes, self._deliveries)
         self._changes, self._deliveries = [], []
         if self._view:
+            # columns, not a ViewChange per change: this runs for every message of a queue
+            # with a view topic, twice
             view = effects.view
+            marks, signs, counts, cancels = (
+                view.bookmarks,
+                view.signs,
+                view.deliveries,
+                view.cancels,
+            )
+            priorities = view.priorities = [] if self._priority else None
             for first, last, entry in self._view.values():
-                if first < 0:
-                    view.append(ViewChange(entry.bookmark, -1, entry.deliveries, entry.cancels))
-                if last > 0:
-                    view.append(ViewChange(entry.bookmark, 1, entry.deliveries, entry.cancels))
+                # -1 if it was in the view when the round began, +1 if it is in it now
+                for sign in _SIGNS[first < 0, last > 0]:
+                    marks.append(entry.bookmark)
+                    signs.append(sign)
+                    counts.append(entry.deliveries)
+                    cancels.append(entry.cancels)
+                    if priorities is not None:
+                        priorities.append(self._priority_of(entry))
             self._view.clear()
         return effects
 
@@ -371,6 +386,14 @@ class QueueEngine(Queries, Holding, Leases):
         return part.low_water
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _priority_of(self, entry: Entry) -> int | None:
+        rank = entry.key[0]  # see add: -priority, or infinity for none
+        return None if rank == _INF else -rank
+
+    def _view_change(self, entry: Entry, sign: int) -> ViewChange:
+        priority = self._priority_of(entry) if self._priority else None
+        return ViewChange(entry.bookmark, sign, entry.deliveries, entry.cancels, priority)
 
     def _live(self) -> int:
         return self._available + self._leased + self._delayed + self._held_count

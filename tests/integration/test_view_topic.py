@@ -1,6 +1,6 @@
-"""The view topic (``view_topic``): its records, reduced last-per-bookmark, are exactly what a
-browse shows, through leases, cancels, lease timeouts, acks, expirations, target_queue_depth and
-coordinator restarts (SIGKILL, with the state kept and wiped)."""
+"""The view topic (``view_topic``): its rounds of changes, reduced last-per-bookmark, are exactly
+what a browse shows, through leases, cancels, lease timeouts, acks, expirations,
+target_queue_depth and coordinator restarts (SIGKILL, with the state kept and wiped)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 from confluent_kafka import Producer
 
 from layer.client import QueueClient
-from layer.codec import decode
+from layer.coordinator.view import decode_round
+from layer.engine.model import ViewChange
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
@@ -26,25 +27,33 @@ def produce(bootstrap: str, topic: str, docs: list[dict[str, Any]]) -> None:
 
 
 class ViewReader:
-    """Reads the view topic as a Spark view does: running sums and last record per bookmark."""
+    """Reads the view topic as a Spark view does: the rounds of ``queue`` expanded, running sums
+    and the last change per bookmark, with the messages from the underlying ``topic``."""
 
-    def __init__(self, consume_all: Any, topic: str) -> None:
-        self.consume_all, self.topic = consume_all, topic
+    def __init__(self, consume_all: Any, view_topic: str, queue: str, topic: str) -> None:
+        self.consume_all, self.view_topic = consume_all, view_topic
+        self.queue, self.topic = queue, topic
 
-    def read(self) -> tuple[dict[str, dict[str, Any]], dict[str, int], dict[str, float]]:
-        last: dict[str, dict[str, Any]] = {}
+    def read(self) -> tuple[dict[str, ViewChange], dict[str, int], dict[str, float]]:
+        values = {
+            f"{m.topic()}/{m.partition()}/{m.offset()}": m.value()
+            for m in self.consume_all(self.topic)
+        }
+        last: dict[str, ViewChange] = {}
         signs: dict[str, int] = {}
         qty: dict[str, float] = {}
-        for msg in self.consume_all(self.topic):
-            change = decode("view_change", msg.value())
-            bm = msg.key().decode()
-            assert bm == f"{change['topic']}/{change['partition']}/{change['offset']}"
-            last[bm] = change
-            signs[bm] = signs.get(bm, 0) + change["sign"]
-            assert signs[bm] in (0, 1), f"{bm}: the signs of its records sum to {signs[bm]}"
-            doc = json.loads(change["value"])
-            qty[doc["sym"]] = qty.get(doc["sym"], 0) + change["sign"] * doc["qty"]
-        return {bm: c for bm, c in last.items() if c["sign"] > 0}, signs, qty
+        for msg in self.consume_all(self.view_topic):
+            assert msg.key() == self.queue.encode()
+            round_ = decode_round(msg.value())
+            assert round_.queue == self.queue and round_.changes
+            for change in round_.changes:
+                bm = str(change.bookmark)
+                last[bm] = change
+                signs[bm] = signs.get(bm, 0) + change.sign
+                assert signs[bm] in (0, 1), f"{bm}: the signs of its changes sum to {signs[bm]}"
+                doc = json.loads(values[bm])
+                qty[doc["sym"]] = qty.get(doc["sym"], 0) + change.sign * doc["qty"]
+        return {bm: c for bm, c in last.items() if c.sign > 0}, signs, qty
 
 
 def browse_state(client: QueueClient, q: str) -> tuple[set[str], dict[str, float]]:
@@ -70,7 +79,7 @@ def assert_view_matches(client: QueueClient, q: str, view: ViewReader) -> dict[s
     wait_until(same, 15, message=lambda: f"view == browse: {state}")
     by_bm = {str(m.bookmark): m for m in client.browse(q)}
     for bm, change in state["members"].items():
-        assert (change["deliveries"], change["cancels"]) == (
+        assert (change.deliveries, change.cancels) == (
             by_bm[bm].deliveries,
             by_bm[bm].cancels,
         ), bm
@@ -93,7 +102,7 @@ def test_view_topic_follows_the_live_contents(
             }
         ]
     )
-    view = ViewReader(consume_all, vt)
+    view = ViewReader(consume_all, vt, q, topic)
     docs = [{"id": i, "sym": "AB"[i % 2], "qty": i + 1} for i in range(20)]
     produce(broker.bootstrap_servers, topic, docs)
     with QueueClient(c.address) as client:
@@ -128,7 +137,7 @@ def test_view_topic_leaves_out_inactive_messages(
     c = coordinator_factory(
         [{"name": q, "underlying_topic": topic, "view_topic": vt, "target_queue_depth": 5}]
     )
-    view = ViewReader(consume_all, vt)
+    view = ViewReader(consume_all, vt, q, topic)
     produce(broker.bootstrap_servers, topic, [{"sym": "A", "qty": i} for i in range(12)])
     with QueueClient(c.address) as client:
         wait_until(
@@ -159,7 +168,7 @@ def test_view_topic_is_reconciled_after_a_sigkill(
     c = coordinator_factory(
         [{"name": q, "underlying_topic": topic, "view_topic": vt, "lease_period": "3s"}]
     )
-    view = ViewReader(consume_all, vt)
+    view = ViewReader(consume_all, vt, q, topic)
     produce(broker.bootstrap_servers, topic, [{"sym": "AB"[i % 2], "qty": i} for i in range(10)])
     with QueueClient(c.address) as client:
         wait_until(lambda: client.stats(q)[0].available == 10, 15, message="10 available")

@@ -1,7 +1,9 @@
 """The qlayer_view data source over view records written here with a plain producer.
 
-The records follow ``avro/view_change.avsc``, as a coordinator writes them; the tests against a
-real coordinator are in test_spark_views.py and test_spark_live_stream.py.
+The records follow ``avro/view_round.avsc``, as a coordinator writes them (one change per round
+here, so that each change has a view offset of its own), and the messages they name are in an
+underlying topic written here too; the tests against a real coordinator are in
+test_spark_views.py and test_spark_live_stream.py.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from connectors.spark_kafka import (
     register_view,
     view_schema,
 )
-from layer.codec import encode
+from layer.coordinator.view import encode_round
+from layer.engine.model import Bookmark, ViewChange, ViewChanges
 from layer.exceptions import ConfigError
 from spark import live_aggregate, spark_type_of
 from tests.helpers import wait_until
@@ -34,53 +37,50 @@ pytestmark = [
 ]
 
 BASE_MS = 1_700_000_000_000
+# The messages of the underlying topic, by offset: (sym, qty, headers)
+MESSAGES: list[tuple[str, int, list[tuple[str, bytes | None]]]] = [
+    ("A", 5, [("h", b"1"), ("h", None)]),
+    ("B", 3, []),
+    ("A", 2, []),
+    ("B", 4, []),
+    ("C", 1, []),
+    ("C", 2, []),
+]
 
 
 def change(
-    sign: int,
-    offset: int,
-    *,
-    sym: str = "A",
-    qty: int = 1,
-    deliveries: int = 0,
-    cancels: int = 0,
-    priority: int | None = None,
-    headers: list[tuple[str, bytes | None]] | None = None,
-) -> tuple[bytes, bytes]:
-    """(Kafka key, value) of a view record for message ``orders/0/<offset>``."""
-    value = encode(
-        "view_change",
-        {
-            "sign": sign,
-            "queue": "orders",
-            "topic": "orders",
-            "partition": 0,
-            "offset": offset,
-            "key": b"k%d" % offset,
-            "value": json.dumps({"sym": sym, "qty": qty}).encode(),
-            "headers": [{"key": k, "value": v} for k, v in headers or []],
-            "timestamp_ms": BASE_MS + offset,
-            "priority": priority,
-            "deliveries": deliveries,
-            "cancels": cancels,
-            "at_ms": BASE_MS + 10_000 + offset,
-        },
-    )
-    return f"orders/0/{offset}".encode(), value
+    sign: int, offset: int, *, deliveries: int = 0, cancels: int = 0, priority: int | None = None
+) -> tuple[int, int, int, int, int | None]:
+    """A change of the message at ``offset`` of the underlying topic."""
+    return sign, offset, deliveries, cancels, priority
 
 
 @pytest.fixture
 def view_topic(topic_factory, producer_factory) -> Any:
-    """``(topic, write)``: a new view topic and ``write([change(...), ...])``."""
-    topic = topic_factory(prefix="view")
+    """``(view topic, write, underlying topic)``: new topics, the messages written to the
+    underlying one, and ``write([change(...), ...])``, a round per change, to the view."""
+    topic, under = topic_factory(prefix="view"), topic_factory(prefix="orders")
     producer = producer_factory()
+    for offset, (sym, qty, headers) in enumerate(MESSAGES):
+        value = json.dumps({"sym": sym, "qty": qty}).encode()
+        producer.produce(under, value, b"k%d" % offset, headers=headers, timestamp=BASE_MS + offset)
+    assert producer.flush(10) == 0
 
-    def write(records: list[tuple[bytes, bytes]]) -> None:
-        for key, value in records:
+    def record(spec: tuple[int, int, int, int, int | None]) -> tuple[bytes, bytes]:
+        sign, offset, deliveries, cancels, priority = spec
+        changed = ViewChange(Bookmark(under, 0, offset), sign, deliveries, cancels, priority)
+        return b"orders", encode_round(
+            "orders", ViewChanges.of([changed]), BASE_MS + 10_000 + offset
+        )
+
+    def write(changes: list[tuple[int, int, int, int, int | None]]) -> None:
+        for spec in changes:
+            key, value = record(spec)
             producer.produce(topic, key=key, value=value)
         assert producer.flush(10) == 0
 
-    return topic, write
+    write.record = record  # type: ignore[attr-defined]
+    return topic, write, under
 
 
 def _read(spark: Any, kafka_options: dict[str, str], topic: str, **options: str) -> Any:
@@ -93,33 +93,33 @@ def _read(spark: Any, kafka_options: dict[str, str], topic: str, **options: str)
 # A history: 0 in, 1 in and out, 2 in, out (leased) and back (cancelled, 1 cancel), 3 in and
 # out for good, 4 in; the live contents are 0, 2 and 4.
 HISTORY = [
-    change(1, 0, sym="A", qty=5, headers=[("h", b"1"), ("h", None)], priority=7),
-    change(1, 1, sym="B", qty=3),
-    change(1, 2, sym="A", qty=2),
-    change(-1, 1, sym="B", qty=3, deliveries=1),
-    change(1, 3, sym="B", qty=4),
-    change(-1, 2, sym="A", qty=2, deliveries=1),
-    change(1, 2, sym="A", qty=2, deliveries=1, cancels=1),
-    change(-1, 3, sym="B", qty=4, deliveries=1),
-    change(1, 4, sym="C", qty=1),
+    change(1, 0, priority=7),
+    change(1, 1),
+    change(1, 2),
+    change(-1, 1, deliveries=1),
+    change(1, 3),
+    change(-1, 2, deliveries=1),
+    change(1, 2, deliveries=1, cancels=1),
+    change(-1, 3, deliveries=1),
+    change(1, 4),
 ]
 
 
 def test_a_batch_read_is_the_last_record_of_each_bookmark_that_is_in(
     spark, kafka_options, view_topic
 ) -> None:
-    topic, write = view_topic
+    topic, write, under = view_topic
     write(HISTORY)
     df = _read(spark, kafka_options, topic)
     assert df.schema == view_schema()
     rows = {r.bookmark: r for r in df.collect()}
-    assert sorted(rows) == ["orders/0/0", "orders/0/2", "orders/0/4"]
-    first = rows["orders/0/0"]
+    assert sorted(rows) == [f"{under}/0/0", f"{under}/0/2", f"{under}/0/4"]
+    first = rows[f"{under}/0/0"]
     assert first.asDict() | {"headers": None, "enqueue_time": None, "changed_at": None} == {
         "sign": 1,
         "queue": "orders",
-        "bookmark": "orders/0/0",
-        "topic": "orders",
+        "bookmark": f"{under}/0/0",
+        "topic": under,
         "partition": 0,
         "offset": 0,
         "key": bytearray(b"k0"),
@@ -139,14 +139,14 @@ def test_a_batch_read_is_the_last_record_of_each_bookmark_that_is_in(
     )
     assert times.first().asDict() == {"enq": BASE_MS, "at": BASE_MS + 10_000}
     # the cancelled one comes back with its counts; its view offset is its latest record
-    assert (rows["orders/0/2"].deliveries, rows["orders/0/2"].cancels) == (1, 1)
-    assert rows["orders/0/2"].view_offset == 6
+    assert (rows[f"{under}/0/2"].deliveries, rows[f"{under}/0/2"].cancels) == (1, 1)
+    assert rows[f"{under}/0/2"].view_offset == 6
 
 
 def test_snapshot_false_gives_every_change_and_ending_offsets_give_the_past(
     spark, kafka_options, view_topic
 ) -> None:
-    topic, write = view_topic
+    topic, write, _under = view_topic
     write(HISTORY)
     changes = _read(spark, kafka_options, topic, snapshot="false").orderBy("view_offset")
     assert [(r.sign, r.offset) for r in changes.collect()] == [
@@ -167,15 +167,35 @@ def test_snapshot_false_gives_every_change_and_ending_offsets_give_the_past(
         assert all(r.n == 1 for r in summed.collect())
 
 
+def test_the_queue_option_reads_that_queues_rounds_only(
+    spark, kafka_options, view_topic, producer_factory
+) -> None:
+    """A view topic shared by two queues: ``queue`` keeps one queue's rounds."""
+    topic, write, under = view_topic
+    write(HISTORY)
+    other = encode_round(
+        "other", ViewChanges.of([ViewChange(Bookmark(under, 0, 5), 1, 3, 0)]), BASE_MS
+    )
+    producer = producer_factory()
+    producer.produce(topic, key=b"other", value=other)
+    assert producer.flush(10) == 0
+    mine = _read(spark, kafka_options, topic, queue="orders").collect()
+    assert sorted(r.offset for r in mine) == [0, 2, 4]
+    every = _read(spark, kafka_options, topic).collect()
+    assert sorted((r.queue, r.offset) for r in every) == [
+        ("orders", 0), ("orders", 2), ("orders", 4), ("other", 5),
+    ]  # fmt: skip
+
+
 def test_records_of_an_open_transaction_are_not_read(
     spark, kafka_options, view_topic, producer_factory
 ) -> None:
-    topic, write = view_topic
+    topic, write, _under = view_topic
     write(HISTORY[:3])
     transactional = producer_factory(transactional_id=f"tx-{uuid.uuid4().hex}")
     transactional.init_transactions(10)
     transactional.begin_transaction()
-    key, value = change(-1, 0, sym="A", qty=5, deliveries=1)
+    key, value = write.record(change(-1, 0, deliveries=1))
     transactional.produce(topic, key=key, value=value)
     assert transactional.flush(10) == 0
     try:
@@ -188,7 +208,7 @@ def test_records_of_an_open_transaction_are_not_read(
 def test_a_stream_starts_with_the_live_contents_then_follows_the_changes(
     spark, kafka_options, view_topic, checkpoint_dir: Path
 ) -> None:
-    topic, write = view_topic
+    topic, write, _under = view_topic
     write(HISTORY)
     register_view(spark)
     batches: list[list[tuple[int, int]]] = []
@@ -224,13 +244,13 @@ def test_a_stream_starts_with_the_live_contents_then_follows_the_changes(
     try:
         wait_until(lambda: batches, timeout=60, message="no first micro-batch")
         assert batches[0] == [(1, 0), (1, 2), (1, 4)]  # the contents: each live message once
-        write([change(-1, 0, sym="A", qty=5, deliveries=1), change(1, 5, sym="C", qty=2)])
+        write([change(-1, 0, deliveries=1), change(1, 5)])
         wait_until(lambda: len(batches) >= 2, timeout=60, message="no second micro-batch")
         assert batches[1] == [(-1, 0), (1, 5)]  # then the changes, as written
         # B left before the stream started, so it never was a group
         expected = {"A": (1, 2, 2.0), "C": (2, 3, 1.5)}
         wait_until(lambda: totals() == expected, timeout=60, message=lambda: f"{totals()}")
-        write([change(-1, 2, sym="A", qty=2, deliveries=2, cancels=1)])
+        write([change(-1, 2, deliveries=2, cancels=1)])
         # an emptied group stays in complete mode, with a count of 0 and no average
         expected = {"A": (0, 0, None), "C": (2, 3, 1.5)}
         wait_until(lambda: totals() == expected, timeout=60, message=lambda: f"{totals()}")

@@ -10,8 +10,6 @@ from hypothesis import strategies as st
 from layer import avro_fast
 from layer.codec import CHANGELOG_VALUE, STORED_MESSAGE, decode, default_codec, encode
 
-VIEW_CHANGE = "view_change"
-
 longs = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 ints = st.integers(min_value=-(2**31), max_value=2**31 - 1)
 opt_str = st.none() | st.text(max_size=20)
@@ -21,7 +19,6 @@ opt_bytes = st.none() | st.binary(max_size=40)
 def test_versions_match_the_schemas() -> None:
     assert default_codec().version(CHANGELOG_VALUE) == avro_fast.CHANGELOG_VALUE_VERSION
     assert default_codec().version(STORED_MESSAGE) == avro_fast.STORED_MESSAGE_VERSION
-    assert default_codec().version(VIEW_CHANGE) == avro_fast.VIEW_CHANGE_VERSION
 
 
 @given(
@@ -72,46 +69,6 @@ def test_stored_message_round_trips_like_fastavro(key, value, headers, ts, prior
     assert fast == encode(STORED_MESSAGE, record)
     assert avro_fast.read_stored_message(fast) == (key, value, tuple(headers), ts, priority, error)
     assert decode(STORED_MESSAGE, fast) == record
-
-
-@given(
-    st.sampled_from([1, -1]),
-    st.text(max_size=10),
-    st.text(max_size=10),
-    ints,
-    longs,
-    opt_bytes,
-    opt_bytes,
-    st.lists(st.tuples(st.text(max_size=10), opt_bytes), max_size=3),
-    longs,
-    st.none() | longs,
-    ints,
-    ints,
-    longs,
-)
-def test_view_change_matches_fastavro(
-    sign, queue, topic, partition, offset, key, value, headers, ts, priority, d, c, at
-) -> None:
-    fast = avro_fast.view_change(
-        sign, queue, topic, partition, offset, key, value, tuple(headers), ts, priority, d, c, at
-    )
-    record = {
-        "sign": sign,
-        "queue": queue,
-        "topic": topic,
-        "partition": partition,
-        "offset": offset,
-        "key": key,
-        "value": value,
-        "headers": [{"key": k, "value": v} for k, v in headers],
-        "timestamp_ms": ts,
-        "priority": priority,
-        "deliveries": d,
-        "cancels": c,
-        "at_ms": at,
-    }
-    assert fast == encode(VIEW_CHANGE, record)
-    assert decode(VIEW_CHANGE, fast) == record
 
 
 @given(st.binary(max_size=60))

@@ -25,6 +25,7 @@ from layer.engine.model import (
     ReturnReason,
     Semantics,
     TopicPartition,
+    ViewChange,
 )
 from layer.exceptions import QueueError
 
@@ -534,6 +535,31 @@ def test_restored_counts_survive_a_restart_whether_the_message_is_read_or_acked_
     add(engine, 1, 2, now=3.0)  # 1 was acked unread; 2 reached max_deliveries before the restart
     assert changes(engine)[0] == Done(bm(2), DoneReason.MAX_DELIVERIES, 3, 0, 3.0)
     assert engine.restored_pending() == 0
+
+
+def test_view_changes_are_netted_per_drain_and_carry_counts_and_priorities(engine_factory):
+    engine = engine_factory(track_view=True, priority=True)
+    add(engine, 0, priority=5)
+    add(engine, 1)  # no priority: lowest
+    add(engine, 2, priority=2**64 - 1)
+    assert list(engine.drain().view) == [
+        ViewChange(bm(0), 1, 0, 0, 5),
+        ViewChange(bm(1), 1, 0, 0, None),
+        ViewChange(bm(2), 1, 0, 0, 2**64 - 1),
+    ]
+    engine.subscribe("a", 1, 0.0)
+    engine.dispatch(0.0)  # the highest priority first
+    assert list(engine.drain().view) == [ViewChange(bm(2), -1, 1, 0, 2**64 - 1)]
+    engine.ack("a", [bm(2)], CANCEL, 1.0)  # back, and at once out again to "a"
+    engine.dispatch(1.0)
+    assert not engine.drain().view  # came and went within the drain: no change
+    add(engine, 3, priority=1)
+    engine.dispatch(2.0)  # "a" is full: 3 stays
+    engine.disconnect("a", 3.0)  # 2 comes back
+    assert list(engine.drain().view) == [
+        ViewChange(bm(3), 1, 0, 0, 1),
+        ViewChange(bm(2), 1, 2, 1, 2**64 - 1),
+    ]
 
 
 # -- at-most-once ----------------------------------------------------------------------------
