@@ -47,6 +47,11 @@ def as_range(partition: InputPartition | None, source: str) -> KafkaInputPartiti
     raise TypeError(f"{source} reads KafkaInputPartition, got {type(partition).__name__}")
 
 
+# The fetch wait each partition needed, per (bootstrap servers, topic, partition), for the
+# reads that follow in this process (they only grow: a partition's batches never get fewer).
+_LEARNED_WAIT: dict[tuple[str, str, int], int] = {}
+
+
 def consume_range(
     options: KafkaSourceOptions, task: KafkaInputPartition
 ) -> Iterator[list[Message]]:
@@ -60,11 +65,16 @@ def consume_range(
     if task.start >= task.end:
         return
     config = options.consumer_config()
+    # Some brokers (Tansu) answer a fetch empty when it cannot be served within the wait (their
+    # fetch time grows with the partition's number of record batches): let the wait grow then,
+    # and start the next read of this partition (a worker process reads many) where it ended.
+    where = (options.bootstrap_servers, task.topic, task.partition)
+    wait = FetchWait(int(config["fetch.wait.max.ms"]))
+    learned = _LEARNED_WAIT.get(where)
+    if learned is not None:
+        config["fetch.wait.max.ms"] = wait.wait_ms = learned
     consumer = Consumer(config)
     timeout = options.poll_timeout_ms / 1000
-    # Some brokers (Tansu) answer a fetch empty when it cannot be served within the wait (their
-    # fetch time grows with the partition's number of record batches): let the wait grow then.
-    wait = FetchWait(int(config["fetch.wait.max.ms"]))
     try:
         consumer.assign([TopicPartition(task.topic, task.partition, task.start)])
         next_offset = task.start
@@ -96,6 +106,7 @@ def consume_range(
                     consumer.close()
                     consumer = Consumer({**config, "fetch.wait.max.ms": wait_ms})
                     consumer.assign([TopicPartition(task.topic, task.partition, next_offset)])
+                    _LEARNED_WAIT[where] = wait_ms
             else:
                 wait.fetched(time.monotonic(), lambda: False)
             if records:
