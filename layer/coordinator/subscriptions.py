@@ -126,8 +126,10 @@ class Subscriptions:
         self, queue: str, max_backlog: int, filter: str | None
     ) -> tuple[list[QueueRuntime], list[Matcher], int]:
         """Everything that can fail, checked before anything changes."""
-        if max_backlog < 1:
-            raise InvalidRequest(f"max_backlog must be at least 1, got {max_backlog}")
+        if max_backlog < 0:
+            raise InvalidRequest(
+                f"max_backlog must be 0 (barrier messages only) or more, got {max_backlog}"
+            )
         rts = self._resolve(queue)
         matchers = [self._matcher(rt, filter) for rt in rts]
         backlog = min(max_backlog, *(rt.config.max_per_subscription_backlog for rt in rts))
@@ -168,7 +170,7 @@ class Subscriptions:
         may take, here, what its shared backlog has left after what it holds in all its
         queues."""
         for sub in rt.subscriptions.values():
-            stalled = sub.sink.unsent >= sub.backlog
+            stalled = 0 < sub.backlog <= sub.sink.unsent
             if len(sub.queues) < 2:
                 if stalled != sub.stalled:
                     rt.engine.set_backlog(sub.id, 0 if stalled else sub.backlog)

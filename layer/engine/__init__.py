@@ -28,7 +28,8 @@ Events in (each takes ``now``, the caller's clock, seconds):
   ``[read position, high watermark)`` are remembered (see ``ack``), beyond it they are unknown.
 - ``subscribe(subscription, max_backlog, now, match=None) -> int``: register a subscription, or
   replace it (same name: new backlog and filter, leases kept even above the new backlog); returns
-  the effective backlog ``min(max_backlog, max_per_subscription_backlog)`` (>= 1). ``match`` is
+  the effective backlog ``min(max_backlog, max_per_subscription_backlog)`` (0: the subscription
+  takes no messages, only barrier messages, as AMPS's ``max_backlog=0``). ``match`` is
   its content filter, a predicate on bookmarks (the coordinator evaluates the expression).
 - ``set_backlog(subscription, n)``: the backlog without a replace; 0 pauses the subscription.
 - ``disconnect(subscription, now)``: the subscription is gone; every lease it holds is returned at

@@ -192,7 +192,7 @@ def _subscribe_order(sub: Subscriber) -> int:
 
 
 def _load(sub: Subscriber) -> tuple[float, int]:
-    return (sub.outstanding / sub.backlog, sub.index)
+    return (sub.outstanding / sub.backlog if sub.backlog else float("inf"), sub.index)
 
 
 def make_picker(fairness: Fairness) -> Picker:

@@ -240,9 +240,9 @@ class QueueEngine(Queries, Holding, Leases):
         now: float,
         match: Callable[[Bookmark], bool] | None = None,
     ) -> int:
-        if max_backlog < 1:
+        if max_backlog < 0:
             raise ValueError(
-                f"queue {self.name!r}: max_backlog of {subscription!r} must be >= 1 "
+                f"queue {self.name!r}: max_backlog of {subscription!r} must be >= 0 "
                 f"(got {max_backlog})"
             )
         backlog = min(max_backlog, self.settings.max_per_subscription_backlog)

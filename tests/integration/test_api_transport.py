@@ -107,8 +107,8 @@ class MemoryService:
         filter: str | None = None,
     ) -> MemorySubscription:
         self._check(queue)
-        if max_backlog < 1:
-            raise InvalidRequest(f"max_backlog must be >= 1, got {max_backlog}")
+        if max_backlog < 0:
+            raise InvalidRequest(f"max_backlog must be >= 0, got {max_backlog}")
         subscription = MemorySubscription(self, queue, min(max_backlog, 1000), sink, client)
         self.subscriptions.append(subscription)
         self.dispatch(queue)
@@ -418,7 +418,7 @@ def test_unknown_queue(serve: Callable[..., ServerThread]) -> None:
         with pytest.raises(UnknownQueue, match="'nope'"):
             client.stats("nope")
         with pytest.raises(InvalidRequest, match="max_backlog"):
-            client.subscribe("orders", max_backlog=0)
+            client.subscribe("orders", max_backlog=-1)
 
     async def main() -> None:
         async with AsyncQueueClient(server.target) as client:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -136,6 +137,42 @@ def test_barrier_waits_for_earlier_acks_and_goes_to_every_subscriber(
         finally:
             a.close()
             b.close()
+
+
+def test_barriers_reach_subscriptions_whose_backlog_is_0_or_filled_elsewhere(
+    broker, coordinator_factory, names
+) -> None:
+    """The guide: "subscribers that request max_backlog=0 or which use a regular expression
+    topic and have their backlog filled by messages from other topics will still receive the
+    barrier message"."""
+    sfx = uuid.uuid4().hex[:8]
+    eod, other = f"eod-{sfx}", f"other-{sfx}"
+    c = coordinator_factory(
+        [
+            {"name": eod, "underlying_topic": eod, "barrier": "/type = 'end-of-day'"},
+            {"name": other, "underlying_topic": other},
+        ]
+    )
+    with QueueClient(c.address) as client:
+        zero = client.subscribe(eod, max_backlog=0)
+        both = client.subscribe(f"^.*-{sfx}$", max_backlog=1)  # a regex of queue names: both
+        try:
+            wait_until(lambda: client.stats(eod)[0].subscriptions == 2, 10, message="2 subs")
+            produce(broker.bootstrap_servers, other, [{"id": 0, "type": "job"}])
+            (filler,) = drain(both)
+            assert filler.queue == other  # its backlog of 1 is full now
+            produce(broker.bootstrap_servers, eod, [{"id": 1, "type": "end-of-day"}])
+            produce(broker.bootstrap_servers, eod, [{"id": 2, "type": "job"}])
+            got_zero, got_both = drain(zero), drain(both)
+            assert [(m.json()["id"], m.barrier) for m in got_zero] == [(1, True)]
+            assert [(m.json()["id"], m.barrier) for m in got_both] == [(1, True)]
+            assert client.stats(eod)[0].available == 1  # 2 waits: nobody has room
+            filler.ack(wait=True)
+            assert ids(drain(both)) == [2]
+            assert drain(zero) == []  # a backlog of 0 never takes a message
+        finally:
+            zero.close()
+            both.close()
 
 
 def test_browse_is_read_only_and_ack_where_acks_what_matches(

@@ -288,6 +288,28 @@ def test_barrier_ignores_backlog_and_a_non_matching_subscription_still_waits(mak
     ]
 
 
+def test_a_subscription_with_backlog_0_gets_barrier_messages_only(make):
+    """AMPS: subscribers that request max_backlog=0 still receive the barrier message."""
+    engine = make()
+    assert engine.subscribe("zero", 0, 0.0) == 0
+    arrive(engine, 0)
+    arrive(engine, 1, barrier=True)
+    assert dispatch(engine) == []  # nobody may take 0, so the barrier waits behind it
+    engine.subscribe("one", 1, 0.0)
+    assert dispatch(engine) == [("one", 0)]
+    engine.ack("one", [bm(0)], ACK, 0.0)
+    engine.dispatch(0.0)
+    got = engine.drain().deliveries
+    assert sorted((d.subscription, d.bookmark.offset, d.barrier) for d in got) == [
+        ("one", 1, True),
+        ("zero", 1, True),
+    ]
+    arrive(engine, 2)
+    assert dispatch(engine) == [("one", 2)]
+    with pytest.raises(ValueError, match=">= 0"):
+        engine.subscribe("minus", -1, 0.0)
+
+
 def test_barrier_waits_for_a_subscriber_and_chains(make):
     engine = make()
     arrive(engine, 0, barrier=True)
