@@ -4,11 +4,13 @@ ack by filter, replace, message groups, last-value and exclusive queues, delays)
 
 from __future__ import annotations
 
+import io
 import json
 import time
 import uuid
 from typing import Any
 
+import fastavro
 import pytest
 from confluent_kafka import Producer
 
@@ -173,6 +175,79 @@ def test_barriers_reach_subscriptions_whose_backlog_is_0_or_filled_elsewhere(
         finally:
             zero.close()
             both.close()
+
+
+def test_expressions_read_avro_messages_with_the_queues_schema(
+    broker, coordinator_factory, names, tmp_path
+) -> None:
+    """An avro queue: the queue filter, the priority and a subscription filter read the
+    schemaless Avro payloads with ``avro_schema``; one that does not decode is dead-lettered."""
+    schema = {
+        "type": "record",
+        "name": "Order",
+        "fields": [
+            {"name": "id", "type": "int"},
+            {"name": "sym", "type": "string"},
+            {"name": "price", "type": "double"},
+            {"name": "qty", "type": {"type": "array", "items": "int"}},
+            {"name": "note", "type": ["null", "string"], "default": None},
+        ],
+    }
+    schema_file = tmp_path / "order.avsc"
+    schema_file.write_text(json.dumps(schema))
+    topic, q, dlq = names("avro"), names("avro"), names("avro-dlq")
+    c = coordinator_factory(
+        [
+            {
+                "name": q,
+                "underlying_topic": topic,
+                "message_type": "avro",
+                "avro_schema": str(schema_file),
+                "filter": "/sym IN ('IBM', 'MSFT') AND /note IS NULL",
+                "priority": "/price * /qty[0]",
+                "dead_letter_topic": dlq,
+            }
+        ]
+    )
+    parsed = fastavro.parse_schema(schema)
+    orders = [
+        (0, "IBM", 10.0, [1], None),  # priority 10
+        (1, "IBM", 2.0, [100], None),  # 200
+        (2, "AAPL", 99.0, [9], None),  # filtered out of the queue
+        (3, "MSFT", 5.0, [3], None),  # 15
+        (4, "IBM", 1.0, [1], "hold"),  # filtered out: a note
+    ]
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 5})
+    for i, sym, price, qty, note in orders:
+        buffer = io.BytesIO()
+        record = {"id": i, "sym": sym, "price": price, "qty": qty, "note": note}
+        fastavro.schemaless_writer(buffer, parsed, record)
+        producer.produce(topic, buffer.getvalue())
+    producer.produce(topic, b"\xff\xff not avro")  # enters, to be dead-lettered
+    assert producer.flush(10) == 0
+
+    def decoded(msg: Any) -> dict[str, Any]:
+        return fastavro.schemaless_reader(io.BytesIO(msg.data), parsed, None)
+
+    with QueueClient(c.address) as client:
+        wait_available(client, q, 4)
+        stats = client.stats(q)[0]
+        assert stats.extra["filtered_total"] == 2 and stats.extra["unparseable_total"] == 1
+        with client.subscribe(q, max_backlog=10, filter="/sym = 'IBM'") as ibm:
+            got = drain(ibm)
+            # highest priority first; the unparseable one matches no filter: it waits
+            assert [decoded(m)["id"] for m in got] == [1, 0]
+            for m in got:
+                m.ack()
+            ibm.flush()
+        with client.subscribe(q, max_backlog=10) as rest:
+            got = drain(rest)
+            assert [decoded(m)["id"] for m in got[:1]] == [3]
+            assert len(got) == 2 and got[1].data == b"\xff\xff not avro"
+            got[0].ack()
+            got[1].expire()
+            rest.flush()
+        assert client.stats(q)[0].dead_lettered_total == 1
 
 
 def test_browse_is_read_only_and_ack_where_acks_what_matches(
