@@ -14,8 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from connectors.spark_kafka.source import FORMAT as KAFKA_FORMAT
+from connectors.spark_kafka.source import register
 from connectors.spark_kafka.view import VIEW_FORMAT, ViewDataSource
 from layer.exceptions import ConfigError
+from spark.kafka_path import read_changes
 from spark.messages import SchemaLike, message_column
 from spark.settings import ConfigLike, ViewSettings, view_settings
 
@@ -53,6 +56,7 @@ def queue_contents(
     view_topic: str | None = None,
     schema: SchemaLike = None,
     options: Mapping[str, str] | None = None,
+    kafka_format: str | None = None,
 ) -> DataFrame:
     """The messages available in ``queue`` now (what ``client.browse(queue)`` lists), one row
     each: ``bookmark, topic, partition, offset, key, headers, value, message, priority,
@@ -65,9 +69,19 @@ def queue_contents(
     ``options`` are more ``qlayer_view`` options, such as ``endingOffsets`` (the contents as of
     that offset of the view topic) or ``kafka.*`` settings.
 
+    ``kafka_format`` reads the view topic with that Kafka source instead of ``qlayer_view``:
+    ``"kafka"`` where Spark's own connector is on the classpath, or ``"qlayer_kafka"``
+    (see :mod:`spark.kafka_path`).
+
     The DataFrame is a plan: each action reads the view topic again, to its end at that moment.
     """
     settings = _settings(queue, config, bootstrap_servers, view_topic, options)
+    if kafka_format is not None:
+        frame = read_changes(
+            spark, _kafka(spark, kafka_format), queue, settings.options, stream=False,
+            snapshot=True,
+        )  # fmt: skip
+        return _with_message(frame, settings, schema).select(*CONTENT_COLUMNS)
     frame = (
         spark.read.format(_register(spark))
         .options(**settings.options, startingOffsets="earliest", snapshot="true", queue=queue)
@@ -85,15 +99,24 @@ def queue_contents_stream(
     view_topic: str | None = None,
     schema: SchemaLike = None,
     options: Mapping[str, str] | None = None,
+    kafka_format: str | None = None,
 ) -> DataFrame:
     """A streaming DataFrame of the changes of ``queue``'s live contents: ``sign`` then the
     columns of :func:`queue_contents`. The first micro-batch holds the contents at its start
     (each message once, ``sign`` +1); then every change follows, +1 when a message becomes
     available and -1 when it stops being available. So ``sum(sign * f(message))`` grouped by
     anything is an aggregate of the live contents in every micro-batch: see
-    :func:`spark.aggregates.live_aggregate`. Arguments as for :func:`queue_contents`.
+    :func:`spark.aggregates.live_aggregate`. Arguments as for :func:`queue_contents`; with
+    ``kafka_format`` the first micro-batch holds every change since the view topic began (the
+    same sums) rather than each live message once.
     """
     settings = _settings(queue, config, bootstrap_servers, view_topic, options)
+    if kafka_format is not None:
+        frame = read_changes(
+            spark, _kafka(spark, kafka_format), queue, settings.options, stream=True,
+            snapshot=False,
+        )  # fmt: skip
+        return _with_message(frame, settings, schema).select("sign", *CONTENT_COLUMNS)
     frame = (
         spark.readStream.format(_register(spark))
         .options(**settings.options, startingOffsets="earliest", snapshot="true", queue=queue)
@@ -128,6 +151,13 @@ def _with_message(frame: DataFrame, settings: ViewSettings, schema: SchemaLike) 
     where = f"queue {settings.queue!r}"
     message = message_column(settings.message_type, schema, settings.avro_schema, where)
     return frame.withColumn("message", message)
+
+
+def _kafka(spark: SparkSession, kafka_format: str) -> str:
+    """``kafka_format``, registered first if it is this project's ``qlayer_kafka``."""
+    if kafka_format == KAFKA_FORMAT:
+        register(spark)
+    return kafka_format
 
 
 def _register(spark: SparkSession) -> str:

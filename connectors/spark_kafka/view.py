@@ -186,15 +186,16 @@ _GAP = 5_000
 # Changes expanded and fetched at a time (bounds a task's memory on a long range of changes).
 _CHUNK = 20_000
 
-#: a change with its round's queue and time and the round's offset in the view topic
-_Placed = tuple[ViewChange, str, int, int]
+#: a change with its round's queue and time and the round's place (partition, offset) in the
+#: view topic
+Placed = tuple[ViewChange, str, int, int, int]
 
 
-def _changes(options: ViewSourceOptions, task: KafkaInputPartition) -> Iterator[list[_Placed]]:
-    """The changes of the view records in ``task``, as (change, queue, round time, view offset),
-    in lists of about ``_CHUNK``; rounds of other queues (``queue`` option) are passed over."""
+def _changes(options: ViewSourceOptions, task: KafkaInputPartition) -> Iterator[list[Placed]]:
+    """The changes of the view records in ``task``, as ``Placed``, in lists of about
+    ``_CHUNK``; rounds of other queues (``queue`` option) are passed over."""
     wanted = None if options.queue is None else options.queue.encode()
-    chunk: list[_Placed] = []
+    chunk: list[Placed] = []
     for records in consume_range(options.kafka, task):
         for message in records:
             value = message.value()
@@ -207,8 +208,8 @@ def _changes(options: ViewSourceOptions, task: KafkaInputPartition) -> Iterator[
                 raise SerializationError(
                     f"view record {task.topic}/{task.partition}/{offset}: {exc}"
                 ) from exc
-            queue, at_ms = round_.queue, round_.at_ms
-            chunk.extend((change, queue, at_ms, offset) for change in round_.changes)
+            queue, at_ms, partition = round_.queue, round_.at_ms, task.partition
+            chunk.extend((change, queue, at_ms, partition, offset) for change in round_.changes)
         if len(chunk) >= _CHUNK:
             yield chunk
             chunk = []
@@ -216,9 +217,9 @@ def _changes(options: ViewSourceOptions, task: KafkaInputPartition) -> Iterator[
         yield chunk
 
 
-def _snapshot(options: ViewSourceOptions, task: KafkaInputPartition) -> list[_Placed]:
+def _snapshot(options: ViewSourceOptions, task: KafkaInputPartition) -> list[Placed]:
     """The live contents at the end of ``task``: per bookmark its last change, if +1."""
-    last: dict[tuple[str, Bookmark], _Placed] = {}
+    last: dict[tuple[str, Bookmark], Placed] = {}
     for chunk in _changes(options, task):
         for placed in chunk:
             key = (placed[1], placed[0].bookmark)
@@ -226,7 +227,7 @@ def _snapshot(options: ViewSourceOptions, task: KafkaInputPartition) -> list[_Pl
                 last[key] = placed
             else:
                 last.pop(key, None)
-    return sorted(last.values(), key=lambda placed: placed[3])
+    return sorted(last.values(), key=lambda placed: placed[4])
 
 
 def fetch_messages(
@@ -269,12 +270,11 @@ def _topic_exists(kafka: KafkaSourceOptions, topic: str) -> bool:
         return topic in broker.topics()
 
 
-def _rows(
-    options: ViewSourceOptions, placed: list[_Placed], view_partition: int
-) -> list[tuple[Any, ...]]:
-    messages = fetch_messages(options.kafka, {change.bookmark for change, *_ in placed})
+def view_rows(kafka: KafkaSourceOptions, placed: list[Placed]) -> list[tuple[Any, ...]]:
+    """Rows of ``view_schema()`` for these changes, their messages fetched from the brokers."""
+    messages = fetch_messages(kafka, {change.bookmark for change, *_ in placed})
     rows: list[tuple[Any, ...]] = []
-    for change, queue, at_ms, view_offset in placed:
+    for change, queue, at_ms, view_partition, view_offset in placed:
         bm = change.bookmark
         message = messages.get(bm)
         if message is None:
@@ -325,15 +325,15 @@ def read_view_range(
 
     if isinstance(task, ViewInputPartition) and task.snapshot:
         live = _snapshot(options, task)
-        chunks: Iterable[list[_Placed]] = (
+        chunks: Iterable[list[Placed]] = (
             live[i : i + _CHUNK] for i in range(0, len(live), _CHUNK)
         )
     else:
         chunks = _changes(options, task)
     for chunk in chunks:
-        rows = _rows(options, chunk, task.partition)
+        rows = view_rows(options.kafka, chunk)
         for i in range(0, len(rows), ROWS_PER_ARROW_BATCH):
-            yield _record_batch(pa, rows[i : i + ROWS_PER_ARROW_BATCH])
+            yield view_batch(pa, rows[i : i + ROWS_PER_ARROW_BATCH])
 
 
 def _arrow_types(pa: Any) -> list[Any]:
@@ -362,7 +362,8 @@ def _arrow_types(pa: Any) -> list[Any]:
 _COLUMNS = [field.name for field in view_schema().fields]
 
 
-def _record_batch(pa: Any, rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
+def view_batch(pa: Any, rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
+    """An Arrow batch of ``view_schema()`` rows."""
     columns = zip(*rows, strict=True)
     arrays = [
         pa.array(column, kind) for column, kind in zip(columns, _arrow_types(pa), strict=True)

@@ -66,8 +66,12 @@ def stream_totals(rows: dict[Any, dict[str, Any]]) -> dict[str, tuple[int, float
     }
 
 
-@pytest.fixture
-def live_queue(spark, coordinator_factory, names, topic_factory, tmp_path: Path) -> Any:
+@pytest.fixture(params=[None, "qlayer_kafka"], ids=["qlayer_view", "kafka_format"])
+def live_queue(
+    spark, coordinator_factory, names, topic_factory, tmp_path: Path, request: Any
+) -> Any:
+    """A queue and a running streaming aggregate over its view, read with qlayer_view or
+    through a Kafka source format (the path format("kafka") takes)."""
     """``(coordinator, queue, topic, totals)``: a queue with a view topic and a running
     ``live_aggregate`` by symbol (count, value = sum of price * qty, avg_qty)."""
     queue, topic = names("orders"), topic_factory(partitions=2, prefix="orders")
@@ -81,7 +85,9 @@ def live_queue(spark, coordinator_factory, names, topic_factory, tmp_path: Path)
             }
         ]
     )
-    changes = queue_contents_stream(spark, queue, config=coordinator.config_path, schema=SCHEMA)
+    changes = queue_contents_stream(
+        spark, queue, config=coordinator.config_path, schema=SCHEMA, kafka_format=request.param
+    )
     aggregate = live_aggregate(
         changes, by="sym", sum={"value": "price * qty"}, avg={"avg_qty": "qty"}
     )

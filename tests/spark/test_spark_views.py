@@ -43,16 +43,20 @@ def assert_contents_match_browse(spark: Any, client: QueueClient, queue: str, co
         before = browsed(client, queue)
         rows = queue_contents(spark, queue, config=config).collect()
         view = {r.bookmark: (r.deliveries, r.cancels, bytes(r.value)) for r in rows}
+        # the same view read through a Kafka source format (the path format("kafka") takes)
+        rows = queue_contents(spark, queue, config=config, kafka_format="qlayer_kafka").collect()
+        through_kafka = {r.bookmark: (r.deliveries, r.cancels, bytes(r.value)) for r in rows}
         after = browsed(client, queue)
-        last.update(before=before, view=view, after=after)
-        return before == after == view
+        last.update(before=before, view=view, after=after, through_kafka=through_kafka)
+        return before == after == view == through_kafka
 
     def differences() -> str:
-        before, view = last["before"], last["view"]
+        before, view, kafka = last["before"], last["view"], last["through_kafka"]
         return (
             f"view != browse for {queue}: only in the view {sorted(set(view) - set(before))},"
             f" only in browse {sorted(set(before) - set(view))}, counts differ for"
-            f" {sorted(b for b in set(view) & set(before) if view[b] != before[b])}"
+            f" {sorted(b for b in set(view) & set(before) if view[b] != before[b])};"
+            f" through kafka_format: {'the same' if kafka == view else kafka}"
         )
 
     wait_until(same, timeout=30, interval=0.2, message=differences)

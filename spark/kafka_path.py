@@ -1,0 +1,144 @@
+"""A queue's view read through any Kafka source format, not only ``qlayer_view``.
+
+``queue_contents(..., kafka_format="kafka")`` reads the view topic with Spark's own Kafka
+connector where it is on the classpath (``"qlayer_kafka"``, the Python source of this project
+with the same columns and options, anywhere): Spark stages then expand each ``ViewRound`` into
+its changes, keep the last change per bookmark (batch), and fetch the changed messages from the
+underlying topics on the executors. The rows are those of ``qlayer_view``, so everything built on
+them is the same.
+
+Differences from ``qlayer_view``: a stream's first micro-batch holds every change since the start
+of the view topic (whose signed sums are the live contents), not the contents reduced per
+bookmark; and the option ``queue`` is applied as a filter on the record key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from connectors.spark_kafka.options import KafkaSourceOptions
+from connectors.spark_kafka.view import (
+    Placed,
+    ViewSourceOptions,
+    view_batch,
+    view_rows,
+    view_schema,
+)
+from layer.coordinator.view import decode_round
+from layer.engine.model import Bookmark, ViewChange
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+# Spark's LongType is signed: a larger priority (they are unsigned 64-bit) shows as the largest.
+_LONG_MAX = 2**63 - 1
+
+#: the columns of one expanded change, before its message is fetched
+EXPANDED = (
+    "sign INT, queue STRING, topic STRING, partition INT, offset BIGINT, deliveries INT,"
+    " cancels INT, priority BIGINT, at_ms BIGINT, view_partition INT, view_offset BIGINT,"
+    " seq INT"
+)
+
+
+def read_changes(
+    spark: SparkSession,
+    kafka_format: str,
+    queue: str,
+    options: Mapping[str, str],
+    *,
+    stream: bool,
+    snapshot: bool,
+) -> DataFrame:
+    """The view topic's changes of ``queue`` as ``qlayer_view`` rows, read with
+    ``kafka_format``; ``snapshot``: the last change per bookmark, if +1 (batch only)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    given = {k: v for k, v in options.items() if k.lower() not in ("queue", "snapshot")}
+    given.setdefault("kafka.isolation.level", "read_committed")  # the coordinator's transactions
+    fetch = ViewSourceOptions.parse({**given, "queue": queue}).kafka
+    reader = spark.readStream if stream else spark.read
+    records = (
+        reader.format(kafka_format)
+        .options(**given, startingOffsets="earliest")
+        .load()
+        .where(F.col("key") == F.lit(queue.encode()))
+        .select("value", "partition", "offset")
+    )
+    changes = records.mapInArrow(_expand, EXPANDED)
+    if snapshot:
+        last = Window.partitionBy("topic", "partition", "offset").orderBy(
+            F.desc("view_partition"), F.desc("view_offset"), F.desc("seq")
+        )
+        changes = (
+            changes.withColumn("_n", F.row_number().over(last))
+            .where("_n = 1 AND sign > 0")
+            .drop("_n")
+        )
+    return changes.mapInArrow(_fetcher(fetch), view_schema())
+
+
+def _expand(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """View records (value, partition, offset) to their changes, in ``EXPANDED`` columns."""
+    import pyarrow as pa
+
+    names = [part.split()[0] for part in EXPANDED.split(",")]
+    for batch in batches:
+        rows: list[tuple[Any, ...]] = []
+        for value, view_partition, view_offset in zip(
+            batch.column("value").to_pylist(),
+            batch.column("partition").to_pylist(),
+            batch.column("offset").to_pylist(),
+            strict=True,
+        ):
+            if not value:
+                continue
+            round_ = decode_round(value)
+            for seq, change in enumerate(round_.changes):
+                bm = change.bookmark
+                priority = None if change.priority is None else min(change.priority, _LONG_MAX)
+                rows.append(
+                    (change.sign, round_.queue, bm.topic, bm.partition, bm.offset,
+                     change.deliveries, change.cancels, priority, round_.at_ms,
+                     view_partition, view_offset, seq)
+                )  # fmt: skip
+        if rows:
+            columns = list(zip(*rows, strict=True))
+            i32, i64, text = pa.int32(), pa.int64(), pa.string()
+            types = [i32, text, text, i32, i64, i32, i32, i64, i64, i32, i64, i32]
+            arrays = [pa.array(c, t) for c, t in zip(columns, types, strict=True)]
+            yield pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def _fetcher(
+    kafka: KafkaSourceOptions,
+) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """Expanded changes to ``qlayer_view`` rows, their messages fetched from the brokers."""
+
+    def fetch(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
+        for batch in batches:
+            placed: list[Placed] = [
+                (
+                    ViewChange(
+                        Bookmark(r["topic"], r["partition"], r["offset"]),
+                        r["sign"],
+                        r["deliveries"],
+                        r["cancels"],
+                        r["priority"],
+                    ),
+                    r["queue"],
+                    r["at_ms"],
+                    r["view_partition"],
+                    r["view_offset"],
+                )  # fmt: skip
+                for r in batch.to_pylist()
+            ]
+            if placed:
+                yield view_batch(pa, view_rows(kafka, placed))
+
+    return fetch
