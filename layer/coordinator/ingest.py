@@ -155,6 +155,11 @@ class IngestReader:
         self._started: list[PartitionStarted] = []  # resolved at assignment, not reported yet
         self.error: BaseException | None = None
 
+    @property
+    def fetch_wait_ms(self) -> int:
+        """The fetch wait in force (the profile's, unless fetches came back empty: FetchWait)."""
+        return self._wait.wait_ms
+
     def start(self) -> None:
         self._thread.start()
 
@@ -215,13 +220,20 @@ class IngestReader:
 
     def _lag(self, consumer: Consumer) -> dict[TopicPartition, int]:
         """How far each assigned partition is behind its high watermark (librdkafka's cached
-        one: fetch responses carry it even when they bring no records)."""
+        one: fetch responses carry it even when they bring no records), from the consumer's
+        position where it has one: it moves past transaction markers, which are never
+        delivered, so a topic written in transactions does not look behind when it is not."""
+        assigned = sorted(self._assigned)
+        positions = consumer.position(
+            [KafkaTopicPartition(tp.topic, tp.partition) for tp in assigned]
+        )
         lag = {}
-        for tp in self._assigned:
+        for tp, position in zip(assigned, positions, strict=True):
             _low, high = consumer.get_watermark_offsets(
                 KafkaTopicPartition(tp.topic, tp.partition), cached=True
             )
-            lag[tp] = high - self._next.get(tp, 0) if high >= 0 else 0
+            at = max(self._next.get(tp, 0), position.offset)
+            lag[tp] = high - at if high >= 0 else 0
         return lag
 
     def _lagging(self, consumer: Consumer) -> bool:

@@ -748,6 +748,9 @@ class Coordinator(Subscriptions):
                         "stalled_subscriptions": float(
                             sum(sub.stalled for sub in rt.subscriptions.values())
                         ),
+                        "fetch_wait_ms": float(
+                            reader.fetch_wait_ms if (reader := self._readers.get(name)) else 0
+                        ),
                     },
                 )
             )

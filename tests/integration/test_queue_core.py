@@ -91,6 +91,37 @@ def test_publish_consume_ack(broker, coordinator_factory, names) -> None:
         assert (s.acked_total, s.available, s.leased) == (20, 0, 0)
 
 
+def test_an_idle_queue_over_a_transactional_topic_keeps_its_fetch_wait(
+    broker, coordinator_factory, names
+) -> None:
+    """A topic written in transactions ends with a commit marker, which is never delivered: the
+    reader must not take it for a lag and lengthen its fetch wait (on Tansu the next delivery
+    would wait that long)."""
+    topic, q = names("tx"), names("q")
+    c = coordinator_factory([queue(q, topic)])
+    producer = Producer(
+        {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": f"tx-{topic}"}
+    )
+    producer.init_transactions(10)
+
+    def publish(doc: dict[str, Any]) -> None:
+        producer.begin_transaction()
+        producer.produce(topic, json.dumps(doc).encode())
+        producer.commit_transaction(10)
+
+    with QueueClient(c.address) as client, client.subscribe(q) as sub:
+        publish({"i": 0})
+        (msg,) = take(sub, 1)
+        msg.ack(wait=True)
+        base = client.stats(q)[0].extra["fetch_wait_ms"]
+        # The idle time under test: a reader that took the marker for a lag would have
+        # lengthened its wait by now (to 50 ms after 0.2 s, 250 after 0.4, 1,250 after 1.4).
+        time.sleep(2.5)
+        assert client.stats(q)[0].extra["fetch_wait_ms"] == base
+        publish({"i": 1})
+        assert [m.json()["i"] for m in take(sub, 1)] == [1]
+
+
 def test_lease_timeout_redelivers_with_count(broker, coordinator_factory, names) -> None:
     topic, q = names("t"), names("q")
     c = coordinator_factory([queue(q, topic, lease_period="1s")])
