@@ -347,7 +347,7 @@ def test_subscribe_caps_the_backlog_at_the_queue_maximum(engine_factory):
     assert engine.subscribe("b", 2, 0.0) == 2
     assert engine.subscribe("b", 1, 0.0) == 1  # re-registering changes the backlog
     with pytest.raises(ValueError, match="max_backlog"):
-        engine.subscribe("c", 0, 0.0)
+        engine.subscribe("c", -1, 0.0)  # 0 is allowed: barrier messages only
     add(engine, *range(10))
     assert delivered(engine) == [("a", 0), ("b", 1), ("a", 2), ("a", 3)]
     assert len(engine.outstanding("a")) == 3 and len(engine.outstanding("b")) == 1
