@@ -21,6 +21,7 @@ import statistics
 import tempfile
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -80,6 +81,18 @@ def percentiles(values: list[float] | array[float]) -> dict[str, float]:
 
 def loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def settled_rss(rss: Callable[[], int], timeout: float = 60.0) -> int:
+    """RSS once two readings half a second apart agree within 0.5% (allocations settled)."""
+    deadline = time.monotonic() + timeout
+    last = rss()
+    while True:
+        time.sleep(0.5)
+        now = rss()
+        if abs(now - last) <= 0.005 * last or time.monotonic() > deadline:
+            return now
+        last = now
 
 
 class Pacer:

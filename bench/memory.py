@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.harness import loadavg
+from bench.harness import loadavg, settled_rss
 from bench.kafka_systems import QUEUE, Coordinator, kafka_publish
 from connectors.admin import TopicAdmin, TopicSpec
 
@@ -39,18 +39,6 @@ def _wait(what: str, done: Callable[[], bool], timeout: float, every: float = 0.
             raise RuntimeError(f"{what}: not done after {timeout:.0f} s")
         time.sleep(every)
     return time.monotonic() - t0
-
-
-def _settled_rss(coord: Coordinator, timeout: float = 60.0) -> int:
-    """RSS once two readings half a second apart agree within 0.5% (allocations settled)."""
-    deadline = time.monotonic() + timeout
-    last = coord.rss()
-    while True:
-        time.sleep(0.5)
-        now = coord.rss()
-        if abs(now - last) <= 0.005 * last or time.monotonic() > deadline:
-            return now
-        last = now
 
 
 def memory_and_restart(bootstrap: str, workdir: Path, queued: int) -> dict[str, Any]:
@@ -70,7 +58,7 @@ def memory_and_restart(bootstrap: str, workdir: Path, queued: int) -> dict[str, 
     try:
         coord.start()
         coord.stats()  # the API answers: everything lazy is loaded
-        base = _settled_rss(coord)
+        base = settled_rss(coord.rss)
         t0 = time.monotonic()
         kafka_publish(bootstrap, topic, queued, MESSAGE_BYTES)
         out["publish_s"] = round(time.monotonic() - t0, 2)
@@ -78,7 +66,7 @@ def memory_and_restart(bootstrap: str, workdir: Path, queued: int) -> dict[str, 
         ingest = time.monotonic() - t0
         out["ingest_s"] = round(ingest, 2)
         out["ingest_msgs_per_s"] = round(queued / ingest)
-        rss = _settled_rss(coord)
+        rss = settled_rss(coord.rss)
         out["rss_base_mib"] = round(base / 2**20, 1)
         out["rss_queued_mib"] = round(rss / 2**20, 1)
         out["bytes_per_queued_message"] = round((rss - base) / queued)

@@ -7,9 +7,10 @@ README.md`` it also replaces the text between ``<!-- bench-table:begin -->`` and
 
 A ratio is always qlayer's figure divided by the other's: for throughput above 1 is better, for
 latency, memory and restart times below 1 is better. The best peer is the best of RabbitMQ, NATS
-JetStream and Redis Streams on that row (highest throughput, lowest latency); raw Kafka is not a
-peer but the ceiling. A latency point a system did not sustain shows the rate it achieved instead
-of percentiles, and gives no ratio.
+JetStream and Redis Streams on that row (highest throughput, lowest latency, memory and restart
+time); raw Kafka is not a peer but the ceiling. A latency point a system did not sustain shows the
+rate it achieved instead of percentiles, and gives no ratio; nor does a best figure of zero or less
+(a server whose memory did not grow with the messages queued).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +69,8 @@ def _lat_cells(results: dict[str, Any], i: int, key: str) -> dict[str, Cell]:
 
 
 def _ratio(a: float | None, b: float | None) -> str:
-    if a is None or b is None or b == 0:
+    # nothing to divide by: e.g. a server whose RSS did not grow with the messages queued
+    if a is None or b is None or b <= 0:
         return "–"
     return f"{a / b:.2f}"
 
@@ -86,6 +89,84 @@ def _row(label: str, cells: dict[str, Cell], higher_better: bool, columns: list[
     vs_ceiling = _ratio(q, cells.get("kafka", (None, ""))[0])
     shown = [cells.get(s, (None, "–"))[1] for s in columns]
     return f"| {label} | " + " | ".join(shown) + f" | {vs_peer} | {vs_ceiling} |"
+
+
+def _memory_rows(results: dict[str, Any], columns: list[str]) -> list[str]:
+    """RSS (and the peers' disk) per queued message, ingest, and the restarts with them queued.
+
+    A peer restarts one way (SIGKILLed, started on its store): its figures stand in both of
+    qlayer's restart rows. Redis, in memory only, loses the queue: no figure to compare.
+    """
+    runs = dict(results.get("memory_restart_peers") or {})
+    if results.get("memory_restart"):
+        runs["qlayer"] = results["memory_restart"]
+    if not runs:
+        return []
+    done = [r for r in runs.values() if "queued" in r]
+    if not done:
+        failed = any("error" in r for r in runs.values())
+        return [f"| memory and restart | {'failed' if failed else 'skipped'} |"]
+    q, size = done[0]["queued"], done[0]["message_bytes"]
+
+    def cells(cell: Callable[[str, dict[str, Any]], Cell]) -> dict[str, Cell]:
+        return {
+            s: cell(s, r) if "queued" in r else (None, "failed" if "error" in r else "skipped")
+            for s, r in runs.items()
+        }
+
+    def figure(key: str) -> Callable[[str, dict[str, Any]], Cell]:
+        return lambda _s, r: (float(r[key]), _num(r[key])) if key in r else (None, "–")
+
+    def restart(mode: str) -> Callable[[str, dict[str, Any]], Cell]:
+        def cell(s: str, r: dict[str, Any]) -> Cell:
+            if "restart_error" in r:
+                return (None, "failed")
+            if r.get("lost_on_restart"):
+                return (None, "lost on restart")
+            k = f"restart_{mode}" if s == "qlayer" else "restart"
+            serving, full = r[f"{k}_serving_s"], r[f"{k}_all_available_s"]
+            return (float(serving), f"{serving} / {full}")
+
+        return cell
+
+    rows = [
+        _row(
+            f"coordinator / server RSS per queued message, {q:,} queued (bytes)",
+            cells(figure("bytes_per_queued_message")),
+            False,
+            columns,
+        )
+    ]
+    if any("disk_bytes_per_queued_message" in r for r in done):
+        rows.append(
+            _row(
+                f"server data dir growth per queued message, {q:,} queued (bytes)",
+                cells(figure("disk_bytes_per_queued_message")),
+                False,
+                columns,
+            )
+        )
+    rows.append(
+        _row(
+            f"ingest into the queue, {size} B, no consumers (msg/s)",
+            cells(figure("ingest_msgs_per_s")),
+            True,
+            columns,
+        )
+    )
+    for mode, name in (
+        ("state_intact", "state dir intact"),
+        ("from_changelog", "rebuilt from the changelog"),
+    ):
+        rows.append(
+            _row(
+                f"restart with {q:,} queued, {name}: serving / all available (s)",
+                cells(restart(mode)),
+                False,
+                columns,
+            )
+        )
+    return rows
 
 
 def markdown(results: dict[str, Any], source: Path | str | None = None) -> str:
@@ -117,44 +198,33 @@ def markdown(results: dict[str, Any], source: Path | str | None = None) -> str:
         for key, name in (("p50_ms", "p50"), ("p99_ms", "p99"), ("p999_ms", "p99.9")):
             label = f"latency at {rate:,.0f} msg/s offered, {name} (ms)"
             rows.append(_row(label, _lat_cells(results, i, key), False, columns))
-    m = results.get("memory_restart") or {}
-    if "bytes_per_queued_message" in m:
-        only = {
-            "qlayer": (float(m["bytes_per_queued_message"]), _num(m["bytes_per_queued_message"]))
-        }
-        q = m["queued"]
-        rows.append(
-            _row(f"coordinator RSS per queued message, {q:,} queued (bytes)", only, False, columns)
-        )
-        ingest = m["ingest_msgs_per_s"]
-        rows.append(
-            _row(
-                f"ingest into the queue, {m['message_bytes']} B, no consumers (msg/s)",
-                {"qlayer": (None, _num(ingest))},
-                True,
-                columns,
-            )
-        )
-        for key, name in (
-            ("state_intact", "state dir intact"),
-            ("from_changelog", "rebuilt from the changelog"),
-        ):
-            serving, full = m[f"restart_{key}_serving_s"], m[f"restart_{key}_all_available_s"]
-            rows.append(
-                _row(
-                    f"restart with {q:,} queued, {name}: serving / all available (s)",
-                    {"qlayer": (float(serving), f"{serving} / {full}")},
-                    False,
-                    columns,
-                )
-            )
-    elif m:
-        rows.append(f"| memory and restart | {'failed' if 'error' in m else 'skipped'} |")
+    rows += _memory_rows(results, columns)
     notes = []
     for s, runs in results.get("latency", {}).items():
         for r in runs:
             if r.get("note"):
                 notes.append(f"- {HEADS[s]}: {r['note']}.")
+    peers = results.get("memory_restart_peers") or {}
+    if any("queued" in r for r in peers.values()):
+        notes.append(
+            "- Restarts: qlayer's coordinator and each peer's server are SIGKILLed and started "
+            "again. Serving is qlayer's \"serving\" line, a peer's first delivery to a consumer; "
+            "a peer restarts one way, from its own store, so its figures stand in both rows."
+        )
+    for s, r in peers.items():
+        if r.get("bytes_per_queued_message", 1) <= 0:
+            notes.append(
+                f"- {HEADS[s]}: RSS did not grow with {r['queued']:,} queued "
+                f"({r['rss_base_mib']} → {r['rss_queued_mib']} MiB), so no ratio on the RSS row."
+            )
+        if "restart_error" in r:
+            notes.append(f"- {HEADS[s]}: restart failed: {r['restart_error']}.")
+        elif r.get("lost_on_restart"):
+            notes.append(
+                f"- {HEADS[s]}: {results['settings'][s]['durability']}; "
+                f"{r['messages_after_restart']:,} of {r['queued']:,} queued messages were left "
+                "after its restart."
+            )
     p = results.get("profile") or {}
     if "throughput_while_sampled" in p:
         notes.append(

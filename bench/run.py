@@ -20,6 +20,9 @@ Measures:
   profile     (qlayer) py-spy samples the coordinator during one more 200 B throughput run
   memory      (qlayer) coordinator RSS per queued message at --queued messages, and
               restart-to-serving with them queued: state dir intact, and rebuilt from the changelog
+  peer-memory (peers) the same of each peer's server: RSS (and data dir) per queued message at
+              --queued messages; SIGKILLed and started again, the time to a first delivery and to
+              all available (Redis keeps nothing on disk: what survives is recorded)
 
 Every service is checked before anything is measured: one that is down fails the run (exit 3)
 with the command that starts it. Results: bench/results/<run>.json (machine, load average,
@@ -62,7 +65,7 @@ PEER_MODULES = {
     "redis": "bench.peers.redis_streams",
 }
 SIZES = (200, 1024)
-MEASURES = ("throughput", "latency", "profile", "memory")
+MEASURES = ("throughput", "latency", "profile", "memory", "peer-memory")
 RATES = (1000.0, 10000.0)
 LATENCY_SIZE = 200
 PACKAGES = (
@@ -121,6 +124,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # profile and memory measure the coordinator: qlayer only
     args.profile = "profile" in measures and "qlayer" in args.systems
     args.memory = "memory" in measures and "qlayer" in args.systems
+    args.peer_memory = "peer-memory" in measures and any(s in PEER_MODULES for s in args.systems)
     return args
 
 
@@ -290,7 +294,7 @@ def bench(args: argparse.Namespace, name: str, bootstrap: str, embedded: bool) -
             "latency_seconds": args.seconds,
             "latency_message_bytes": LATENCY_SIZE,
             "sustained_share": harness.SUSTAINED_SHARE,
-            "queued": args.queued if args.memory else None,
+            "queued": args.queued if args.memory or args.peer_memory else None,
             "message": 'JSON {"ts": <publish time>, "id", "symbol", "qty", "pad"} padded to size',
         },
         "settings": {},
@@ -354,6 +358,19 @@ def bench(args: argparse.Namespace, name: str, bootstrap: str, embedded: bool) -
                 f"qlayer: memory and restart with {args.queued:,} queued",
                 memory_and_restart, bootstrap, workdir, args.queued,
             )  # fmt: skip
+        if args.peer_memory:
+            from bench import peer_memory
+
+            for s, system in systems.items():
+                if s not in PEER_MODULES:
+                    continue
+                r = run.step(
+                    f"{s}: memory and restart with {args.queued:,} queued",
+                    peer_memory.memory_and_restart, system, args.queued,
+                )  # fmt: skip
+                results.setdefault("memory_restart_peers", {})[s] = r
+                # the memory figures stand, but the run is not complete
+                run.failed |= "restart_error" in r
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     results["machine"]["loadavg_after"] = loadavg()

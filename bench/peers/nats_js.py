@@ -17,7 +17,9 @@ import os
 import time
 import uuid
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import nats
 import nats.errors
@@ -42,9 +44,11 @@ from bench.harness import (
 )
 
 NATS_URL = os.environ.get("BENCH_NATS_URL", "nats://127.0.0.1:4222")
+# the JetStream store directory (-sd) the server is started with
+DATA_DIR = Path("/var/lib/nats-server")
 START = (
     "start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- "
-    "-a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log"
+    f"-a 127.0.0.1 -p 4222 -js -sd {DATA_DIR} -l /var/log/nats-server.log"
 )
 DEFAULT_MAX_ACK_PENDING = 1000
 _ERRORS = (OSError, asyncio.TimeoutError, nats.errors.Error)
@@ -96,6 +100,10 @@ def check_available() -> None:
 class NatsPeer:
     name = "nats"
     worker_module = "bench.peers.nats_js"
+    # the server process, for bench.peer_memory: found by its port, stores in data_dir
+    port = urlparse(NATS_URL).port or 4222
+    data_dir: Path | None = DATA_DIR
+    start_command = START
 
     def __init__(
         self, max_ack_pending: int = DEFAULT_MAX_ACK_PENDING, window: int = PUBLISH_WINDOW
@@ -159,6 +167,32 @@ class NatsPeer:
             try:
                 info = await nc.jetstream().stream_info(target["stream"])
                 return int(info.state.messages)
+            finally:
+                await nc.close()
+
+        return asyncio.run(go())
+
+    def first_delivery(self, target: dict[str, Any]) -> bool:
+        """Take one message as a consumer process does and leave it unacked; False if none
+        came within a second.
+
+        The message stays in the stream and is redelivered after ack_wait.
+        """
+
+        async def go() -> bool:
+            nc = await _connect()
+            try:
+                sub = await nc.jetstream().subscribe(
+                    target["subject"],
+                    queue=target["group"],
+                    stream=target["stream"],
+                    manual_ack=True,
+                )
+                try:
+                    await sub.next_msg(timeout=1)
+                except nats.errors.TimeoutError:
+                    return False
+                return True
             finally:
                 await nc.close()
 

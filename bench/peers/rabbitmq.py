@@ -17,7 +17,9 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pika
 import pika.exceptions
@@ -34,6 +36,8 @@ from bench.harness import (
 
 AMQP_URL = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 START = "rabbitmq-server -detached"
+# the node's home (Debian package layout): its quorum queues' Raft logs are under mnesia/
+DATA_DIR = Path("/var/lib/rabbitmq")
 DEFAULT_PREFETCH = 100
 
 _PERSISTENT = pika.BasicProperties(
@@ -97,6 +101,10 @@ def _text(value: Any) -> str:
 class RabbitPeer:
     name = "rabbitmq"
     worker_module = "bench.peers.rabbitmq"
+    # the server process, for bench.peer_memory: found by its port, stores in data_dir
+    port = urlparse(AMQP_URL).port or 5672
+    data_dir: Path | None = DATA_DIR
+    start_command = START
 
     def __init__(self, prefetch: int = DEFAULT_PREFETCH, window: int = PUBLISH_WINDOW) -> None:
         self.prefetch = prefetch
@@ -117,6 +125,15 @@ class RabbitPeer:
         # the consumers have closed their channels, so anything unacked is back to ready
         with _channel() as (_, ch):
             return int(ch.queue_declare(target["queue"], passive=True).method.message_count)
+
+    def first_delivery(self, target: dict[str, Any]) -> bool:
+        """Take one message (basic.get, manual ack) and leave it unacked; False if there was none.
+
+        The message goes back to the queue when the connection closes.
+        """
+        with _channel() as (_, ch):
+            method, _props, _body = ch.basic_get(target["queue"], auto_ack=False)
+            return method is not None
 
     def publish(
         self, target: dict[str, Any], n: int, size: int, rate: float = 0.0, seconds: float = 0.0

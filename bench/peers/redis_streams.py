@@ -12,6 +12,7 @@ import time
 import uuid
 from importlib.metadata import version
 from typing import Any
+from urllib.parse import urlparse
 
 import redis
 import redis.exceptions
@@ -56,6 +57,10 @@ def check_available() -> None:
 class RedisPeer:
     name = "redis"
     worker_module = "bench.peers.redis_streams"
+    # the server process, for bench.peer_memory: found by its port; it keeps nothing on disk
+    port = urlparse(REDIS_URL).port or 6379
+    data_dir = None
+    start_command = START
 
     def __init__(self, count: int = DEFAULT_COUNT, window: int = PUBLISH_WINDOW) -> None:
         self.count = count
@@ -76,6 +81,8 @@ class RedisPeer:
     def outstanding(self, target: dict[str, Any]) -> int:
         # entries read but not acked (pending) plus entries nobody has read yet (lag)
         with _client() as r:
+            if not r.exists(target["stream"]):
+                return 0  # gone with a restart: the server keeps nothing on disk
             for g in r.xinfo_groups(target["stream"]):
                 if g["name"].decode() == target["group"]:
                     return int(g["pending"]) + int(g.get("lag") or 0)
