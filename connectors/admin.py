@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from layer.exceptions import BrokerError
 
@@ -82,6 +82,16 @@ class TopicAdmin:
             logger.info("topic created topic=%s partitions=%s", spec.name, spec.partitions)
             created.append(spec.name)
         return created
+
+    def topic_config(self, topic: str) -> dict[str, str]:
+        """The topic's configuration as the broker describes it (Tansu: only what was set)."""
+        resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+        try:
+            future = self._admin.describe_configs([resource], request_timeout=self._timeout)
+            entries = future[resource].result(timeout=self._timeout + 5)
+        except (KafkaException, TimeoutError) as exc:
+            raise BrokerError(f"cannot describe topic {topic!r}: {exc}") from exc
+        return {name: entry.value for name, entry in entries.items() if entry.value is not None}
 
     def list_topics(self, pattern: re.Pattern[str] | None = None) -> dict[str, int]:
         """Topic name -> partition count, for topics whose whole name matches ``pattern``.

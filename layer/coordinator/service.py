@@ -137,11 +137,21 @@ class Coordinator(Subscriptions):
             if routes_publishes(q):
                 specs.append(TopicSpec(q.name, partitions=1))
             if q.view_topic:
-                specs.append(
-                    TopicSpec(q.view_topic, partitions=1, config={"cleanup.policy": "compact"})
-                )
+                # every round is kept: a queue's rounds share one key (layer.coordinator.view)
+                config = {"cleanup.policy": "delete", "retention.ms": "-1"}
+                specs.append(TopicSpec(q.view_topic, partitions=1, config=config))
         # queues may share topics: create each once (a duplicate in one request is an error)
         admin.ensure_topics(list({spec.name: spec for spec in specs}.values()))
+        for q in cfg.queues:
+            if q.view_topic:
+                policy = admin.topic_config(q.view_topic).get("cleanup.policy", "delete")
+                if "compact" in policy:
+                    raise ConfigError(
+                        f"{cfg.source}: queue {q.name!r}: option 'view_topic': topic"
+                        f" {q.view_topic!r} has cleanup.policy={policy}, but a view topic must"
+                        " keep every record (a queue's rounds share one key): use a new topic,"
+                        " or set cleanup.policy=delete and retention.ms=-1 on it"
+                    )
 
         # The writer comes first: initialising its transactions fences a killed predecessor and
         # aborts its open transaction, which a read_committed restore would otherwise wait on.

@@ -5,15 +5,19 @@ target_queue_depth and coordinator restarts (SIGKILL, with the state kept and wi
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from typing import Any
 
 import pytest
 from confluent_kafka import Producer
 
+from connectors.admin import TopicSpec
 from layer.client import QueueClient
 from layer.coordinator.view import decode_round
 from layer.engine.model import ViewChange
+from tests.harness import ROOT, write_config
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
@@ -188,3 +192,30 @@ def test_view_topic_is_reconciled_after_a_sigkill(
         state = assert_view_matches(client, q, view)
         assert len(state["members"]) == 9
     assert time.monotonic() - started < 30
+
+
+def test_the_view_topic_keeps_every_round_and_a_compacted_one_is_refused(
+    broker, coordinator_factory, names, topic_admin, tmp_path
+) -> None:
+    """A queue's rounds share one key, so compaction would keep only the last: the coordinator
+    creates its view topic with deletion off, and will not start on a compacted one."""
+    topic, q, vt = names("orders"), names("orders"), names("orders-view")
+    coordinator_factory([{"name": q, "underlying_topic": topic, "view_topic": vt}])
+    created = topic_admin.topic_config(vt)
+    assert (created.get("cleanup.policy"), created.get("retention.ms")) == ("delete", "-1")
+
+    compacted = names("compacted-view")
+    topic_admin.ensure_topics([TopicSpec(compacted, config={"cleanup.policy": "compact"})])
+    config = write_config(
+        tmp_path / "qlayer.toml",
+        broker.bootstrap_servers,
+        [{"name": q, "underlying_topic": topic, "view_topic": compacted}],
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "layer.cli", "coordinator", "--config", str(config),
+         "--listen", "127.0.0.1:0", "--state-dir", str(tmp_path / "state")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert f"topic {compacted!r} has cleanup.policy=compact" in r.stderr, r.stderr
+
