@@ -250,6 +250,32 @@ def test_expressions_read_avro_messages_with_the_queues_schema(
         assert client.stats(q)[0].dead_lettered_total == 1
 
 
+def test_ack_where_acks_only_the_active_part_under_target_queue_depth(
+    broker, coordinator_factory, names
+) -> None:
+    """The guide: "A sow_delete that uses a filter will only apply to the messages in the queue
+    that are currently deliverable. As messages are acknowledged from the queue, AMPS will add
+    messages to the active part of the queue until [it] once again reaches the
+    TargetQueueDepth"."""
+    topic, q = names("jobs"), names("jobs")
+    c = coordinator_factory([{"name": q, "underlying_topic": topic, "target_queue_depth": 3}])
+    produce(broker.bootstrap_servers, topic, [{"id": i, "k": 1} for i in range(7)])
+    with QueueClient(c.address) as client:
+        wait_until(
+            lambda: (client.stats(q)[0].available, client.stats(q)[0].inactive) == (3, 4),
+            15,
+            message=lambda: f"3 active, 4 inactive: {client.stats(q)[0]}",
+        )
+        assert ids(client.browse(q)) == [0, 1, 2]
+        result = client.ack_where(q, "/k = 1")
+        assert (result.acked, result.skipped) == (3, 0)  # the inactive ones matched too
+        wait_until(lambda: ids(client.browse(q)) == [3, 4, 5], 15, message="the next 3 active")
+        assert client.stats(q)[0].inactive == 1
+        assert client.ack_where(q, "/k = 1").acked == 3
+        wait_until(lambda: ids(client.browse(q)) == [6], 15, message="the last one active")
+        assert client.stats(q)[0].acked_total == 6
+
+
 def test_browse_is_read_only_and_ack_where_acks_what_matches(
     broker, coordinator_factory, names
 ) -> None:
