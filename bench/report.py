@@ -217,6 +217,12 @@ def markdown(results: dict[str, Any], source: Path | str | None = None) -> str:
                 f"- {HEADS[s]}: RSS did not grow with {r['queued']:,} queued "
                 f"({r['rss_base_mib']} → {r['rss_queued_mib']} MiB), so no ratio on the RSS row."
             )
+        elif 0 < r.get("bytes_per_queued_message", 0) < r.get("disk_bytes_per_queued_message", 0):
+            notes.append(
+                f"- {HEADS[s]}: keeps its queued messages on disk, not in memory:"
+                f" {r['bytes_per_queued_message']:,} B of RSS and"
+                f" {r['disk_bytes_per_queued_message']:,} B on disk per queued message."
+            )
         if "restart_error" in r:
             notes.append(f"- {HEADS[s]}: restart failed: {r['restart_error']}.")
         elif r.get("lost_on_restart"):
