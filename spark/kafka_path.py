@@ -21,6 +21,7 @@ from connectors.spark_kafka.options import KafkaSourceOptions
 from connectors.spark_kafka.view import (
     Placed,
     ViewSourceOptions,
+    spark_priority,
     view_batch,
     view_rows,
     view_schema,
@@ -31,9 +32,6 @@ from layer.engine.model import Bookmark, ViewChange
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
-
-# Spark's LongType is signed: a larger priority (they are unsigned 64-bit) shows as the largest.
-_LONG_MAX = 2**63 - 1
 
 #: the columns of one expanded change, before its message is fetched
 EXPANDED = (
@@ -99,7 +97,7 @@ def _expand(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             round_ = decode_round(value)
             for seq, change in enumerate(round_.changes):
                 bm = change.bookmark
-                priority = None if change.priority is None else min(change.priority, _LONG_MAX)
+                priority = spark_priority(change.priority)
                 rows.append(
                     (change.sign, round_.queue, bm.topic, bm.partition, bm.offset,
                      change.deliveries, change.cancels, priority, round_.at_ms,

@@ -270,6 +270,12 @@ def _topic_exists(kafka: KafkaSourceOptions, topic: str) -> bool:
         return topic in broker.topics()
 
 
+def spark_priority(priority: int | None) -> int | None:
+    """A priority for Spark's LongType, which is signed: one above it (priorities are unsigned
+    64-bit) is shown as the largest long, which still sorts above every smaller one."""
+    return None if priority is None else min(priority, 2**63 - 1)
+
+
 def view_rows(kafka: KafkaSourceOptions, placed: list[Placed]) -> list[tuple[Any, ...]]:
     """Rows of ``view_schema()`` for these changes, their messages fetched from the brokers."""
     messages = fetch_messages(kafka, {change.bookmark for change, *_ in placed})
@@ -297,7 +303,7 @@ def view_rows(kafka: KafkaSourceOptions, placed: list[Placed]) -> list[tuple[Any
                 key,
                 headers,
                 value,
-                None if change.priority is None else min(change.priority, _LONG_MAX),
+                spark_priority(change.priority),
                 change.deliveries,
                 change.cancels,
                 enqueued,
@@ -307,11 +313,6 @@ def view_rows(kafka: KafkaSourceOptions, placed: list[Placed]) -> list[tuple[Any
             )
         )
     return rows
-
-
-# Spark's LongType is signed: a priority above it (priorities are unsigned 64-bit) is shown as
-# the largest long, which still sorts above every smaller one.
-_LONG_MAX = 2**63 - 1
 
 
 def read_view_range(
@@ -325,9 +326,7 @@ def read_view_range(
 
     if isinstance(task, ViewInputPartition) and task.snapshot:
         live = _snapshot(options, task)
-        chunks: Iterable[list[Placed]] = (
-            live[i : i + _CHUNK] for i in range(0, len(live), _CHUNK)
-        )
+        chunks: Iterable[list[Placed]] = (live[i : i + _CHUNK] for i in range(0, len(live), _CHUNK))
     else:
         chunks = _changes(options, task)
     for chunk in chunks:
