@@ -9,9 +9,8 @@ from typing import TYPE_CHECKING, Any, cast
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from pyspark.sql.datasource import InputPartition
 
-from connectors.kafka import cached_high_watermark
+from connectors.kafka import FetchWait, cached_high_watermark
 from connectors.spark_kafka.options import KafkaSourceOptions
-from layer.coordinator.ingest import FetchWait
 from layer.exceptions import BrokerError
 
 if TYPE_CHECKING:

@@ -31,7 +31,7 @@ from typing import cast
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from connectors.kafka import read_watermarks
+from connectors.kafka import FetchWait, read_watermarks
 from layer.engine.model import Bookmark, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -57,66 +57,6 @@ class Fetched:
     messages: list[Message]
     high_watermarks: dict[TopicPartition, int]
     started: list[PartitionStarted]
-
-
-class FetchWait:
-    """When to change the reader's ``fetch.wait.max.ms`` (pure: the reader acts on it).
-
-    Grow it ``factor``-fold (up to ``cap_ms``) when fetches have come back empty for
-    ``max(patience, 4 waits)`` while a partition lags; step back one level, at most every
-    ``settle`` seconds, after a fetch that leaves every partition caught up. A step back that was
-    too far simply grows again.
-    """
-
-    def __init__(
-        self,
-        base_ms: int,
-        cap_ms: int = 5_000,
-        factor: int = 5,
-        patience: float = 0.2,
-        settle: float = 30.0,
-    ) -> None:
-        self.base_ms = base_ms
-        self.wait_ms = base_ms
-        self._cap = max(cap_ms, base_ms)
-        self._factor = factor
-        self._patience = patience
-        self._settle = settle
-        self._empty_since: float | None = None
-        self._changed_at = 0.0
-
-    def empty(self, now: float, lagging: Callable[[], bool]) -> int | None:
-        """A fetch brought nothing; the new wait if it must grow (``lagging`` asked only then)."""
-        if self._empty_since is None:
-            self._empty_since = now
-            return None
-        if self.wait_ms >= self._cap:
-            return None
-        if now - self._empty_since < max(self._patience, 4 * self.wait_ms / 1000):
-            return None
-        if not lagging():
-            self._empty_since = now  # idle, not stuck: look again later
-            return None
-        return self._set(min(self._cap, self.wait_ms * self._factor), now)
-
-    def fetched(self, now: float, caught_up: Callable[[], bool]) -> int | None:
-        """A fetch brought messages; the new wait if it should step back."""
-        self._empty_since = None
-        if self.wait_ms <= self.base_ms or now - self._changed_at < self._settle:
-            return None
-        if not caught_up():
-            return None
-        return self._set(max(self.base_ms, self.wait_ms // self._factor), now)
-
-    def reset(self) -> None:
-        """Fetching stopped for a while (flow control): empty fetches count from the next one."""
-        self._empty_since = None
-
-    def _set(self, wait_ms: int, now: float) -> int:
-        self.wait_ms = wait_ms
-        self._changed_at = now
-        self._empty_since = None
-        return wait_ms
 
 
 class IngestReader:

@@ -1,8 +1,8 @@
-"""The ingest reader's fetch-wait policy (``FetchWait``): pure, no broker."""
+"""The fetch-wait policy (``FetchWait``) of the ingest reader and the Spark range reader: pure."""
 
 from __future__ import annotations
 
-from layer.coordinator.ingest import FetchWait
+from connectors.kafka import FetchWait
 
 
 def yes() -> bool:
