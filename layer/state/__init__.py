@@ -3,8 +3,9 @@
 from layer.state.base import EntryState, PartitionPosition, Store, StoreBatch, StoredMessage
 from layer.state.changelog import ChangelogWriter
 from layer.state.memory import MemoryStore
+from layer.state.ownership import check_state
 from layer.state.recovery import RestoreResult, restore
-from layer.state.rocksdb import RocksDBStore
+from layer.state.rocksdb import RocksDBStore, discard_state_dir
 
 __all__ = [
     "ChangelogWriter",
@@ -16,5 +17,7 @@ __all__ = [
     "Store",
     "StoreBatch",
     "StoredMessage",
+    "check_state",
+    "discard_state_dir",
     "restore",
 ]

@@ -7,7 +7,9 @@ A store holds, for every queue of one coordinator:
 - **positions**: per underlying partition, the low-water mark (from changelog POSITION records)
   and, separately, the local read position (next offset to read; never in the changelog);
 - **messages**: per message, the local copy of the underlying message while it is in the queue;
-- **meta**: per changelog topic-partition, the next changelog offset to replay from.
+- **meta**: per changelog topic-partition, the next changelog offset to replay from, and the id of
+  the Kafka cluster the state was built from (so a state directory that meets another cluster, or
+  a broker that lost its changelog, is recognised: ``layer.state.ownership``).
 
 Engines keep these as four column families of binary keys that sort like the data:
 ``queue utf8, 0x00, topic utf8, 0x00, partition u32 BE, offset u64 BE``, so one queue, and one
@@ -54,6 +56,7 @@ COLUMN_FAMILIES = (ENTRIES, POSITIONS, MESSAGES, META)
 _LOW_WATER = b"L"
 _READ_POSITION = b"R"
 _CHANGELOG_OFFSET = b"changelog\x00"
+_CLUSTER_ID = b"cluster_id"  # never a prefix of a changelog offset key, nor the other way round
 
 _DELAY_HINT = b"deliver_after"  # the header a delayed message carries (message_meta)
 _PARTITION = struct.Struct(">I")
@@ -273,6 +276,12 @@ class StoreBatch:
         """Record that the changelog partition is applied up to ``offset`` (the next to read)."""
         self.ops.append((META, changelog_offset_key(topic, partition), pack_int(offset)))
 
+    def set_cluster_id(self, cluster_id: str) -> None:
+        """Record the id of the Kafka cluster whose changelog the state reflects."""
+        if not cluster_id:
+            raise StateError("a cluster id cannot be empty")
+        self.ops.append((META, _CLUSTER_ID, cluster_id.encode()))
+
 
 @runtime_checkable
 class Store(Protocol):
@@ -300,6 +309,14 @@ class Store(Protocol):
     ) -> list[StoredMessage | None]: ...
 
     def changelog_offset(self, topic: str, partition: int) -> int | None: ...
+
+    def changelog_offsets(self) -> dict[tuple[str, int], int]:
+        """Every stored changelog offset, by (changelog topic, partition)."""
+        ...
+
+    def cluster_id(self) -> str | None:
+        """The Kafka cluster id the state was built from (None: not recorded yet)."""
+        ...
 
     def queues(self) -> set[str]: ...
 
@@ -416,6 +433,22 @@ class KeyValueStore:
         self._check_open()
         data = self._get(META, changelog_offset_key(topic, partition))
         return None if data is None else unpack_int(data)
+
+    def changelog_offsets(self) -> dict[tuple[str, int], int]:
+        self._check_open()
+        n = len(_CHANGELOG_OFFSET)
+        found: dict[tuple[str, int], int] = {}
+        end = prefix_end(_CHANGELOG_OFFSET)
+        for key, value in self._iterate(META, _CHANGELOG_OFFSET, end):
+            cut = key.index(b"\x00", n)
+            partition: int = _PARTITION.unpack_from(key, cut + 1)[0]
+            found[(key[n:cut].decode(), partition)] = unpack_int(value)
+        return found
+
+    def cluster_id(self) -> str | None:
+        self._check_open()
+        data = self._get(META, _CLUSTER_ID)
+        return None if data is None else data.decode()
 
     def queues(self) -> set[str]:
         self._check_open()

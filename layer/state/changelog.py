@@ -9,6 +9,10 @@ last record per changelog partition; the caller stores the next offset with the 
 Status of one ``commit``: begun -> produced (all delivery reports in) -> committed, or aborted on
 any failure (and ``StateError`` raised). A fenced or otherwise fatally failed producer makes the
 writer unusable: create a new one (which fences any older writer with the same transactional id).
+
+``DurableChangelog`` wraps a writer for a process that must outlive Kafka outages: it commits a
+batch however long that takes, aborting and redoing it, or re-creating the writer, as the
+failure requires.
 """
 
 from __future__ import annotations
@@ -16,14 +20,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from layer.exceptions import StateError
 
-__all__ = ["ChangelogRecord", "ChangelogWriter", "ExtraRecord"]
+__all__ = ["ChangelogRecord", "ChangelogWriter", "DurableChangelog", "ExtraRecord"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +47,11 @@ _DEFAULTS: dict[str, Any] = {
 _FENCED_CODES = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
 
 
+class _Interrupted(StateError):
+    """The commit was given up because the process is stopping (nothing is aborted: the next
+    incarnation's ``init_transactions`` aborts what this one left open)."""
+
+
 def _kafka_error(exc: BaseException) -> KafkaError | None:
     if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
         return exc.args[0]
@@ -54,6 +63,12 @@ class ChangelogWriter:
 
     ``init_transactions`` runs in the constructor: it waits for any transaction a previous
     incarnation left open to be aborted, and fences that incarnation.
+
+    ``patient``: a commit waits for every record's delivery report however long that takes
+    (librdkafka fails a record after ``message.timeout.ms``, which is the transaction timeout
+    here) and retries a retriable commit error until it succeeds, instead of giving up after
+    ``timeout``: a broker that stalls for a while then delays the commit instead of aborting
+    it. ``interrupt`` set gives a waiting commit up (``StateError``) without aborting it.
     """
 
     def __init__(
@@ -62,16 +77,24 @@ class ChangelogWriter:
         transactional_id: str,
         *,
         timeout: float = 30.0,
+        patient: bool = False,
+        interrupt: threading.Event | None = None,
     ) -> None:
         self._id = transactional_id
         self._timeout = timeout
+        self._patient = patient
+        self._interrupt = interrupt or threading.Event()
         self._lock = threading.Lock()
         self._failed: str | None = None
         settings = {**_DEFAULTS, **producer_settings, "transactional.id": transactional_id}
+        self._producer: Producer | None = None
         try:
-            self._producer: Producer | None = Producer(settings)
+            self._producer = Producer(settings)
             self._producer.init_transactions(timeout)
         except KafkaException as exc:
+            if self._producer is not None:
+                self._failed = "could not start"
+                self.close()
             raise StateError(
                 f"changelog writer transactional_id={transactional_id} could not start: {exc}"
             ) from exc
@@ -80,6 +103,11 @@ class ChangelogWriter:
     @property
     def transactional_id(self) -> str:
         return self._id
+
+    @property
+    def usable(self) -> bool:
+        """False once fenced, failed fatally, or closed: only a new writer can commit then."""
+        return self._producer is not None and self._failed is None
 
     def commit(
         self,
@@ -134,11 +162,7 @@ class ChangelogWriter:
                     self._produce(producer, topic, key, value, headers, on_extra)
                 for topic, key, value, headers in bulk:
                     self._produce(producer, topic, key, value, headers, None)
-                remaining = producer.flush(self._timeout)
-                if remaining:
-                    raise StateError(
-                        f"{remaining} changelog records undelivered after {self._timeout}s"
-                    )
+                self._flush(producer, errors)
                 if errors:
                     raise StateError(f"changelog delivery failed: {'; '.join(errors[:5])}")
                 expected = len(records) + len(extra)
@@ -147,6 +171,9 @@ class ChangelogWriter:
                         f"{expected - delivered[0]} changelog delivery reports missing"
                     )
                 self._commit_transaction(producer)
+            except _Interrupted:
+                self._failed = "interrupted while committing"
+                raise
             except BaseException as exc:
                 self._abort(producer, exc)
                 if isinstance(exc, KafkaException):
@@ -188,17 +215,37 @@ class ChangelogWriter:
                 # The local queue is full: let deliveries drain, then retry this record.
                 producer.poll(0.05)
 
+    def _flush(self, producer: Producer, errors: list[str]) -> None:
+        """Wait for every delivery report (see ``patient``)."""
+        deadline = time.monotonic() + self._timeout
+        while True:
+            remaining = producer.flush(0.5)
+            if not remaining or errors:
+                return
+            if self._interrupt.is_set():
+                raise _Interrupted(f"{remaining} changelog records undelivered: stopping")
+            if not self._patient and time.monotonic() > deadline:
+                raise StateError(
+                    f"{remaining} changelog records undelivered after {self._timeout}s"
+                )
+
     def _commit_transaction(self, producer: Producer) -> None:
         deadline = time.monotonic() + self._timeout
         while True:
+            # patient: in short calls, so an interrupt is seen (a timed-out commit may be
+            # called again: librdkafka resumes it)
+            left = max(deadline - time.monotonic(), 0.1)
             try:
-                producer.commit_transaction(max(deadline - time.monotonic(), 0.1))
+                producer.commit_transaction(min(left, 1.0) if self._patient else left)
                 return
             except KafkaException as exc:
                 err = _kafka_error(exc)
-                if err is not None and err.retriable() and time.monotonic() < deadline:
-                    continue
-                raise
+                if err is None or not err.retriable():
+                    raise
+                if self._interrupt.is_set():
+                    raise _Interrupted(f"commit not confirmed: stopping ({err})") from exc
+                if not self._patient and time.monotonic() >= deadline:
+                    raise
 
     def _abort(self, producer: Producer, cause: BaseException) -> None:
         err = _kafka_error(cause)
@@ -259,3 +306,104 @@ class ChangelogWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class DurableChangelog:
+    """Commits each batch until it is durable, however long Kafka is away (blocking; one
+    caller at a time, the coordinator's commit thread).
+
+    A failed commit is done again with the same records: a retriable error is retried inside
+    the writer; an aborted transaction is redone in a new one; a writer that is fenced or
+    failed fatally (an abort that could not reach the broker, a transaction the broker timed
+    out) is closed and a new one made (its ``init_transactions`` fences the old one and aborts
+    what it left open), then the batch is redone. Between attempts it waits until Kafka is
+    reachable again (``wait_reachable``), with backoff.
+
+    A redo is harmless for the changelog records: the same keys and values again, and restore
+    is last-value-wins. The extra records (dead letters, redriven and routed copies, view
+    rounds) can appear twice on Kafka in exactly two cases: (1) the commit's outcome was
+    unknown (a fatal error after the commit request was sent, so the new writer's
+    ``init_transactions`` may have completed it) and the batch is redone; (2) on a broker whose
+    read_committed readers see aborted records (Tansu, ``BrokerProfile.
+    read_committed_hides_aborted``), any aborted attempt whose records reached the log. Each
+    such copy is byte-identical to the one that counts (same key: the message's bookmark), and
+    a redrive takes one dead letter per bookmark (``layer.coordinator.redrive``).
+    """
+
+    def __init__(
+        self,
+        make_writer: Callable[[], ChangelogWriter],
+        *,
+        wait_reachable: Callable[[float], object],
+        on_trouble: Callable[[str], None],
+        interrupt: threading.Event,
+    ) -> None:
+        self._make = make_writer
+        self._wait_reachable = wait_reachable
+        self._on_trouble = on_trouble
+        self._interrupt = interrupt
+        self._writer: ChangelogWriter | None = None
+        self.redone = 0  # batches that took more than one attempt
+        self.writers_made = 0
+
+    def open(self) -> None:
+        """Make the first writer (raises ``StateError`` if it cannot start)."""
+        if self._writer is None:
+            self._writer = self._make()
+            self.writers_made += 1
+
+    def commit(
+        self,
+        records: Sequence[ChangelogRecord],
+        extra: Sequence[ExtraRecord] = (),
+        bulk: Sequence[ExtraRecord] = (),
+    ) -> dict[tuple[str, int], int]:
+        """``ChangelogWriter.commit`` until it succeeds; ``StateError`` only when interrupted."""
+        attempts = 0
+        started = time.monotonic()
+        wait = 0.2
+        while True:
+            attempts += 1
+            writer = self._writer
+            try:
+                if writer is None:
+                    writer = self._writer = self._make()
+                    self.writers_made += 1
+                offsets = writer.commit(records, extra, bulk)
+            except StateError as exc:
+                if self._interrupt.is_set():
+                    raise
+                self._on_trouble(str(exc))
+                if writer is not None and not writer.usable:
+                    logger.warning(
+                        "changelog writer replaced transactional_id=%s cause=%s",
+                        writer.transactional_id,
+                        exc,
+                        extra={"transactional_id": writer.transactional_id},
+                    )
+                    # closing a producer whose transaction failed can block for as long as
+                    # the broker is away (measured: past a 120 s outage): let it close on its
+                    # own; the new writer fences it
+                    threading.Thread(
+                        target=writer.close, name="changelog-writer-close", daemon=True
+                    ).start()
+                    self._writer = None
+                self._wait_reachable(30.0)
+                if self._interrupt.wait(wait):
+                    raise StateError("changelog commit given up: stopping") from exc
+                wait = min(wait * 2, 5.0)
+                continue
+            if attempts > 1:
+                self.redone += 1
+                logger.info(
+                    "changelog batch committed after %d attempts in %.1f s",
+                    attempts,
+                    time.monotonic() - started,
+                    extra={"attempts": attempts, "records": len(records)},
+                )
+            return offsets
+
+    def close(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()

@@ -9,7 +9,11 @@ source of truth for that case (``sync=True`` fsyncs every write).
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import logging
+import os
+import re
 import threading
 from collections.abc import Sequence
 from itertools import islice
@@ -21,7 +25,7 @@ import rocksdict
 from layer.exceptions import StateError
 from layer.state.base import COLUMN_FAMILIES, KeyValueStore, Op, _Range
 
-__all__ = ["RocksDBStore"]
+__all__ = ["RocksDBStore", "discard_state_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -137,3 +141,63 @@ class RocksDBStore(KeyValueStore):
             finally:
                 del self._db
             logger.debug("closed state store path=%s", self._path)
+
+
+# The files RocksDB (and rocksdict) keep in a database directory: the only ones a reset removes,
+# so a state_dir pointed by mistake at a directory holding other files loses none of them.
+_OWNED_FILE = re.compile(
+    r"CURRENT|IDENTITY|LOG(\.old\.\d+)?|(MANIFEST|OPTIONS)-\d+(\.dbtmp)?"
+    r"|\d+\.(log|sst|blob|dbtmp)|rocksdict-config\.json"
+)
+
+
+def discard_state_dir(state_dir: Path | str) -> list[str]:
+    """Delete the RocksDB files of a state directory (for ``qlayer coordinator --reset-state``).
+
+    Takes the database's LOCK first, as RocksDB does (a POSIX ``fcntl`` lock), so the state of a
+    running coordinator is never pulled from under it. Files that are not RocksDB's and
+    subdirectories are left alone (and logged). Returns the names of the files removed.
+    """
+    path = Path(state_dir)
+    if not path.exists():
+        return []
+    if not path.is_dir():
+        raise StateError(f"state dir {path} is not a directory")
+    lock_path = path / "LOCK"
+    lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644) if lock_path.exists() else None
+    try:
+        if lock_fd is not None:
+            try:
+                fcntl.lockf(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno in (errno.EACCES, errno.EAGAIN):
+                    raise StateError(
+                        f"state dir {path} is in use by another process (RocksDB LOCK):"
+                        " stop that coordinator first"
+                    ) from exc
+                raise StateError(f"cannot lock state dir {path}: {exc}") from exc
+        removed: list[str] = []
+        left: list[str] = []
+        for entry in sorted(path.iterdir()):
+            if entry.name == "LOCK":
+                continue  # RocksDB reopens it; it holds no state
+            if entry.is_file() and _OWNED_FILE.fullmatch(entry.name):
+                entry.unlink()
+                removed.append(entry.name)
+            else:
+                left.append(entry.name)
+    finally:
+        if lock_fd is not None:
+            os.close(lock_fd)  # releases the lock
+    logger.info(
+        "discarded the local state: removed %d RocksDB files",
+        len(removed),
+        extra={"state_dir": str(path), "removed": removed, "left": left},
+    )
+    if left:
+        logger.warning(
+            "state dir holds files that are not qlayer's; left them: %s",
+            ", ".join(left),
+            extra={"state_dir": str(path)},
+        )
+    return removed

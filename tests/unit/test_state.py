@@ -24,6 +24,7 @@ from layer.state import (
     Store,
     StoreBatch,
     StoredMessage,
+    discard_state_dir,
 )
 from layer.state.base import KeyValueStore
 
@@ -211,6 +212,37 @@ def test_changelog_offsets(store: KeyValueStore) -> None:
     assert store.changelog_offset("cl", 2) is None
 
 
+def test_changelog_offsets_lists_every_partition_and_nothing_else(store: KeyValueStore) -> None:
+    assert store.changelog_offsets() == {}
+    batch = StoreBatch()
+    batch.set_changelog_offset("cl", 1, 7)
+    batch.set_changelog_offset("cl", 0, 10)
+    batch.set_changelog_offset("cl.b", 300, 0)
+    batch.set_cluster_id("c1")
+    batch.put_entry("q", Bookmark("t", 0, 0), entry())
+    batch.put_low_water("q", TopicPartition("t", 0), 3)
+    store.write(batch)
+    assert store.changelog_offsets() == {("cl", 0): 10, ("cl", 1): 7, ("cl.b", 300): 0}
+
+
+def test_cluster_id_is_recorded_kept_apart_and_replaced(store: KeyValueStore) -> None:
+    assert store.cluster_id() is None
+    batch = StoreBatch()
+    batch.set_cluster_id("MkU3OEVBNTcwNTJENDM2Qk")
+    batch.set_changelog_offset("cl", 0, 4)
+    store.write(batch)
+    assert store.cluster_id() == "MkU3OEVBNTcwNTJENDM2Qk"
+    assert store.changelog_offsets() == {("cl", 0): 4}  # not mistaken for an offset
+    store.wipe_queue("q")  # per-queue wipes leave the store's identity alone
+    assert store.cluster_id() == "MkU3OEVBNTcwNTJENDM2Qk"
+    replace = StoreBatch()
+    replace.set_cluster_id("tansu_cluster")
+    store.write(replace)
+    assert store.cluster_id() == "tansu_cluster"
+    with pytest.raises(StateError, match="empty"):
+        StoreBatch().set_cluster_id("")
+
+
 def test_queues_and_wipe_queue(store: KeyValueStore) -> None:
     batch = StoreBatch()
     batch.put_entry("a", Bookmark("t", 0, 0), entry())
@@ -304,6 +336,82 @@ def test_reopen_keeps_everything(rocks_factory: StoreFactory) -> None:
     assert again.positions("q") == {TopicPartition("t", 0): PartitionPosition(1, 2)}
     assert again.get_messages("q", [Bookmark("t", 0, 1)]) == [message(1)]
     assert again.changelog_offset("cl", 0) == 42
+
+
+def test_reopen_keeps_the_cluster_id(rocks_factory: StoreFactory) -> None:
+    store = rocks_factory()
+    batch = StoreBatch()
+    batch.set_cluster_id("cluster-a")
+    store.write(batch)
+    store.close()
+    assert rocks_factory().cluster_id() == "cluster-a"
+
+
+def test_discard_removes_the_rocksdb_files_and_nothing_else(
+    rocks_factory: StoreFactory, tmp_path: Path
+) -> None:
+    store = rocks_factory()
+    batch = StoreBatch()
+    batch.put_entry("q", Bookmark("t", 0, 1), entry(3))
+    batch.set_changelog_offset("cl", 0, 42)
+    batch.set_cluster_id("cluster-a")
+    store.write(batch)
+    store.close()
+    path = tmp_path / "state"
+    (path / "notes.txt").write_text("the operator's")
+    (path / "backup").mkdir()
+    (path / "backup" / "000001.sst").write_bytes(b"not ours to judge")
+    removed = discard_state_dir(path)
+    assert "CURRENT" in removed and any(
+        name.endswith(".sst") or name.endswith(".log") for name in removed
+    )
+    assert sorted(p.name for p in path.iterdir()) == ["LOCK", "backup", "notes.txt"]
+    assert (path / "backup" / "000001.sst").exists()
+    again = rocks_factory()
+    assert again.cluster_id() is None and again.changelog_offsets() == {}
+    assert list(again.entries("q")) == []
+
+
+def test_discard_of_a_missing_dir_does_nothing_and_a_file_is_refused(tmp_path: Path) -> None:
+    assert discard_state_dir(tmp_path / "never") == []
+    assert not (tmp_path / "never").exists()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(StateError, match="not a directory"):
+        discard_state_dir(tmp_path / "file")
+
+
+def test_discard_refuses_a_state_dir_another_process_has_open(tmp_path: Path) -> None:
+    path = tmp_path / "state"
+    RocksDBStore(path).close()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys\n"
+            "from layer.state import RocksDBStore\n"
+            "store = RocksDBStore(sys.argv[1])\n"
+            "print('open', flush=True)\n"
+            "sys.stdin.read()\n",
+            str(path),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
+        with pytest.raises(StateError, match="in use by another process") as info:
+            discard_state_dir(path)
+        assert str(path) in str(info.value)
+        assert (path / "CURRENT").exists()
+    finally:
+        assert holder.stdin is not None and holder.stdout is not None
+        holder.stdin.close()  # the holder reads to EOF, then exits and closes the store
+        holder.wait(30)
+        holder.stdout.close()
+    assert "CURRENT" in discard_state_dir(path)  # once the holder is gone
 
 
 def test_a_state_dir_in_use_raises_state_error_with_its_path(
