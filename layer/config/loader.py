@@ -24,6 +24,7 @@ from layer.config.model import (
     _OWNED_KAFKA_KEYS,
     _T,
     _TOPIC_RE,
+    ENV_ADMIN_TOKEN,
     ENV_AUTH_TOKEN,
     ENV_BOOTSTRAP,
     ENV_KAFKA_PREFIX,
@@ -55,7 +56,8 @@ def load(
 ) -> Config:
     """Read and validate a config file. ``env`` defaults to ``os.environ``; ``overrides`` are the
     CLI's flags, which win over file and environment: ``bootstrap`` (or ``bootstrap_servers``),
-    ``listen``, ``state_dir`` (relative to the current directory); None values are ignored."""
+    ``listen``, ``state_dir`` (relative to the current directory), ``http``; None values are
+    ignored."""
     path = Path(path)
     source = str(path)
     try:
@@ -123,7 +125,21 @@ def _build(
             )
         first_index[queue.name] = index
         queues.append(queue)
-    return Config(source=source, broker=broker, coordinator=coordinator, queues=tuple(queues))
+    return Config(
+        source=source,
+        broker=broker,
+        coordinator=coordinator,
+        queues=tuple(queues),
+        overrides=tuple(sorted((key, str(value)) for key, value in overrides.items())),
+    )
+
+
+def reread(config: Config, env: Mapping[str, str] | None = None) -> Config:
+    """Read the file ``config`` was loaded from again, with the same CLI overrides (a reload);
+    ``ConfigError`` as ``load``, or when ``config`` did not come from a file."""
+    if config.source == "<string>":
+        raise ConfigError("the configuration was not loaded from a file: nothing to read again")
+    return load(config.source, env, dict(config.overrides))
 
 
 _TOP_LEVEL = ("broker", "coordinator", "queue")
@@ -361,9 +377,11 @@ _COORDINATOR_KEYS = (
     "commit_interval",
     "changelog_topic_prefix",
     "auth_token",
+    "admin_token",
     "topic_refresh_interval",
     "tls_cert",
     "tls_key",
+    "http",
 )
 
 
@@ -409,14 +427,12 @@ def _coordinator(
     section: _Section, base_dir: Path, overrides: Mapping[str, object], env: Mapping[str, str]
 ) -> CoordinatorConfig:
     section.check_keys(_COORDINATOR_KEYS)
-    if env.get(ENV_AUTH_TOKEN, "") != "":  # keeps the token out of the file
-        section.values["auth_token"], section.origins["auth_token"] = (
-            env[ENV_AUTH_TOKEN],
-            ENV_AUTH_TOKEN,
-        )
+    for option, variable in (("auth_token", ENV_AUTH_TOKEN), ("admin_token", ENV_ADMIN_TOKEN)):
+        if env.get(variable, "") != "":  # keeps the token out of the file
+            section.values[option], section.origins[option] = env[variable], variable
     default = CoordinatorConfig()
     state_dir_base = base_dir
-    for option in ("listen", "state_dir"):
+    for option in ("listen", "state_dir", "http"):
         if option in overrides:
             section.values[option] = overrides[option]
             section.origins[option] = _OVERRIDE_FLAGS[option]
@@ -433,12 +449,18 @@ def _coordinator(
             "changelog_topic_prefix", default.changelog_topic_prefix, _prefix
         ),
         auth_token=section.get("auth_token", None, _string),
+        admin_token=section.get("admin_token", None, _string),
         topic_refresh_interval=section.get(
             "topic_refresh_interval", default.topic_refresh_interval, _duration(allow_zero=False)
         ),
         tls_cert=section.get("tls_cert", None, _path(base_dir)),
         tls_key=section.get("tls_key", None, _path(base_dir)),
+        http=section.get("http", None, _listen),
     )
+    if config.admin_token is not None and config.admin_token == config.auth_token:
+        raise section.error(
+            "admin_token", "must differ from auth_token (every client would be an admin)"
+        )
     for option, other in (("tls_cert", "tls_key"), ("tls_key", "tls_cert")):
         path = getattr(config, option)
         if (path is None) != (getattr(config, other) is None):

@@ -23,6 +23,7 @@ _MASK = "***"
 ENV_BOOTSTRAP = "QLAYER_BOOTSTRAP_SERVERS"
 ENV_PROFILE = "QLAYER_BROKER_PROFILE"
 ENV_AUTH_TOKEN = "QLAYER_AUTH_TOKEN"
+ENV_ADMIN_TOKEN = "QLAYER_ADMIN_TOKEN"
 ENV_KAFKA_PREFIX = "QLAYER_KAFKA_"
 # librdkafka keys that have a typed home here: two spellings of one setting would disagree.
 _OWNED_KAFKA_KEYS = {
@@ -31,7 +32,12 @@ _OWNED_KAFKA_KEYS = {
     "group.id": "coordinator.id",
     "transactional.id": "coordinator.id",
 }
-_OVERRIDE_FLAGS = {"bootstrap": "--bootstrap", "listen": "--listen", "state_dir": "--state-dir"}
+_OVERRIDE_FLAGS = {
+    "bootstrap": "--bootstrap",
+    "listen": "--listen",
+    "state_dir": "--state-dir",
+    "http": "--http",
+}
 _OVERRIDE_ALIASES = {"bootstrap_servers": "bootstrap"}
 
 _T = TypeVar("_T")
@@ -112,18 +118,25 @@ class CoordinatorConfig:
     commit_interval: float = 0.005  # seconds: the group commit window
     changelog_topic_prefix: str = "qlayer.changelog."
     auth_token: str | None = None
+    # Required by admin calls (Reload) when set; with auth_token set and no admin_token, admin
+    # calls are refused through the API (SIGHUP still reloads).
+    admin_token: str | None = None
     topic_refresh_interval: float = 5.0  # seconds between looks for new topics matching a regex
     tls_cert: Path | None = None  # PEM certificate (chain) of the API; with tls_key, serve TLS
     tls_key: Path | None = None  # PEM private key of the API
+    # host:port of the HTTP listener (/healthz, /readyz); None = no HTTP listener
+    http: str | None = None
 
     def __repr__(self) -> str:
         token = None if self.auth_token is None else _MASK
+        admin = None if self.admin_token is None else _MASK
         return (
             f"CoordinatorConfig(id={self.id!r}, listen={self.listen!r}, "
             f"state_dir={self.state_dir!r}, commit_interval={self.commit_interval!r}, "
             f"changelog_topic_prefix={self.changelog_topic_prefix!r}, auth_token={token!r}, "
+            f"admin_token={admin!r}, "
             f"topic_refresh_interval={self.topic_refresh_interval!r}, "
-            f"tls_cert={self.tls_cert!r}, tls_key={self.tls_key!r})"
+            f"tls_cert={self.tls_cert!r}, tls_key={self.tls_key!r}, http={self.http!r})"
         )
 
     @property
@@ -240,6 +253,9 @@ class Config:
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
     queues: tuple[QueueConfig, ...] = ()
+    # The CLI's flags it was loaded with, so a reload reads the file again the same way
+    # (``layer.config.reread``); provenance, not content: left out of comparisons.
+    overrides: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def queue(self, name: str) -> QueueConfig:
         for queue in self.queues:
@@ -254,17 +270,17 @@ class Config:
         bootstrap: str | None = None,
         listen: str | None = None,
         state_dir: str | os.PathLike[str] | None = None,
+        http: str | None = None,
     ) -> Config:
         """This config with the CLI's flags applied (None leaves a setting as it is)."""
         # the loader's converters validate overrides exactly as they validate the file
         from layer.config.loader import _bootstrap, _listen, _path, _Section
 
-        given = {"bootstrap": bootstrap, "listen": listen, "state_dir": state_dir}
+        given = {"bootstrap": bootstrap, "listen": listen, "state_dir": state_dir, "http": http}
         overrides = {key: value for key, value in given.items() if value is not None}
         broker = _Section(self.source, "[broker]", {}, {"bootstrap_servers": "--bootstrap"})
-        coordinator = _Section(
-            self.source, "[coordinator]", {}, {"listen": "--listen", "state_dir": "--state-dir"}
-        )
+        flags = {key: _OVERRIDE_FLAGS[key] for key in ("listen", "state_dir", "http")}
+        coordinator = _Section(self.source, "[coordinator]", {}, flags)
         config = self
         if "bootstrap" in overrides:
             value = broker.convert("bootstrap_servers", overrides["bootstrap"], _bootstrap)
@@ -272,8 +288,16 @@ class Config:
         changes: dict[str, Any] = {}
         if "listen" in overrides:
             changes["listen"] = coordinator.convert("listen", overrides["listen"], _listen)
+        if "http" in overrides:
+            changes["http"] = coordinator.convert("http", overrides["http"], _listen)
         if "state_dir" in overrides:
             changes["state_dir"] = coordinator.convert(
                 "state_dir", overrides["state_dir"], _path(Path.cwd())
             )
-        return replace(config, coordinator=replace(config.coordinator, **changes))
+        recorded = dict(config.overrides)
+        recorded.update((key, str(value)) for key, value in overrides.items())
+        return replace(
+            config,
+            coordinator=replace(config.coordinator, **changes),
+            overrides=tuple(sorted(recorded.items())),
+        )

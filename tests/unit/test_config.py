@@ -342,8 +342,35 @@ def test_cli_overrides_none_means_not_given_and_bootstrap_servers_is_an_alias():
 
 def test_unknown_override_is_an_error():
     assert error("", overrides={"lisen": "x"}) == (
-        "unknown override 'lisen' (known: bootstrap, listen, state_dir)"
+        "unknown override 'lisen' (known: bootstrap, listen, state_dir, http)"
     )
+
+
+def test_http_listener_is_off_unless_set_and_validated_like_listen(tmp_path: Path):
+    assert parse("").coordinator.http is None
+    config = parse('[coordinator]\nhttp = "127.0.0.1:7071"')
+    assert config.coordinator.http == "127.0.0.1:7071"
+    assert parse('[coordinator]\nhttp = "0.0.0.0:0"').coordinator.http == "0.0.0.0:0"
+    assert error('[coordinator]\nhttp = "7071"') == (
+        "config.toml: [coordinator]: option 'http': expected host:port (port 0-65535), got \"7071\""
+    )
+    assert error("[coordinator]\nhttp = 7071") == (
+        "config.toml: [coordinator]: option 'http': expected a string, got 7071"
+    )
+    # the flag wins over the file, and a bad flag names the flag
+    path = tmp_path / "qlayer.toml"
+    path.write_text('[coordinator]\nhttp = "127.0.0.1:7071"\n')
+    assert load(path, env={}, overrides={"http": "0.0.0.0:8080"}).coordinator.http == (
+        "0.0.0.0:8080"
+    )
+    assert load(path, env={}, overrides={"http": None}).coordinator.http == "127.0.0.1:7071"
+    assert error("", overrides={"http": "localhost:99999"}) == (
+        "config.toml: [coordinator]: option 'http' (from --http): "
+        'expected host:port (port 0-65535), got "localhost:99999"'
+    )
+    assert parse("").with_overrides(http="127.0.0.1:0").coordinator.http == "127.0.0.1:0"
+    with pytest.raises(ConfigError, match=r"option 'http' \(from --http\)"):
+        parse("").with_overrides(http=":80")
 
 
 def test_with_overrides():

@@ -1,0 +1,169 @@
+"""What a reload of the config file would do: a pure plan from the running config to the new one.
+
+``plan(old, new)`` compares two loaded configs and sorts every difference:
+
+- a queue only in ``new`` is *added* (topics created, changelog restored, reader started);
+- a queue only in ``old`` is *removed* (subscriptions end, reader stops, state kept on disk, so
+  adding it back later resumes where it stopped);
+- an option of a queue in both either *changes live* (``LIVE_OPTIONS``: the engine and the
+  coordinator can take a new value while serving) or is *refused* (``FIXED_OPTIONS``: the state
+  already built depends on it), with the reason;
+- any difference in ``[broker]`` or ``[coordinator]`` is refused: those settings are the
+  process's own (its broker connection, API listener, state directory, transactional id).
+
+The coordinator applies a plan only when nothing is refused: a reload is all or nothing, so the
+running queues always match one whole file, never a mix of two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from enum import Enum
+from pathlib import Path
+
+from layer.api.service import ReloadChange, ReloadRefusal, ReloadResult
+from layer.config import Config, QueueConfig
+
+__all__ = ["FIXED_OPTIONS", "LIVE_OPTIONS", "ReloadPlan", "plan"]
+
+# Options that take a new value while the queue serves, and when the new value applies.
+LIVE_OPTIONS: dict[str, str] = {
+    "lease_period": "leases granted from now on; leases already granted keep their deadline",
+    "max_per_subscription_backlog": (
+        "new subscriptions; open ones above the new cap are lowered to it at once"
+    ),
+    "fairness": "the next message handed out",
+    "leasing": "the next ack, cancel or extend",
+    "max_deliveries": "each message when its lease next ends",
+    "max_cancels": "each message when it is next cancelled",
+    "expiration": "every queued message at once, and each leased one when its lease ends",
+    "target_queue_depth": "what is read from the topics from now on",
+    "redelivery_backoff": "lease timeouts from now on",
+    "dead_letter_topic": "dead letters from now on (the topic is created if missing)",
+}
+
+# Options whose value the queue's state is built on, and why a new value needs a new queue.
+FIXED_OPTIONS: dict[str, str] = {
+    "underlying_topic": (
+        "the queue's messages, bookmarks and state belong to its topics: define a new queue"
+        " (a new name) over the new topic instead"
+    ),
+    "semantics": ("at-least-once and at-most-once record deliveries differently in the changelog"),
+    "message_type": "the queued messages were parsed as the old type",
+    "avro_schema": "the queued messages were parsed with the old schema",
+    "priority": "the queued messages are ordered by the old expression",
+    "barrier": "the queued messages were held or released by the old expression",
+    "filter": "the queued messages were admitted by the old filter",
+    "group_key": "the queued messages were grouped by the old expression",
+    "group_mode": "the open subscriptions hold message groups under the old mode",
+    "conflate_key": "the queued messages were conflated by the old expression",
+    "exclusive": "the open subscriptions were ordered as active and standby under the old value",
+    "default_publish_target": (
+        "the queue's publish route copies to its target from positions kept per target"
+    ),
+    "view_topic": "the view topic holds the rounds of the live contents since the queue started",
+    "start_from": "the reader chose where to start each partition when the queue started",
+}
+
+_SECTION_REASON = (
+    "a setting of the coordinator process itself (broker connection, API listener, state"
+    " directory, transactional id)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadPlan:
+    source: str
+    added: tuple[QueueConfig, ...] = ()
+    removed: tuple[str, ...] = ()
+    # the new config of every queue with live changes only (one with a refusal is not here)
+    changed: tuple[QueueConfig, ...] = ()
+    changes: tuple[ReloadChange, ...] = ()
+    refused: tuple[ReloadRefusal, ...] = ()
+
+    @property
+    def applicable(self) -> bool:
+        return not self.refused
+
+    @property
+    def empty(self) -> bool:
+        return not (self.added or self.removed or self.changes or self.refused)
+
+    def result(self, applied: bool) -> ReloadResult:
+        return ReloadResult(
+            source=self.source,
+            applied=applied,
+            added=[q.name for q in self.added],
+            removed=list(self.removed),
+            changed=list(self.changes),
+            refused=list(self.refused),
+        )
+
+
+def plan(old: Config, new: Config) -> ReloadPlan:
+    """The plan that takes a coordinator running ``old`` to ``new`` (no I/O)."""
+    refused: list[ReloadRefusal] = []
+    for section, old_part, new_part in (
+        ("[broker]", old.broker, new.broker),
+        ("[coordinator]", old.coordinator, new.coordinator),
+    ):
+        for option, before, after in _differences(old_part, new_part):
+            refused.append(ReloadRefusal(section, option, before, after, _SECTION_REASON))
+
+    old_queues = {q.name: q for q in old.queues}
+    new_queues = {q.name: q for q in new.queues}
+    added = tuple(q for q in new.queues if q.name not in old_queues)
+    removed = tuple(q.name for q in old.queues if q.name not in new_queues)
+    changed: list[QueueConfig] = []
+    changes: list[ReloadChange] = []
+    for name, new_queue in new_queues.items():
+        old_queue = old_queues.get(name)
+        if old_queue is None:
+            continue
+        live: list[ReloadChange] = []
+        fixed = False
+        for option, before, after in _differences(old_queue, new_queue):
+            if option in LIVE_OPTIONS:
+                live.append(ReloadChange(name, option, before, after))
+            else:
+                fixed = True
+                reason = FIXED_OPTIONS.get(option, "the queue's state is built on it")
+                refused.append(ReloadRefusal(f"queue {name!r}", option, before, after, reason))
+        changes.extend(live)
+        if live and not fixed:
+            changed.append(new_queue)
+    return ReloadPlan(
+        source=new.source,
+        added=added,
+        removed=removed,
+        changed=tuple(changed),
+        changes=tuple(changes),
+        refused=tuple(refused),
+    )
+
+
+def _differences(old: object, new: object) -> list[tuple[str, str, str]]:
+    """(option, old value, new value) for every field of two config objects that differs."""
+    out = []
+    for f in fields(old):  # type: ignore[arg-type]
+        before, after = getattr(old, f.name), getattr(new, f.name)
+        if before != after:
+            out.append((f.name, _shown(f.name, before), _shown(f.name, after)))
+    return out
+
+
+def _shown(option: str, value: object) -> str:
+    """A value as TOML would write it; secrets masked (a summary is printed and logged)."""
+    if value is None:
+        return "(unset)"
+    if any(hint in option for hint in ("token", "password", "secret")) or option == "kafka":
+        return "***" if option != "kafka" else "(librdkafka settings)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Enum):
+        return f'"{value.value}"'
+    if isinstance(value, str | Path):
+        return f'"{value}"'
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_shown(option, v) for v in value) + "]"
+    return repr(value)
