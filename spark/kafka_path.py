@@ -26,8 +26,8 @@ from connectors.spark_kafka.view import (
     view_rows,
     view_schema,
 )
-from layer.coordinator.view import decode_round
 from layer.engine.model import Bookmark, ViewChange
+from layer.viewcodec import decode_round
 
 if TYPE_CHECKING:
     import pyarrow as pa

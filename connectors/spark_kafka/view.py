@@ -67,9 +67,9 @@ from connectors.spark_kafka.reading import (
     message_offset,
 )
 from connectors.spark_kafka.source import KafkaBatchReader, KafkaDataSource, KafkaStreamReader
-from layer.coordinator.view import decode_round
 from layer.engine.model import Bookmark, ViewChange
 from layer.exceptions import BrokerError, ConfigError, SerializationError
+from layer.viewcodec import decode_round
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -1,4 +1,18 @@
-"""Running a coordinator process: broker, state store, coordinator and API server together."""
+"""Running a coordinator process: broker, state store, coordinator and API server together.
+
+Start order (``CoordinatorApp.run``), each step undone in reverse on the way out:
+
+1. the signal handlers (``SIGNALS``: the one place the process's signals are handled);
+2. the HTTP listener, if configured, so that ``/healthz`` and ``/readyz`` answer from the
+   start: a long restore reads "restoring state: ..." instead of a refused connection;
+3. the embedded broker (when no bootstrap address is configured) and the broker profile;
+4. the state store and the coordinator, which restores every queue from its changelog;
+5. the gRPC API server with the ``grpc.health.v1`` service; then the process is ready.
+
+A stop requested during 3. or 4. (waiting for Kafka, however long, or restoring) ends the
+start at once: the process exits 0. The HTTP listener stops last, so that readiness says
+"stopping" while the rest shuts down.
+"""
 
 from __future__ import annotations
 
@@ -7,78 +21,239 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from connectors.embedded import EmbeddedBroker
-from connectors.kafka import detect_profile
+from connectors.kafka import client_settings, with_client_logging
+from layer.api.health import GrpcHealth
 from layer.api.server import ApiServer
 from layer.config import Config
+from layer.coordinator.health import Health
+from layer.coordinator.http import HttpListener, Router, health_routes
+from layer.coordinator.outage import wait_for_profile
 from layer.coordinator.service import Coordinator
-from layer.state.rocksdb import RocksDBStore
+from layer.exceptions import BrokerError
+from layer.state.ownership import check_state
+from layer.state.rocksdb import RocksDBStore, discard_state_dir
 
 log = logging.getLogger(__name__)
+
+Ready = Callable[[str, int], None]
+
+
+class CoordinatorApp:
+    """One coordinator process's parts, started in order and stopped in reverse."""
+
+    def __init__(
+        self,
+        config: Config,
+        ready: Ready | None = None,
+        progress: Callable[[str], None] | None = None,
+        http_ready: Ready | None = None,
+        reset_state: bool = False,
+    ) -> None:
+        self.config = config
+        self._reset_state = reset_state
+        self.health = Health()
+        self._ready = ready
+        self._progress = progress or (lambda line: log.info("%s", line))
+        self._http_ready = http_ready
+        self.stop_requested = asyncio.Event()
+        self._http: HttpListener | None = None
+        self._broker: EmbeddedBroker | None = None
+        self._store: RocksDBStore | None = None
+        self._coordinator: Coordinator | None = None
+        self._grpc_health: GrpcHealth | None = None
+        self._server: ApiServer | None = None
+
+    def signals(self) -> dict[signal.Signals, Callable[[], None]]:
+        """The process's signal handlers: SIGINT and SIGTERM stop it, SIGHUP reloads the
+        config file."""
+        return {
+            signal.SIGINT: self.request_stop,
+            signal.SIGTERM: self.request_stop,
+            signal.SIGHUP: self.request_reload,
+        }
+
+    def request_reload(self) -> None:
+        if self._coordinator is None:
+            log.warning("SIGHUP: reload refused: the coordinator is not serving yet")
+            return
+        # the coordinator refuses it (and logs why) until it serves
+        self._coordinator.reload_on_signal()
+
+    def request_stop(self) -> None:
+        self.health.stopping()
+        self.stop_requested.set()
+
+    async def run(self) -> int:
+        """Run until a stop signal. Returns the process exit code (0 clean stop, 1 failure)."""
+        loop = asyncio.get_running_loop()
+        handled = self.signals()
+        for sig, handler in handled.items():  # 1.
+            loop.add_signal_handler(sig, handler)
+        try:
+            await self._start_http()  # 2.
+            coordinator = await self._unless_stopped(self._start_coordinator())  # 3. and 4.
+            if coordinator is None:
+                return 0  # stopped while it waited for Kafka (or restored): a clean stop
+            await self._start_api(coordinator)  # 5.
+            return await self._serve(coordinator)
+        finally:
+            self.health.stopping()
+            await self._close()
+            for sig in handled:
+                with contextlib.suppress(Exception):
+                    loop.remove_signal_handler(sig)
+
+    async def _start_http(self) -> None:
+        address = self.config.coordinator.http
+        if address is None:
+            return
+        router = Router()
+        health_routes(router, self.health)
+        self._http = HttpListener(address, router)
+        port = await self._http.start()
+        if self._http_ready is not None:
+            self._http_ready(self._http.host, port)
+
+    async def _unless_stopped(self, start: Awaitable[Coordinator]) -> Coordinator | None:
+        """``start``, or None as soon as a stop is requested (``start`` is cancelled): a
+        coordinator waiting for Kafka, however long, stops at once."""
+        task = asyncio.ensure_future(start)
+        stopped = asyncio.ensure_future(self.stop_requested.wait())
+        try:
+            await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        log.info("stopped before serving")
+        return None
+
+    async def _start_coordinator(self) -> Coordinator:
+        config = self.config
+        self.health.restoring("connecting to Kafka")
+        bootstrap = config.broker.bootstrap_servers
+        if bootstrap is None:
+            self._broker = EmbeddedBroker()
+            self._broker.start()
+            bootstrap = self._broker.bootstrap_servers
+            log.warning(
+                "no bootstrap_servers configured: started an embedded in-memory broker at %s "
+                "(everything is lost when this process stops; use it for development only)",
+                bootstrap,
+            )
+        # waits (saying so once) while the broker does not answer: a coordinator started before
+        # Kafka, or during an outage, serves once Kafka is there
+        profile = await wait_for_profile(
+            bootstrap,
+            dict(config.broker.kafka),
+            config.broker.profile,
+            self._progress,
+            health=self.health,
+        )
+        state_dir = Path(config.coordinator.state_dir)
+        if self._reset_state:
+            discard_state_dir(state_dir)  # rebuilt from the changelog below
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self._store = RocksDBStore(state_dir)
+        # A state directory that does not belong to this cluster raises StateMismatch here,
+        # before anything is restored or served.
+        settings = with_client_logging(client_settings(bootstrap, dict(config.broker.kafka)))
+        while True:
+            try:
+                await asyncio.to_thread(
+                    check_state,
+                    self._store,
+                    state_dir,
+                    settings,
+                    [config.coordinator.changelog_topic(q.name) for q in config.queues],
+                    config_file=config.source,
+                )
+                break
+            except BrokerError:
+                # Kafka went away again since it answered above: wait for it once more
+                await wait_for_profile(
+                    bootstrap, dict(config.broker.kafka), config.broker.profile,
+                    self._progress, health=self.health,
+                )  # fmt: skip
+        self._coordinator = Coordinator(
+            config, self._store, bootstrap, profile, progress=self._progress, health=self.health
+        )
+        await self._coordinator.start()  # Health says restored at its end
+        return self._coordinator
+
+    async def _start_api(self, coordinator: Coordinator) -> None:
+        c = self.config.coordinator
+        tls = None
+        if c.tls_cert is not None and c.tls_key is not None:
+            tls = (c.tls_cert.read_bytes(), c.tls_key.read_bytes())
+        self._grpc_health = GrpcHealth(self.health)
+        self._server = ApiServer(
+            coordinator,
+            c.listen,
+            c.auth_token,
+            tls,
+            health=self._grpc_health.servicer,
+            admin_token=c.admin_token,
+        )
+        port = await self._server.start()
+        self.health.serving()
+        # after serving(): the first status a Check or Watch sees is the real one
+        await self._grpc_health.start()
+        if self._ready is not None:
+            self._ready(c.listen.rpartition(":")[0], port)
+
+    async def _serve(self, coordinator: Coordinator) -> int:
+        run = asyncio.create_task(coordinator.run())
+        stopped = asyncio.create_task(self.stop_requested.wait())
+        done, _ = await asyncio.wait({run, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if run in done and run.exception() is not None:
+            return 1
+        return 0
+
+    async def _close(self) -> None:
+        if self._grpc_health is not None:
+            await self._grpc_health.stop()  # watchers see NOT_SERVING before the server goes
+        if self._server is not None:
+            await self._server.stop(1.0)
+        if self._coordinator is not None:
+            await self._coordinator.stop()
+        if self._store is not None:
+            self._store.close()
+        if self._broker is not None:
+            self._broker.stop()
+        if self._http is not None:
+            await self._http.stop()
 
 
 async def serve(
     config: Config,
-    ready: Callable[[str, int], None] | None = None,
+    ready: Ready | None = None,
     progress: Callable[[str], None] | None = None,
+    http_ready: Ready | None = None,
+    reset_state: bool = False,
 ) -> int:
-    """Run until SIGINT/SIGTERM. Returns the process exit code (0 clean stop, 1 failure)."""
-    broker: EmbeddedBroker | None = None
-    bootstrap = config.broker.bootstrap_servers
-    if bootstrap is None:
-        broker = EmbeddedBroker()
-        broker.start()
-        bootstrap = broker.bootstrap_servers
-        log.warning(
-            "no bootstrap_servers configured: started an embedded in-memory broker at %s "
-            "(everything is lost when this process stops; use it for development only)",
-            bootstrap,
-        )
-    profile = detect_profile(bootstrap, dict(config.broker.kafka), config.broker.profile)
-    state_dir = Path(config.coordinator.state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    store = RocksDBStore(state_dir)
-    coordinator = Coordinator(config, store, bootstrap, profile, progress=progress)
-    server: ApiServer | None = None
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    code = 0
-    try:
-        await coordinator.start()
-        c = config.coordinator
-        tls = None
-        if c.tls_cert is not None and c.tls_key is not None:
-            tls = (c.tls_cert.read_bytes(), c.tls_key.read_bytes())
-        server = ApiServer(coordinator, c.listen, c.auth_token, tls)
-        port = await server.start()
-        host = config.coordinator.listen.rsplit(":", 1)[0]
-        if ready is not None:
-            ready(host, port)
-        run = asyncio.create_task(coordinator.run())
-        stopped = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait({run, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        if run in done and run.exception() is not None:
-            code = 1
-        stopped.cancel()
-    finally:
-        if server is not None:
-            await server.stop(1.0)
-        await coordinator.stop()
-        store.close()
-        if broker is not None:
-            broker.stop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(Exception):
-                loop.remove_signal_handler(sig)
-    return code
+    """Run until SIGINT/SIGTERM. Returns the process exit code (0 clean stop, 1 failure).
+
+    ``reset_state`` discards the local state first (it is rebuilt from the changelog). A state
+    directory that does not belong to the cluster raises ``StateMismatch`` before anything starts.
+    """
+    return await CoordinatorApp(config, ready, progress, http_ready, reset_state).run()
 
 
 def print_ready(host: str, port: int) -> None:
     # The line tests and scripts wait for: flushed at once.
     print(f"qlayer coordinator serving on {host}:{port}", flush=True)
     sys.stdout.flush()
+
+
+def print_http_ready(host: str, port: int) -> None:
+    # Printed before the restore starts: scripts can probe /readyz from here on.
+    print(f"qlayer http on {host}:{port}", flush=True)

@@ -15,6 +15,11 @@ partition, and when the wait runs out first the fetch comes back empty. Measured
 offset. So the reader lets the wait grow while fetches come back empty although a partition lags
 behind its high watermark (``FetchWait``), and steps back once caught up. On Kafka a fetch
 answers as soon as data is there, and this never triggers.
+
+Kafka away: the consumer keeps its positions and librdkafka reconnects by itself, so a reader
+only reports transport errors (``on_trouble``, to the coordinator's Kafka watch) and carries on;
+a failed metadata refresh is tried again with backoff. Only an error that is not Kafka's
+(``error``) ends the reader.
 """
 
 from __future__ import annotations
@@ -28,13 +33,27 @@ from dataclasses import dataclass
 from functools import partial
 from typing import cast
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from connectors.kafka import FetchWait, read_watermarks
 from layer.engine.model import Bookmark, TopicPartition
+from layer.exceptions import BrokerError
 
 log = logging.getLogger(__name__)
+
+# Consumer error events that mean "the broker is not answering now": librdkafka retries them.
+_TRANSPORT_CODES = frozenset(
+    {
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._TIMED_OUT,
+        KafkaError._RESOLVE,
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NETWORK_EXCEPTION,
+    }
+)
 
 
 def bookmark_of(msg: Message) -> Bookmark:
@@ -75,6 +94,7 @@ class IngestReader:
         max_buffered: int = 20_000,
         batch_size: int = 2_000,
         refresh_interval: float = 5.0,
+        on_trouble: Callable[[str], None] | None = None,
     ) -> None:
         self._queue = queue
         self._settings = dict(consumer_settings)
@@ -87,6 +107,7 @@ class IngestReader:
         self._max_buffered = max_buffered
         self._batch_size = batch_size
         self._refresh_interval = refresh_interval
+        self._on_trouble = on_trouble or (lambda reason: None)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"ingest-{queue}", daemon=True)
         self._assigned: set[TopicPartition] = set()
@@ -194,17 +215,33 @@ class IngestReader:
         log.info("queue=%s fetch.wait.max.ms=%d (lag %d)", self._queue, wait_ms, lag)
         return fresh
 
+    def _refresh(self, consumer: Consumer) -> bool:
+        """``_refresh_assignment``; False (reported, to be tried again) when Kafka failed it."""
+        try:
+            self._refresh_assignment(consumer)
+        except (KafkaException, BrokerError) as exc:
+            self._on_trouble(f"queue={self._queue} topic metadata: {exc}")
+            return False
+        return True
+
     def _run(self) -> None:
         consumer = Consumer(self._settings)
         try:
-            self._refresh_assignment(consumer)
             next_refresh = 0.0
+            retry = 0.2  # the wait after a failed refresh, doubled up to the refresh interval
             paused = False
             while not self._stop.is_set():
                 now = time.monotonic()
                 if now >= next_refresh:
-                    self._refresh_assignment(consumer)
-                    next_refresh = now + self._refresh_interval
+                    if self._refresh(consumer):
+                        retry = 0.2
+                        next_refresh = now + self._refresh_interval
+                    else:
+                        next_refresh = now + retry
+                        retry = min(retry * 2, self._refresh_interval)
+                    if not self._assigned:
+                        self._stop.wait(0.05)
+                        continue
                 if self._buffered() >= self._max_buffered:
                     if not paused and self._assigned:
                         consumer.pause(consumer.assignment())
@@ -238,6 +275,8 @@ class IngestReader:
                         good.append(m)
                     elif err.code() == KafkaError._PARTITION_EOF:
                         continue
+                    elif err.code() in _TRANSPORT_CODES or err.retriable():
+                        self._on_trouble(f"queue={self._queue} fetch: {err}")
                     else:
                         log.warning("queue=%s fetch error: %s", self._queue, err)
                 started, self._started = self._started, []

@@ -66,7 +66,9 @@ class PublishRoute:
         store: Store,
         consumer_settings: dict[str, object],
         on_batch: Callable[[Fetched], None],
+        on_trouble: Callable[[str], None] | None = None,
     ) -> None:
+        """Start copying; ``on_trouble``: told of Kafka transport errors (the reader goes on)."""
         self.reader = IngestReader(
             self.state_name,
             consumer_settings,
@@ -76,6 +78,7 @@ class PublishRoute:
             "earliest",  # everything ever published to the queue's name is routed
             on_batch,
             lambda: len(self.inbox),
+            on_trouble=on_trouble,
         )
         self.reader.start()
 

@@ -15,16 +15,20 @@ bookmark the message had when it was dead-lettered.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import Message
 
+from layer.api.service import RedriveResult
 from layer.codec import ChangeKind, decode, encode_key, encode_value
 from layer.codec import ChangelogKey as Key
+from layer.coordinator.round import Changelog
 from layer.coordinator.scan import scan_topic
 from layer.engine.model import Bookmark
 from layer.exceptions import SerializationError
+from layer.state.base import Store, StoreBatch
+from layer.state.changelog import ChangelogRecord, ExtraRecord
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +43,14 @@ def read_dead_letters(
     settings: Mapping[str, Any], topic: str, queue: str, idle_timeout: float = 30.0
 ) -> list[Letter]:
     """Every committed dead letter of ``queue`` in ``topic`` (a topic may collect the letters
-    of several queues), in log order. Records that are not envelopes are skipped and logged."""
+    of several queues), in log order. Records that are not envelopes are skipped and logged.
+
+    One letter per dead message: a copy with the same original bookmark is passed over. A
+    message is dead-lettered once, but its letter can be in the topic twice when the
+    changelog transaction that wrote it had to be redone (``DurableChangelog``: a commit whose
+    outcome was unknown, or an aborted one on a broker that shows aborted records)."""
     letters: list[Letter] = []
+    seen: set[str] = set()
 
     def collect(msg: Message) -> None:
         where = Bookmark(topic, msg.partition() or 0, msg.offset() or 0)
@@ -49,7 +59,8 @@ def read_dead_letters(
         except SerializationError as exc:
             log.warning("dead-letter topic=%s record=%s skipped: %s", topic, where, exc)
             return
-        if envelope["queue"] == queue:
+        if envelope["queue"] == queue and envelope["bookmark"] not in seen:
+            seen.add(envelope["bookmark"])
             letters.append((where, envelope))
 
     scan_topic(settings, topic, "dead-letter topic", collect, idle_timeout)
@@ -70,3 +81,43 @@ def copy_of(
     headers = [(h["key"], h["value"]) for h in envelope["headers"]]
     headers.append((REDRIVEN_FROM, envelope["bookmark"].encode()))
     return (target, envelope["key"], envelope["payload"], headers)
+
+
+async def move(
+    letters: Sequence[Letter],
+    *,
+    queue: str,
+    changelog_topic: str,
+    target: str,
+    matches: Callable[[bytes | None], bool] | None,
+    limit: int | None,
+    store: Store,
+    changelog: Changelog,
+    now_ms: int,
+) -> RedriveResult:
+    """Publish again the letters not redriven before that match (a payload predicate), up to
+    ``limit``; each copy and its changelog record in one transaction, then in the store."""
+    done = {bm for bm, _ in store.entries(queue + REDRIVE_SUFFIX)}
+    records: list[ChangelogRecord] = []
+    extra: list[ExtraRecord] = []
+    batch = StoreBatch()
+    already = unmatched = 0
+    for letter, envelope in letters:
+        if letter in done:
+            already += 1
+            continue
+        if matches is not None and not matches(envelope["payload"]):
+            unmatched += 1
+            continue
+        if limit is not None and len(extra) >= limit:
+            break
+        key, value = redriven_record(queue, letter, now_ms)
+        records.append((changelog_topic, key, value))
+        extra.append(copy_of(target, letter, envelope))
+        batch.put_entry_value(queue + REDRIVE_SUFFIX, letter, value)
+    if records:
+        offsets = await changelog.commit(records, extra)
+        for (topic, partition), last in offsets.items():
+            batch.set_changelog_offset(topic, partition, last + 1)
+        store.write(batch)
+    return RedriveResult(len(extra), already, unmatched)

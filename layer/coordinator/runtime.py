@@ -9,19 +9,20 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
 from confluent_kafka import Message
 
-from layer.api.service import DeliverySink
+from layer.api.service import DeliverySink, QueueStats
 from layer.config import QueueConfig
-from layer.coordinator.ingest import bookmark_of
+from layer.coordinator.ingest import Fetched, bookmark_of
 from layer.coordinator.publish_route import PublishRoute
 from layer.documents import DocumentReader
-from layer.engine.model import Arrival, Bookmark, Change, TopicPartition
+from layer.engine.model import Arrival, Bookmark, Change, LowWater, TopicPartition
 from layer.engine.queue import QueueEngine
+from layer.exceptions import UnknownQueue
 from layer.expr import Expression, compile_expression
 from layer.state.base import Store, StoreBatch, StoredMessage
 
@@ -166,6 +167,19 @@ class QueueRuntime:
         )
         return stored, doc
 
+    def take_fetched(self, fetched: Fetched) -> None:
+        """A fetch of the queue's topics, into the inbox (admitted by the next round). A
+        partition read for the first time starts at the offset the reader began at, a change
+        that goes with that round."""
+        for started in fetched.started:
+            if started.partition not in self.known_partitions:
+                self.engine.start_partition(started.partition, started.offset)
+                self.known_partitions.add(started.partition)
+                self.pending_changes.append(LowWater(started.partition, started.offset))
+        for tp, high in fetched.high_watermarks.items():
+            self.engine.set_high_watermark(tp, high)
+        self.inbox.extend(fetched.messages)
+
     def admit(self, now: float, batch: StoreBatch, limit: int = 4096) -> int:
         """Move fetched messages from the inbox into the engine, as far as its room allows.
 
@@ -200,6 +214,41 @@ class QueueRuntime:
             self.engine.mark_read(tp, position)
             batch.put_read_position(name, tp, position)
         return len(arrivals)
+
+    def stats(self, now: float, rounds: int, fetch_wait_ms: float) -> QueueStats:
+        """The queue's figures now (``rounds``: the coordinator's rounds so far;
+        ``fetch_wait_ms``: its reader's current fetch wait)."""
+        s = self.engine.stats(now)
+        counters = self.counters
+        return QueueStats(
+            queue=self.name,
+            available=s.available,
+            leased=s.leased,
+            # fetched but not admitted yet: within the engine's count once the fetch's high
+            # watermark is known (the same fetch brings both)
+            inactive=max(s.inactive, len(self.inbox)),
+            subscriptions=s.subscriptions,
+            oldest_available_age_s=(
+                now - s.oldest_available_at if s.oldest_available_at is not None else None
+            ),
+            delivered_total=counters.delivered,
+            acked_total=counters.acked,
+            dead_lettered_total=counters.dead_lettered,
+            extra={
+                "ingested_total": float(counters.ingested),
+                "unparseable_total": float(counters.unparseable),
+                "filtered_total": float(counters.filtered),
+                "delayed": float(s.delayed),
+                "held": float(s.held),
+                "unread": float(max(s.unread, len(self.inbox))),
+                "routed_total": float(self.route.copied_total if self.route else 0),
+                "rounds_total": float(rounds),
+                "stalled_subscriptions": float(
+                    sum(sub.stalled for sub in self.subscriptions.values())
+                ),
+                "fetch_wait_ms": float(fetch_wait_ms),
+            },
+        )
 
     def document(self, store: Store, bookmark: Bookmark) -> object:
         """The parsed message, for subscription filters (None when gone or unparseable)."""
@@ -242,3 +291,13 @@ class QueueRuntime:
         if missing:
             found.update(zip(missing, store.get_messages(self.name, missing), strict=True))
         return found
+
+
+def lookup(runtimes: Mapping[str, QueueRuntime], queue: str) -> QueueRuntime:
+    """The runtime of a configured queue; ``UnknownQueue`` names the configured ones."""
+    rt = runtimes.get(queue)
+    if rt is None:
+        raise UnknownQueue(
+            f"queue {queue!r} is not configured (configured: {', '.join(sorted(runtimes))})"
+        )
+    return rt

@@ -1,11 +1,18 @@
 """The coordinator: wires queue engines to Kafka, RocksDB and the API.
 
-One asyncio loop owns every engine. Work happens in *rounds*: admit fetched messages, tick and
-dispatch the engines, drain their effects, commit the round's changelog records and dead letters
-in one Kafka transaction (in a worker thread), apply them to RocksDB with the changelog offsets
-in one write batch, and only then hand out deliveries and answer acks. While a round commits,
-the next one's events accumulate: that is the group commit, and no message ever costs a broker
-round trip of its own.
+One asyncio loop owns every engine. The coordinator is the wiring of its parts:
+
+- ``Restore`` (``layer.coordinator.restore``) brings each queue back from its changelog;
+- ``Rounds`` (``layer.coordinator.round``) runs the unit of work: admit fetched messages, tick
+  and dispatch the engines, commit the round's changelog records and dead letters in one Kafka
+  transaction, apply them to the store, and only then hand out deliveries and answer acks;
+- ``Subscriptions`` (``layer.coordinator.subscriptions``) serves subscribe, replace, ack, close;
+- the readers (``layer.coordinator.ingest``) feed each queue's inbox from its topics.
+
+Kafka may go away at any time, for any length of time (``layer.coordinator.outage``): the
+start-up steps wait for it, a round's commit is done again until it is durable (so nothing is
+handed out and no ack is answered before that), the readers keep their positions, and the API
+keeps answering from memory; publishes fail fast while Kafka is away.
 """
 
 from __future__ import annotations
@@ -17,64 +24,58 @@ import logging
 import threading
 import time
 import uuid
-from collections import defaultdict
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
+from typing import TypeVar
 
-from confluent_kafka import KafkaException, Producer
-
-from connectors.admin import TopicAdmin, TopicSpec
+from connectors.admin import TopicAdmin
 from connectors.kafka import (
     BrokerProfile,
     client_settings,
     consumer_settings,
     producer_settings,
+    with_client_logging,
 )
 from layer.api.service import (
     AckWhereResult,
     DeliveredMessage,
+    DeliverySink,
     QueueInfo,
     QueueStats,
     RedriveResult,
+    ReloadResult,
 )
-from layer.codec import ChangeKind, encode, encode_change
-from layer.config import Config
+from layer.config import Config, QueueConfig, reread
+from layer.coordinator.health import Health
 from layer.coordinator.ingest import Fetched, IngestReader
+from layer.coordinator.outage import KafkaWatch, until_reachable
+from layer.coordinator.publish import Publisher
 from layer.coordinator.publish_route import PublishRoute, routes_publishes
-from layer.coordinator.redrive import REDRIVE_SUFFIX, copy_of, read_dead_letters, redriven_record
-from layer.coordinator.runtime import QueueRuntime
-from layer.coordinator.subscriptions import Subscriptions
-from layer.coordinator.view import read_view, reconcile, view_record
-from layer.engine.model import (
-    AckOp,
-    Arrival,
-    Bookmark,
-    Change,
-    Delivery,
-    Done,
-    DoneReason,
-    Forget,
-    Leased,
-    LowWater,
-    Returned,
-    TopicPartition,
-    ViewChanges,
+from layer.coordinator.redrive import move, read_dead_letters
+from layer.coordinator.reload import ReloadPlan, plan
+from layer.coordinator.restore import KafkaSource, Restore
+from layer.coordinator.round import CommitPool, Offsets, Round, Rounds, RoundSignal
+from layer.coordinator.runtime import QueueRuntime, lookup
+from layer.coordinator.subscriptions import SubscriptionHandle, Subscriptions
+from layer.coordinator.topics import check_view_topic, needed_topics
+from layer.documents import DocumentReader
+from layer.engine.model import AckOp, Bookmark
+from layer.exceptions import (
+    ConfigError,
+    ConnectionLost,
+    InvalidRequest,
+    QLayerError,
+    QueueRemoved,
 )
-from layer.engine.queue import QueueEngine
-from layer.exceptions import BrokerError, ConfigError, InvalidRequest, QLayerError
-from layer.expr import compile_expression
-from layer.state.base import Store, StoreBatch, StoredMessage
-from layer.state.changelog import ChangelogRecord, ChangelogWriter, ExtraRecord
-from layer.state.recovery import restore
+from layer.expr import Expression, compile_expression
+from layer.state.base import Store
+from layer.state.changelog import ChangelogWriter, DurableChangelog
 
 log = logging.getLogger(__name__)
 
-# A dead letter's payload is cut beyond this, so its envelope (key, headers and all) stays under
-# librdkafka's default message.max.bytes of 1,000,000.
-DEAD_LETTER_PAYLOAD_MAX = 900_000
+T = TypeVar("T")
 
-
-class Coordinator(Subscriptions):
+class Coordinator:
     """Implements ``layer.api.service.QueueService`` over Kafka topics."""
 
     def __init__(
@@ -85,188 +86,133 @@ class Coordinator(Subscriptions):
         profile: BrokerProfile,
         clock: Callable[[], float] = time.time,
         progress: Callable[[str], None] | None = None,
+        health: Health | None = None,
+        reread: Callable[[Config], Config] = reread,
     ) -> None:
+        self.health = health or Health()
         self._config = config
+        self._reread = reread  # reads the config file again for a reload
         self._store = store
         self._clock = clock
         self._profile = profile
         self._progress = progress or (lambda line: log.info("%s", line))
-        self._base_settings = client_settings(bootstrap_servers, dict(config.broker.kafka))
+        self._base_settings = with_client_logging(
+            client_settings(bootstrap_servers, dict(config.broker.kafka))
+        )
+        self._interrupt = threading.Event()  # set when stopping: a waiting commit gives up
+        self._watch = KafkaWatch(self._base_settings, self.health, on_change=self._kafka_changed)
+        self._durable = DurableChangelog(
+            self._new_writer,
+            wait_reachable=self._watch.wait_reachable,
+            on_trouble=self._watch.suspect,
+            interrupt=self._interrupt,
+        )
+        self._changelog = CommitPool(self._durable)
+        self._publisher = Publisher(self._base_settings, self._watch)
         self._runtimes: dict[str, QueueRuntime] = {}
         self._readers: dict[str, IngestReader] = {}
-        self._waiters: list[asyncio.Future[None]] = []
-        self._wake = asyncio.Event()
         self._stopping = False
-        self._failed: BaseException | None = None
+        self._signal = RoundSignal()
+        self._subscriptions = Subscriptions(
+            self._runtimes,
+            store,
+            clock=clock,
+            wake=self._signal.wake,
+            next_commit=self._signal.next_commit,
+            check_alive=self._check_alive,
+            instance=uuid.uuid4().hex[:8],
+        )
+        self._rounds = Rounds(
+            self._runtimes,
+            store,
+            self._changelog,
+            self._signal,
+            clock=clock,
+            before_dispatch=self._subscriptions.apply_backlogs,
+            readers=self._all_readers,
+            commit_interval=config.coordinator.commit_interval,
+            interrupt=self._interrupt,
+        )
+        self._restore = Restore(
+            store,
+            KafkaSource(consumer_settings(self._base_settings, profile)),
+            self._changelog,
+            changelog_topic=config.coordinator.changelog_topic,
+            until_reachable=self._until_reachable,
+            clock=clock,
+            progress=self._progress,
+            health=self.health,
+        )
         self._pump_task: asyncio.Task[None] | None = None
-        self._commit_pool = ThreadPoolExecutor(1, thread_name_prefix="changelog")
-        self._writer: ChangelogWriter | None = None
-        self._producer: Producer | None = None
-        self._producer_stop = threading.Event()
-        self._poll_task: asyncio.Future[None] | None = None
-        self._sub_ids = itertools.count(1)
-        self._instance = uuid.uuid4().hex[:8]
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.rounds = 0
-        self._last_commit = 0.0
-        self._redrive_lock = asyncio.Lock()  # monotonic start of the last changelog commit
+        self._redrive_lock = asyncio.Lock()
+        self._reload_lock = asyncio.Lock()  # one reload at a time, and none while stopping
+        self._reload_tasks: set[asyncio.Task[None]] = set()  # reloads started by SIGHUP
+
+    @property
+    def rounds(self) -> int:
+        """Rounds completed."""
+        return self._rounds.count
 
     # ----------------------------------------------------------------------------------------
     # life cycle
     # ----------------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Create the topics, restore every queue and start serving. Waits for Kafka (saying
+        so once) as long as it is unreachable; raises only for errors Kafka answers with."""
         self._loop = asyncio.get_running_loop()
         cfg = self._config
-        admin = TopicAdmin(self._base_settings)
-        specs = []
-        for q in cfg.queues:
-            specs.append(
-                TopicSpec(
-                    cfg.coordinator.changelog_topic(q.name),
-                    partitions=1,
-                    config={"cleanup.policy": "compact"},
-                )
-            )
-            if q.dead_letter_topic:
-                specs.append(TopicSpec(q.dead_letter_topic, partitions=1))
-            if not q.topic_is_regex:
-                specs.append(TopicSpec(q.underlying_topic, partitions=1))
-            if q.default_publish_target:
-                specs.append(TopicSpec(q.default_publish_target, partitions=1))
-            if routes_publishes(q):
-                specs.append(TopicSpec(q.name, partitions=1))
-            if q.view_topic:
-                # every round is kept: a queue's rounds share one key (layer.coordinator.view)
-                config = {"cleanup.policy": "delete", "retention.ms": "-1"}
-                specs.append(TopicSpec(q.view_topic, partitions=1, config=config))
-        # queues may share topics: create each once (a duplicate in one request is an error)
-        admin.ensure_topics(list({spec.name: spec for spec in specs}.values()))
-        for q in cfg.queues:
-            if q.view_topic:
-                policy = admin.topic_config(q.view_topic).get("cleanup.policy", "delete")
-                if "compact" in policy:
-                    raise ConfigError(
-                        f"{cfg.source}: queue {q.name!r}: option 'view_topic': topic"
-                        f" {q.view_topic!r} has cleanup.policy={policy}, but a view topic must"
-                        " keep every record (a queue's rounds share one key): use a new topic,"
-                        " or set cleanup.policy=delete and retention.ms=-1 on it"
-                    )
-
+        self.health.restoring("waiting for Kafka")
+        # probes ask for one topic's metadata (a small answer on a broker with many topics)
+        first = cfg.queues[0].name if cfg.queues else None
+        self._watch.start(cfg.coordinator.changelog_topic(first) if first else None)
+        await self._ensure_topics(cfg.queues)
         # The writer comes first: initialising its transactions fences a killed predecessor and
         # aborts its open transaction, which a read_committed restore would otherwise wait on.
-        self._writer = await asyncio.to_thread(
-            ChangelogWriter,
-            producer_settings(self._base_settings),
-            f"{cfg.coordinator.id}-changelog",
-        )
-        restore_settings = consumer_settings(self._base_settings, self._profile)
+        await self._until_reachable("start the changelog writer", self._durable.open)
         for q in cfg.queues:
-            topic = cfg.coordinator.changelog_topic(q.name)
-            started = time.monotonic()
+            self._runtimes[q.name] = await self._restore.queue(q, starting=True)
+        self.health.restored()
+        self._publisher.start()
+        for rt in self._runtimes.values():
+            self._serve_queue(rt)
+        self._pump_task = asyncio.create_task(self._rounds.run(), name="coordinator-pump")
 
-            def report(done: int, total: int, queue: str = q.name) -> None:
-                self._progress(f"restoring queue={queue}: {done}/{total} changelog records")
-
-            result = await asyncio.to_thread(
-                restore, self._store, restore_settings, topic, q.name, report
-            )
-            self._progress(
-                f"restored queue={q.name}: {result.records_applied} changelog records"
-                f" in {time.monotonic() - started:.2f}s"
-            )
-            self._runtimes[q.name] = self._load_runtime(q.name)
+    async def _ensure_topics(self, queues: Sequence[QueueConfig]) -> None:
+        """Create the topics these queues need and are missing (waiting for Kafka if away)."""
+        cfg = self._config
+        admin = TopicAdmin(self._base_settings)
+        specs = needed_topics(cfg, queues)
+        await self._until_reachable("create the topics", lambda: admin.ensure_topics(specs))
+        for q in queues:
             if q.view_topic:
-                await self._reconcile_view(self._runtimes[q.name])
+                topic_config = await self._until_reachable(
+                    "read the view topic's config", partial(admin.topic_config, q.view_topic)
+                )
+                check_view_topic(cfg, q, topic_config)
 
-        self._producer = Producer(producer_settings(self._base_settings, linger_ms=2))
-        self._poll_task = asyncio.ensure_future(asyncio.to_thread(self._poll_producer))
-        for name, rt in self._runtimes.items():
-            self._readers[name] = self._start_reader(rt)
-            if routes_publishes(rt.config):
-                self._start_route(rt)
-        self._pump_task = asyncio.create_task(self._pump(), name="coordinator-pump")
+    def _serve_queue(self, rt: QueueRuntime) -> None:
+        """Start reading a restored queue's topics (and routing its publishes)."""
+        self._readers[rt.name] = self._start_reader(rt)
+        if routes_publishes(rt.config):
+            self._start_route(rt)
 
-    def _load_runtime(self, name: str) -> QueueRuntime:
-        """Build a queue's engine from the store (itself just restored from the changelog)."""
-        q = self._config.queue(name)
-        engine = QueueEngine(name, q.engine_settings())
-        rt = QueueRuntime(q, engine, self._config.coordinator.changelog_topic(name))
-        now = self._clock()
-        positions = self._store.positions(name)
-        entries = dict(self._store.entries(name))
-        partitions = set(positions) | {TopicPartition(bm.topic, bm.partition) for bm in entries}
-        for tp in sorted(partitions):
-            pos = positions.get(tp)
-            low = pos.low_water if pos is not None and pos.low_water is not None else 0
-            engine.start_partition(tp, low)
-            rt.known_partitions.add(tp)
-        done = {bm for bm, e in entries.items() if e.kind is ChangeKind.DONE}
-        engine.restore_counts(
-            {
-                bm: (e.deliveries, e.cancels)
-                for bm, e in entries.items()
-                if e.kind is not ChangeKind.DONE
-            }
+    def _new_writer(self) -> ChangelogWriter:
+        return ChangelogWriter(
+            producer_settings(self._base_settings),
+            f"{self._config.coordinator.id}-changelog",
+            patient=True,
+            interrupt=self._interrupt,
         )
-        rt.restored_delays = {
-            bm: e.lease_deadline_ms / 1000.0
-            for bm, e in entries.items()
-            if e.kind is ChangeKind.RETURNED and e.lease_deadline_ms is not None
-        }
-        engine.restore_done(sorted(done))
-        batch = StoreBatch()
-        arrivals = []
-        exprs = rt.exprs
-        # Group, conflation and barrier keys are not stored: evaluate them again from payloads.
-        whole = exprs.group is not None or exprs.conflate is not None or exprs.barrier is not None
-        for bm, timestamp_ms, priority, maybe_delayed in self._store.message_meta(name):
-            # Done, or below a low-water mark replayed from the changelog: the crash came after
-            # the commit but before the local copy was deleted.
-            if bm in done or bm.offset < engine.low_water(TopicPartition(bm.topic, bm.partition)):
-                batch.delete_message(name, bm)
-                continue
-            if whole or maybe_delayed:
-                stored = self._store.get_messages(name, [bm])[0]
-                if stored is not None:
-                    doc = exprs.reader.read(stored.value)[0] if exprs.reader else None
-                    arrivals.append(rt.arrival(bm, stored, doc, now))
-                    continue
-            ts = timestamp_ms / 1000.0 if timestamp_ms else now
-            not_before = rt.restored_delays.pop(bm, None)
-            # counts: the engine's restored ones (restore_counts above)
-            arrivals.append(Arrival(bm, ts, priority, 0, 0, not_before=not_before))
-        if arrivals:
-            engine.add(arrivals, now)
-        for tp, pos in positions.items():
-            if pos.read_position is not None and pos.read_position > engine.low_water(tp):
-                engine.mark_read(tp, pos.read_position)
-        rt.restored_done = done - {a.bookmark for a in arrivals}
-        if batch:
-            self._store.write(batch)
-        self._progress(
-            f"loaded queue={name}: {len(arrivals)} messages from local state,"
-            f" {engine.restored_pending()} to re-read, {len(done)} done above the low-water marks"
-        )
-        return rt
 
-    async def _reconcile_view(self, rt: QueueRuntime) -> None:
-        """Bring the view topic to what this restart rebuilt (see layer.coordinator.view)."""
-        topic = rt.config.view_topic
-        assert topic is not None and self._writer is not None
-        settings = consumer_settings(self._base_settings, self._profile)
-        published = await asyncio.to_thread(read_view, settings, topic, rt.name)
-        engine = rt.engine
-        live = engine.view_contents()
-        corrections = reconcile(published, live)
-        if corrections:
-            now_ms = int(self._clock() * 1000)
-            record = view_record(topic, rt.name, ViewChanges.of(corrections), now_ms)
-            await asyncio.to_thread(self._writer.commit, [], [record])
-        engine.view_synced()
-        self._progress(
-            f"view of queue={rt.name}: {len(live)} live messages, {len(corrections)} corrections"
-        )
+    async def _until_reachable(self, what: str, step: Callable[[], T]) -> T:
+        return await until_reachable(self._watch, what, step, self._progress)
+
+    def _kafka_changed(self, reachable: bool) -> None:
+        """The watch's verdict changed (its thread): publishes waiting on Kafka fail now."""
+        if not reachable and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._publisher.fail_waiting)
 
     def _start_reader(self, rt: QueueRuntime) -> IngestReader:
         q = rt.config
@@ -294,6 +240,7 @@ class Coordinator(Subscriptions):
             on_batch,
             lambda: len(rt.inbox),
             refresh_interval=self._config.coordinator.topic_refresh_interval,
+            on_trouble=self._watch.suspect,
         )
         reader.start()
         return reader
@@ -309,22 +256,16 @@ class Coordinator(Subscriptions):
         def on_batch(fetched: Fetched) -> None:
             loop.call_soon_threadsafe(self._on_routed, route, fetched)
 
-        route.start(self._store, consumer_settings(self._base_settings, self._profile), on_batch)
+        settings = consumer_settings(self._base_settings, self._profile)
+        route.start(self._store, settings, on_batch, self._watch.suspect)
 
     def _on_routed(self, route: PublishRoute, fetched: Fetched) -> None:
         route.inbox.extend(fetched.messages)
-        self._wake.set()
+        self._signal.wake()
 
     def _on_fetched(self, rt: QueueRuntime, fetched: Fetched) -> None:
-        for started in fetched.started:
-            if started.partition not in rt.known_partitions:
-                rt.engine.start_partition(started.partition, started.offset)
-                rt.known_partitions.add(started.partition)
-                rt.pending_changes.append(LowWater(started.partition, started.offset))
-        for tp, high in fetched.high_watermarks.items():
-            rt.engine.set_high_watermark(tp, high)
-        rt.inbox.extend(fetched.messages)
-        self._wake.set()
+        rt.take_fetched(fetched)
+        self._signal.wake()
 
     def _all_readers(self) -> list[IngestReader]:
         readers = list(self._readers.values())
@@ -340,7 +281,11 @@ class Coordinator(Subscriptions):
 
     async def stop(self) -> None:
         self._stopping = True
-        self._wake.set()
+        self._interrupt.set()
+        self.health.stopping()
+        self._rounds.stop()
+        async with self._reload_lock:  # a reload under way finishes first (its readers too)
+            pass
         if self._pump_task is not None:
             with contextlib.suppress(BaseException):  # already logged; stopping anyway
                 await self._pump_task
@@ -349,229 +294,38 @@ class Coordinator(Subscriptions):
                 sub.sink.close("coordinator stopping")
         for reader in self._all_readers():
             await asyncio.to_thread(reader.stop)
-        self._producer_stop.set()
-        if self._poll_task is not None:
-            await self._poll_task
-        if self._producer is not None:
-            await asyncio.to_thread(self._producer.flush, 5)
-        if self._writer is not None:
-            await asyncio.to_thread(self._writer.close)
-        self._commit_pool.shutdown(wait=True)
-
-    # ----------------------------------------------------------------------------------------
-    # rounds
-    # ----------------------------------------------------------------------------------------
-
-    async def _pump(self) -> None:
-        try:
-            while not self._stopping:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=0.05)
-                # the group-commit window: a commit follows the last one by at least
-                # commit_interval, so what arrives meanwhile shares its transaction
-                delay = self._last_commit + self._config.coordinator.commit_interval
-                delay -= time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                self._wake.clear()
-                for reader in self._all_readers():
-                    if reader.error is not None:
-                        raise BrokerError(f"reading queue topics failed: {reader.error}")
-                await self._round()
-        except BaseException as exc:
-            self._failed = exc
-            for fut in self._waiters:
-                if not fut.done():
-                    fut.set_exception(QLayerError("the coordinator failed; retry"))
-            if not isinstance(exc, asyncio.CancelledError):
-                log.critical("coordinator failed: %s", exc, exc_info=exc)
-            raise
-
-    async def _round(self) -> None:
-        now = self._clock()
-        now_ms = int(now * 1000)
-        store = self._store
-        local = StoreBatch()
-        for rt in self._runtimes.values():
-            if rt.admit(now, local) and rt.inbox:
-                self._wake.set()  # more to admit: go round again at once
-        if local:
-            store.write(local)
-
-        records: list[ChangelogRecord] = []
-        extra: list[ExtraRecord] = []
-        views: list[ExtraRecord] = []
-        batch = StoreBatch()
-        pushes: list[tuple[QueueRuntime, list[tuple[str, list[DeliveredMessage]]]]] = []
-        for rt in self._runtimes.values():
-            route = rt.route
-            if route is not None and route.inbox:
-                routed, copies = route.take(batch, now_ms)
-                records.extend(routed)
-                extra.extend(copies)
-                if route.inbox:
-                    self._wake.set()
-            engine = rt.engine
-            engine.tick(now)
-            self.apply_backlogs(rt)
-            engine.dispatch(now)
-            effects = engine.drain()
-            changes = rt.pending_changes + effects.changes
-            rt.pending_changes = []
-            if not changes and not effects.deliveries and not effects.view:
-                continue
-            name = rt.name
-            need = [d.bookmark for d in effects.deliveries]
-            dead = [c for c in changes if isinstance(c, Done) and c.reason.dead_letter]
-            need.extend(c.bookmark for c in dead)
-            payloads = rt.payloads(store, need) if need else {}
-            for change in changes:
-                key, value = encode_change(name, change, now_ms)
-                records.append((rt.changelog_topic, key, value))
-                self._apply(rt, change, value, batch, payloads, extra)
-            if effects.view:
-                assert rt.config.view_topic is not None
-                views.append(view_record(rt.config.view_topic, name, effects.view, now_ms))
-            if effects.deliveries:
-                pushes.append((rt, self._materialize(rt, effects.deliveries, payloads)))
-        waiters, self._waiters = self._waiters, []
-
-        if records or extra or views:
-            assert self._writer is not None
-            loop = asyncio.get_running_loop()
-            self._last_commit = time.monotonic()
-            offsets = await loop.run_in_executor(
-                self._commit_pool, self._writer.commit, records, extra, views
-            )
-            for (topic, partition), last in offsets.items():
-                batch.set_changelog_offset(topic, partition, last + 1)
-        if batch:
-            store.write(batch)
-        self.rounds += 1
-        for rt, by_sub in pushes:
-            for sub_id, messages in by_sub:
-                sub = rt.subscriptions.get(sub_id)
-                if sub is not None and not sub.closed:
-                    sub.sink.deliver(messages)
-                    rt.counters.delivered += len(messages)
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
-
-    def _apply(
-        self,
-        rt: QueueRuntime,
-        change: Change,
-        value: bytes | None,
-        batch: StoreBatch,
-        payloads: dict[Bookmark, StoredMessage | None],
-        extra: list[ExtraRecord],
-    ) -> None:
-        """Mirror one committed change into the local store (the entry is the changelog value)."""
-        name = rt.name
-        if isinstance(change, Leased | Returned):
-            assert value is not None
-            batch.put_entry_value(name, change.bookmark, value)
-        elif isinstance(change, Done):
-            assert value is not None
-            batch.put_entry_value(name, change.bookmark, value)
-            batch.delete_message(name, change.bookmark)
-            rt.payload_cache.pop(change.bookmark, None)
-            if change.reason is DoneReason.ACKED:
-                rt.counters.acked += 1
-            if change.reason.dead_letter:
-                rt.counters.dead_lettered += 1
-                if rt.config.dead_letter_topic:
-                    extra.append(self._dead_letter(rt, change, payloads.get(change.bookmark)))
-        elif isinstance(change, LowWater):
-            batch.put_low_water(name, change.partition, change.offset)
-        elif isinstance(change, Forget):
-            batch.delete_entry(name, change.bookmark)
-
-    def _dead_letter(
-        self, rt: QueueRuntime, change: Done, stored: StoredMessage | None
-    ) -> ExtraRecord:
-        bm = change.bookmark
-        payload = stored.value if stored else None
-        detail = stored.error if stored else None
-        if payload is not None and len(payload) > DEAD_LETTER_PAYLOAD_MAX:
-            # the envelope must fit the producer's message.max.bytes, or the transaction (and
-            # the coordinator) would fail on this message again after every restart
-            cut = f"payload cut from {len(payload)} to {DEAD_LETTER_PAYLOAD_MAX} bytes"
-            detail = f"{detail}; {cut}" if detail else cut
-            payload = payload[:DEAD_LETTER_PAYLOAD_MAX]
-        envelope = {
-            "queue": rt.name,
-            "topic": bm.topic,
-            "partition": bm.partition,
-            "offset": bm.offset,
-            "bookmark": str(bm),
-            "key": stored.key if stored else None,
-            "headers": [{"key": k, "value": v} for k, v in (stored.headers if stored else ())],
-            "payload": payload,
-            "reason": change.reason.value,
-            "detail": detail,
-            "deliveries": change.deliveries,
-            "cancels": change.cancels,
-            "message_timestamp_ms": stored.timestamp_ms if stored else 0,
-            "dead_lettered_at_ms": int(change.at * 1000),
-        }
-        assert rt.config.dead_letter_topic is not None
-        headers = [
-            ("qlayer.reason", change.reason.value.encode()),
-            ("qlayer.bookmark", str(bm).encode()),
-        ]
-        return (
-            rt.config.dead_letter_topic,
-            str(bm).encode(),
-            encode("dead_letter", envelope),
-            headers,
-        )
-
-    @staticmethod
-    def _materialize(
-        rt: QueueRuntime,
-        deliveries: Sequence[Delivery],
-        payloads: dict[Bookmark, StoredMessage | None],
-    ) -> list[tuple[str, list[DeliveredMessage]]]:
-        by_sub: dict[str, list[DeliveredMessage]] = defaultdict(list)
-        for d in deliveries:
-            stored = payloads.get(d.bookmark)
-            if stored is None:  # cannot happen while the store is intact; never hand out a hole
-                log.error("queue=%s bookmark=%s has no stored payload", rt.name, d.bookmark)
-                continue
-            by_sub[d.subscription].append(
-                DeliveredMessage(
-                    bookmark=d.bookmark,
-                    key=stored.key,
-                    value=stored.value,
-                    headers=list(stored.headers),
-                    timestamp_ms=stored.timestamp_ms,
-                    deliveries=d.deliveries,
-                    cancels=d.cancels,
-                    lease_deadline_ms=int(d.deadline * 1000) if d.deadline is not None else None,
-                    barrier=d.barrier,
-                    queue=rt.name,
-                )
-            )
-        return list(by_sub.items())
+        await self._publisher.stop()
+        await asyncio.to_thread(self._durable.close)
+        self._changelog.shutdown()
+        await asyncio.to_thread(self._watch.stop)
 
     # ----------------------------------------------------------------------------------------
     # QueueService
     # ----------------------------------------------------------------------------------------
 
     def _check_alive(self) -> None:
-        if self._failed is not None or self._stopping:
-            raise QLayerError("the coordinator is stopping; reconnect")
+        if self._rounds.failed is not None or self._stopping:
+            # UNAVAILABLE on the wire: a client reconnects (to this one restarted, or another)
+            raise ConnectionLost("the coordinator is stopping; reconnect")
+
+    async def subscribe(
+        self,
+        queue: str,
+        max_backlog: int,
+        sink: DeliverySink,
+        client: str = "",
+        filter: str | None = None,
+    ) -> SubscriptionHandle:
+        return await self._subscriptions.subscribe(queue, max_backlog, sink, client, filter)
 
     async def browse(
         self, queue: str, filter: str | None = None, limit: int | None = None
     ) -> list[DeliveredMessage]:
         self._check_alive()
-        rt = self._runtime(queue)
+        rt = lookup(self._runtimes, queue)
         if limit is not None and limit < 0:
             raise InvalidRequest(f"limit must be >= 0, got {limit}")
-        match = self._matcher(rt, filter)
+        match = self._subscriptions.matcher(rt, filter)
         engine = rt.engine
         matching = (bm for bm in engine.available() if match is None or match(bm))
         chosen = list(itertools.islice(matching, limit))  # stops matching at the limit
@@ -603,8 +357,8 @@ class Coordinator(Subscriptions):
         """AMPS's sow_delete with a filter: every deliverable message (available or leased, not
         inactive) that matches; under strict leasing leased ones are skipped."""
         self._check_alive()
-        rt = self._runtime(queue)
-        match = self._matcher(rt, filter)
+        rt = lookup(self._runtimes, queue)
+        match = self._subscriptions.matcher(rt, filter)
         assert match is not None
         engine = rt.engine
         candidates = [bm for bm in engine.available() + engine.leased() if match(bm)]
@@ -612,11 +366,8 @@ class Coordinator(Subscriptions):
         outcomes = engine.ack(None, candidates, op, self._clock())
         acked = sum(1 for o in outcomes if o.error is None)
         if acked:
-            self._wake.set()
-            assert self._loop is not None
-            fut: asyncio.Future[None] = self._loop.create_future()
-            self._waiters.append(fut)
-            await fut
+            self._signal.wake()
+            await self._signal.next_commit()
         return AckWhereResult(acked, len(outcomes) - acked)
 
     async def redrive(
@@ -625,7 +376,7 @@ class Coordinator(Subscriptions):
         """See ``layer.coordinator.redrive``; one redrive at a time, so none moves a letter
         another is moving."""
         self._check_alive()
-        rt = self._runtime(queue)
+        rt = lookup(self._runtimes, queue)
         q = rt.config
         if q.dead_letter_topic is None:
             raise InvalidRequest(f"queue {queue!r} has no dead_letter_topic: nothing to redrive")
@@ -638,51 +389,38 @@ class Coordinator(Subscriptions):
             raise InvalidRequest(f"queue {queue!r} holds {q.message_type} messages: no filter")
         if limit is not None and limit < 0:
             raise InvalidRequest(f"limit must be >= 0, got {limit}")
-        assert self._writer is not None
+        if not self._watch.reachable:
+            raise self._watch.unreachable_error(f"redrive of queue {queue!r}")
+        matches = None
+        if expression is not None:
+            reader = rt.exprs.reader
+            assert reader is not None
+            matches = partial(_matches, expression, reader)
         async with self._redrive_lock:
             settings = consumer_settings(self._base_settings, self._profile)
             letters = await asyncio.to_thread(
                 read_dead_letters, settings, q.dead_letter_topic, queue
             )
-            done = {bm for bm, _ in self._store.entries(queue + REDRIVE_SUFFIX)}
-            now_ms = int(self._clock() * 1000)
-            records: list[ChangelogRecord] = []
-            extra: list[ExtraRecord] = []
-            batch = StoreBatch()
-            already = unmatched = 0
-            for letter, envelope in letters:
-                if letter in done:
-                    already += 1
-                    continue
-                if expression is not None:
-                    assert rt.exprs.reader is not None
-                    doc = rt.exprs.reader.read(envelope["payload"])[0]
-                    if not expression.matches(doc):
-                        unmatched += 1
-                        continue
-                if limit is not None and len(extra) >= limit:
-                    break
-                key, value = redriven_record(queue, letter, now_ms)
-                records.append((rt.changelog_topic, key, value))
-                extra.append(copy_of(target, letter, envelope))
-                batch.put_entry_value(queue + REDRIVE_SUFFIX, letter, value)
-            if records:
-                loop = asyncio.get_running_loop()
-                offsets = await loop.run_in_executor(
-                    self._commit_pool, self._writer.commit, records, extra
-                )
-                for (topic, partition), last in offsets.items():
-                    batch.set_changelog_offset(topic, partition, last + 1)
-                self._store.write(batch)
+            result = await move(
+                letters,
+                queue=queue,
+                changelog_topic=rt.changelog_topic,
+                target=target,
+                matches=matches,
+                limit=limit,
+                store=self._store,
+                changelog=self._changelog,
+                now_ms=int(self._clock() * 1000),
+            )
         log.info(
             "queue=%s redrive filter=%r: moved=%d already=%d unmatched=%d",
             queue,
             filter,
-            len(extra),
-            already,
-            unmatched,
+            result.moved,
+            result.already,
+            result.unmatched,
         )
-        return RedriveResult(len(extra), already, unmatched)
+        return result
 
     async def publish(
         self,
@@ -692,78 +430,21 @@ class Coordinator(Subscriptions):
         headers: Sequence[tuple[str, bytes | None]] = (),
     ) -> Bookmark:
         self._check_alive()
-        rt = self._runtime(queue)
-        target = rt.config.publish_target
-        if target is None:
-            raise InvalidRequest(
-                f"queue {queue!r} reads a topic pattern; set default_publish_target to publish"
-            )
-        assert self._loop is not None and self._producer is not None
-        loop = self._loop
-        fut: asyncio.Future[Bookmark] = loop.create_future()
-
-        def delivered(err: object, msg: object) -> None:
-            if err is not None:
-                loop.call_soon_threadsafe(
-                    _set_exception, fut, BrokerError(f"publish to {target!r} failed: {err}")
-                )
-            else:
-                bm = Bookmark(msg.topic(), msg.partition(), msg.offset())  # type: ignore[attr-defined]
-                loop.call_soon_threadsafe(_set_result, fut, bm)
-
+        rt = lookup(self._runtimes, queue)
         try:
-            self._producer.produce(
-                target, value=value, key=key, headers=list(headers) or None, on_delivery=delivered
-            )
-        except (KafkaException, BufferError) as exc:
-            raise BrokerError(f"publish to {target!r} failed: {exc}") from exc
-        return await fut
-
-    def _poll_producer(self) -> None:
-        assert self._producer is not None
-        while not self._producer_stop.is_set():
-            self._producer.poll(0.05)
+            target = rt.config.publish_target
+        except ConfigError as exc:  # a regex queue without default_publish_target
+            raise InvalidRequest(f"{exc}; set it to publish through the queue") from None
+        return await self._publisher.publish(target, value, key, headers)
 
     async def stats(self, queue: str | None = None) -> list[QueueStats]:
         names = [queue] if queue is not None else sorted(self._runtimes)
         now = self._clock()
         out = []
         for name in names:
-            rt = self._runtime(name)
-            s = rt.engine.stats(now)
-            out.append(
-                QueueStats(
-                    queue=name,
-                    available=s.available,
-                    leased=s.leased,
-                    # fetched but not admitted yet: within the engine's count once the
-                    # fetch's high watermark is known (the same fetch brings both)
-                    inactive=max(s.inactive, len(rt.inbox)),
-                    subscriptions=s.subscriptions,
-                    oldest_available_age_s=(
-                        now - s.oldest_available_at if s.oldest_available_at is not None else None
-                    ),
-                    delivered_total=rt.counters.delivered,
-                    acked_total=rt.counters.acked,
-                    dead_lettered_total=rt.counters.dead_lettered,
-                    extra={
-                        "ingested_total": float(rt.counters.ingested),
-                        "unparseable_total": float(rt.counters.unparseable),
-                        "filtered_total": float(rt.counters.filtered),
-                        "delayed": float(s.delayed),
-                        "held": float(s.held),
-                        "unread": float(max(s.unread, len(rt.inbox))),
-                        "routed_total": float(rt.route.copied_total if rt.route else 0),
-                        "rounds_total": float(self.rounds),
-                        "stalled_subscriptions": float(
-                            sum(sub.stalled for sub in rt.subscriptions.values())
-                        ),
-                        "fetch_wait_ms": float(
-                            reader.fetch_wait_ms if (reader := self._readers.get(name)) else 0
-                        ),
-                    },
-                )
-            )
+            reader = self._readers.get(name)
+            fetch_wait_ms = reader.fetch_wait_ms if reader else 0
+            out.append(lookup(self._runtimes, name).stats(now, self.rounds, fetch_wait_ms))
         return out
 
     def queues(self) -> list[QueueInfo]:
@@ -781,12 +462,123 @@ class Coordinator(Subscriptions):
             for q in self._config.queues
         ]
 
+    # ----------------------------------------------------------------------------------------
+    # live configuration (the plan: layer.coordinator.reload)
+    # ----------------------------------------------------------------------------------------
 
-def _set_result(fut: asyncio.Future[Bookmark], value: Bookmark) -> None:
-    if not fut.done():
-        fut.set_result(value)
+    async def reload(self) -> ReloadResult:
+        """Read the config file again and apply it, all or nothing; the summary is logged.
+        ``ConfigError`` for a file that does not load (nothing changes)."""
+        self._check_alive()
+        if self._pump_task is None:
+            raise QLayerError("the coordinator is still starting: reload once it serves")
+        async with self._reload_lock:
+            self._check_alive()
+            source = self._config.source
+            try:
+                new = await asyncio.to_thread(self._reread, self._config)
+            except ConfigError as exc:
+                log.error("reload failed, nothing changed: %s", exc, extra={"source": source})
+                raise
+            the_plan = plan(self._config, new)
+            if the_plan.applicable:
+                await self._apply_plan(the_plan, new)
+            result = the_plan.result(applied=the_plan.applicable)
+            level = logging.INFO if result.applied else logging.WARNING
+            for line in result.lines():
+                log.log(level, "%s", line, extra={"source": source})
+            return result
+
+    def reload_on_signal(self) -> None:
+        """SIGHUP: reload in the background (a signal handler must not wait); ``reload`` logs
+        what happened."""
+        task = asyncio.get_running_loop().create_task(self._reload_logged())
+        self._reload_tasks.add(task)
+        task.add_done_callback(self._reload_tasks.discard)
+
+    async def _reload_logged(self) -> None:
+        try:
+            await self.reload()
+        except QLayerError as exc:
+            if not isinstance(exc, ConfigError):  # reload logged that one already
+                log.error("reload failed: %s", exc)
+        except Exception:
+            log.exception("reload failed")
+
+    async def _apply_plan(self, the_plan: ReloadPlan, new: Config) -> None:
+        """What can fail (topics, restores) first, while nothing has changed; then the rest at
+        once, between two rounds; then the removed queues' last records and readers."""
+        await self._ensure_topics([*the_plan.added, *the_plan.changed])
+        added = [await self._restore.queue(q, starting=False) for q in the_plan.added]
+        for rt in added:
+            self._runtimes[rt.name] = rt
+            self._serve_queue(rt)
+        for q in the_plan.changed:
+            self.change_queue(q)
+        retiring = [self.remove_queue(name, new.source) for name in the_plan.removed]
+        self._config = new
+        for retire in retiring:
+            await retire
+        if added or the_plan.changed:
+            self._signal.wake()
+
+    def change_queue(self, q: QueueConfig) -> None:
+        """Apply new values of a queue's live options (``layer.coordinator.reload``)."""
+        rt = lookup(self._runtimes, q.name)
+        rt.engine.reconfigure(q.engine_settings())
+        rt.config = q
+        cap = q.max_per_subscription_backlog
+        for sub in rt.subscriptions.values():
+            sub.backlog = min(sub.backlog, cap)
+        log.info("queue=%s options changed", q.name, extra={"queue": q.name})
+
+    def remove_queue(self, name: str, source: str) -> Awaitable[None]:
+        """Stop serving a queue at once: no new calls find it, its subscriptions end with
+        ``QueueRemoved`` (one over several queues just leaves it), and what its engine has not
+        committed yet (acks accepted, leases returned) goes to the changelog before any later
+        round commits, so no ack is confirmed without its record. The state stays on disk: the
+        queue resumes from it when added again. Returns what finishes the removal (the last
+        commit, the readers stopping)."""
+        rt = self._runtimes.pop(name)
+        error = QueueRemoved(f"queue {name!r} was removed by reload of {source}")
+        now = self._clock()
+        for other in self._runtimes.values():
+            for sub in other.subscriptions.values():
+                sub.draining.discard(name)
+        for sub in list(rt.subscriptions.values()):
+            rt.engine.disconnect(sub.id, now)
+            sub.queues = [q for q in sub.queues if q != name]
+            sub.draining.discard(name)
+            if not sub.queues:
+                self._subscriptions.close(sub)
+                sub.sink.close(str(error), error)
+        rt.subscriptions.clear()
+        commit = self._commit_retired(rt)
+        readers = [r for r in (self._readers.pop(name, None), rt.route and rt.route.reader) if r]
+        return self._finish_removal(rt, commit, readers)
+
+    def _commit_retired(self, rt: QueueRuntime) -> tuple[Awaitable[Offsets], Round] | None:
+        """Begin committing a removed queue's last changes now (commits complete in the order
+        they begin, so this one lands before the next round's)."""
+        last = Round(self._store, self._changelog, self._clock)
+        last.record(rt, rt.engine.drain())
+        # durable before anything goes on: the commit is redone until Kafka takes it
+        sending = last.send()
+        return None if sending is None else (sending, last)
+
+    async def _finish_removal(
+        self,
+        rt: QueueRuntime,
+        commit: tuple[Awaitable[Offsets], Round] | None,
+        readers: list[IngestReader],
+    ) -> None:
+        if commit is not None:
+            sending, last = commit
+            last.apply(await sending)
+        for reader in readers:
+            await asyncio.to_thread(reader.stop)
+        log.info("queue=%s removed; its state is kept", rt.name, extra={"queue": rt.name})
 
 
-def _set_exception(fut: asyncio.Future[Bookmark], exc: BaseException) -> None:
-    if not fut.done():
-        fut.set_exception(exc)
+def _matches(expression: Expression, reader: DocumentReader, payload: bytes | None) -> bool:
+    return expression.matches(reader.read(payload)[0])

@@ -3,9 +3,9 @@
 A subscription to a regex (a queue name starting with ``^``, as for underlying topics) is one
 subscription in every configured queue whose name matches. Its backlog is shared: the minimum of
 the matched queues' ``max_per_subscription_backlog`` and its own ``max_backlog``, counted over
-all of them. Before each queue dispatches, the coordinator gives the subscription, in that queue,
-the room left over by what it holds everywhere (``apply_backlogs``), so the total never exceeds
-the backlog.
+all of them. Before each queue dispatches, the round gives the subscription, in that queue, the
+room left over by what it holds everywhere (``apply_backlogs``), so the total never exceeds the
+backlog.
 
 A subscription whose stream holds its backlog's worth of messages not yet written (its client
 stopped reading: HTTP/2 flow control holds the writes) is *stalled*: it takes nothing new until
@@ -17,23 +17,19 @@ first of the subscription's queues that accepts it.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from layer.api.errors import ErrorCode
 from layer.api.service import AckFailure, DeliverySink
-from layer.coordinator.runtime import QueueRuntime, SubscriptionState
+from layer.coordinator.runtime import QueueRuntime, SubscriptionState, lookup
 from layer.engine.model import AckError, AckOp, AckOutcome, Bookmark, Semantics
 from layer.exceptions import InvalidRequest, QLayerError, UnknownQueue
 from layer.expr import compile_expression
 from layer.state.base import Store
-
-if TYPE_CHECKING:
-    from layer.coordinator.service import Coordinator
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +43,7 @@ MAX_SECONDS = 365 * 86400.0
 class SubscriptionHandle:
     """What the API holds for one open subscription (a ``layer.api.service.Subscription``)."""
 
-    _coordinator: Coordinator
+    _subscriptions: Subscriptions
     _state: SubscriptionState
     lease_period_s: float
 
@@ -62,43 +58,48 @@ class SubscriptionHandle:
     async def ack(
         self, op: AckOp, bookmarks: Sequence[str], seconds: float = 0.0
     ) -> list[AckFailure]:
-        return await self._coordinator._ack(self._state, op, bookmarks, seconds)
+        return await self._subscriptions.ack(self._state, op, bookmarks, seconds)
 
     async def replace(self, queue: str, max_backlog: int, filter: str | None) -> int:
-        return await self._coordinator._replace(self._state, queue, max_backlog, filter)
+        return await self._subscriptions.replace(self._state, queue, max_backlog, filter)
 
     async def close(self) -> None:
-        self._coordinator._close_subscription(self._state)
+        self._subscriptions.close(self._state)
 
 
 class Subscriptions:
-    """The subscription half of the coordinator (a mixin of ``Coordinator``)."""
+    """The open subscriptions of the coordinator's queues, and what they may do.
 
-    _runtimes: dict[str, QueueRuntime]
-    _store: Store
-    _clock: Callable[[], float]
-    _wake: asyncio.Event
-    _waiters: list[asyncio.Future[None]]
-    _loop: asyncio.AbstractEventLoop | None
-    _instance: str
-    _sub_ids: itertools.count[int]
+    Given the coordinator's runtimes by name (the same dict: a reload changes them), its store
+    (content filters read payloads), its clock, ``wake`` (there is work for a round),
+    ``next_commit`` (done once the next round's changes are durable: an at-least-once ack is
+    answered then), ``check_alive`` (raises while the coordinator stops or failed) and an
+    ``instance`` name that makes subscription ids unique across restarts."""
 
-    def _check_alive(self) -> None:
-        raise NotImplementedError
-
-    def _runtime(self, queue: str) -> QueueRuntime:
-        rt = self._runtimes.get(queue)
-        if rt is None:
-            raise UnknownQueue(
-                f"queue {queue!r} is not configured"
-                f" (configured: {', '.join(sorted(self._runtimes))})"
-            )
-        return rt
+    def __init__(
+        self,
+        runtimes: Mapping[str, QueueRuntime],
+        store: Store,
+        *,
+        clock: Callable[[], float],
+        wake: Callable[[], None],
+        next_commit: Callable[[], Awaitable[None]],
+        check_alive: Callable[[], None],
+        instance: str,
+    ) -> None:
+        self._runtimes = runtimes
+        self._store = store
+        self._clock = clock
+        self._wake = wake
+        self._next_commit = next_commit
+        self._check_alive = check_alive
+        self._instance = instance
+        self._ids = itertools.count(1)
 
     def _resolve(self, queue: str) -> list[QueueRuntime]:
         """The queues a subscription to ``queue`` (a name, or a regex starting with ^) joins."""
         if not queue.startswith("^"):
-            return [self._runtime(queue)]
+            return [lookup(self._runtimes, queue)]
         try:
             pattern = re.compile(queue)
         except re.error as exc:
@@ -111,7 +112,9 @@ class Subscriptions:
             )
         return found
 
-    def _matcher(self, rt: QueueRuntime, filter: str | None) -> Matcher:
+    def matcher(self, rt: QueueRuntime, filter: str | None) -> Matcher:
+        """A content filter as the engine's predicate (None: no filter); ``InvalidRequest`` for
+        a queue whose messages are not documents."""
         if filter is None:
             return None
         expression = compile_expression(filter)  # ExpressionError: the caller's mistake
@@ -131,7 +134,7 @@ class Subscriptions:
                 f"max_backlog must be 0 (barrier messages only) or more, got {max_backlog}"
             )
         rts = self._resolve(queue)
-        matchers = [self._matcher(rt, filter) for rt in rts]
+        matchers = [self.matcher(rt, filter) for rt in rts]
         backlog = min(max_backlog, *(rt.config.max_per_subscription_backlog for rt in rts))
         return rts, matchers, backlog
 
@@ -145,7 +148,7 @@ class Subscriptions:
     ) -> SubscriptionHandle:
         self._check_alive()
         rts, matchers, backlog = self._prepare(queue, max_backlog, filter)
-        sub_id = f"{self._instance}-{next(self._sub_ids)}"
+        sub_id = f"{self._instance}-{next(self._ids)}"
         state = SubscriptionState(sub_id, queue, sink, backlog, client, filter=filter)
         now = self._clock()
         for rt, match in zip(rts, matchers, strict=True):
@@ -161,9 +164,9 @@ class Subscriptions:
             filter,
             len(rts),
         )
-        self._wake.set()
+        self._wake()
         lease_period = min(rt.config.lease_period for rt in rts)
-        return SubscriptionHandle(self, state, lease_period)  # type: ignore[arg-type]
+        return SubscriptionHandle(self, state, lease_period)
 
     def apply_backlogs(self, rt: QueueRuntime) -> None:
         """Before ``rt`` dispatches: a stalled subscription may take nothing; a multi-queue one
@@ -190,7 +193,7 @@ class Subscriptions:
             room = 0 if stalled else max(0, sub.backlog - sum(held.values()))
             rt.engine.set_backlog(sub.id, held[rt.name] + room)
 
-    async def _replace(
+    async def replace(
         self, sub: SubscriptionState, queue: str, max_backlog: int, filter: str | None
     ) -> int:
         """Atomically: new queue(s), filter and backlog; leases stay with the subscription (in
@@ -225,16 +228,17 @@ class Subscriptions:
             filter,
             len(names),
         )
-        self._wake.set()
+        self._wake()
         return backlog
 
-    async def _ack(
+    async def ack(
         self, sub: SubscriptionState, op: AckOp, texts: Sequence[str], seconds: float
     ) -> list[AckFailure]:
         self._check_alive()
         if sub.closed:
             return [
-                AckFailure(t, "subscription_closed", "the subscription is closed") for t in texts
+                AckFailure(t, ErrorCode.SUBSCRIPTION_CLOSED, "the subscription is closed")
+                for t in texts
             ]
         failures: list[AckFailure] = []
         bookmarks: list[Bookmark] = []
@@ -245,13 +249,13 @@ class Subscriptions:
                 originals.append(text)
             except ValueError as exc:
                 failures.append(
-                    AckFailure(text, "malformed_bookmark", f"malformed bookmark: {exc}")
+                    AckFailure(text, ErrorCode.MALFORMED_BOOKMARK, f"malformed bookmark: {exc}")
                 )
         if (op is AckOp.EXTEND and not seconds > 0) or not 0 <= seconds <= MAX_SECONDS:
             return failures + [
                 AckFailure(
                     t,
-                    "invalid_request",
+                    ErrorCode.INVALID_REQUEST,
                     f"{op} needs seconds in [0, {MAX_SECONDS:g}] (> 0 to extend), got {seconds}",
                 )
                 for t in originals
@@ -263,16 +267,15 @@ class Subscriptions:
             if outcome.error is None:
                 accepted += 1
             else:
-                failures.append(AckFailure(text, outcome.error, _ack_message(outcome.error, text)))
-        self._wake.set()
+                failures.append(
+                    AckFailure(text, ErrorCode(outcome.error), _ack_message(outcome.error, text))
+                )
+        self._wake()
         alo = any(
             self._runtimes[name].config.semantics == Semantics.AT_LEAST_ONCE for name in sub.queues
         )
         if accepted and op is not AckOp.EXTEND and alo:
-            assert self._loop is not None
-            fut: asyncio.Future[None] = self._loop.create_future()
-            self._waiters.append(fut)
-            await fut  # answered once the done records are committed
+            await self._next_commit()  # answered once the done records are committed
         return failures
 
     def _ack_in_queues(
@@ -303,7 +306,8 @@ class Subscriptions:
         assert outcomes is not None
         return outcomes
 
-    def _close_subscription(self, sub: SubscriptionState) -> None:
+    def close(self, sub: SubscriptionState) -> None:
+        """Its leases go back to their queues (while the coordinator is alive)."""
         if sub.closed:
             return
         sub.closed = True
@@ -320,7 +324,7 @@ class Subscriptions:
                 rt.engine.disconnect(sub.id, now)
         sub.draining.clear()
         if alive:
-            self._wake.set()
+            self._wake()
         log.info("queue=%s subscription=%s closed", sub.queue, sub.id)
 
 

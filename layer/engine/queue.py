@@ -269,6 +269,40 @@ class QueueEngine(Queries, Holding, Leases):
         sub.backlog = min(backlog, self.settings.max_per_subscription_backlog)
         self._picker.update(sub)
 
+    def reconfigure(self, settings: EngineSettings) -> None:
+        """Take new values of the settings that may change while the queue runs (a reload).
+
+        Each applies from now on: ``lease_period`` to leases granted later, the limits
+        (``max_deliveries``, ``max_cancels``, ``expiration``) whenever a message is next checked,
+        ``fairness`` to the next pick, a lower ``max_per_subscription_backlog`` at once (open
+        subscriptions above it are lowered; what they hold stays theirs). The settings that shape
+        the state already built (semantics, priority, groups, exclusive, conflate, track_view)
+        raise ``ValueError`` naming them."""
+        settings.validate(self.name)
+        fixed = [
+            name
+            for name in ("semantics", "priority", "groups", "exclusive", "conflate", "track_view")
+            if getattr(settings, name) != getattr(self.settings, name)
+        ]
+        if fixed:
+            raise ValueError(f"queue {self.name!r}: cannot change {', '.join(fixed)} live")
+        old, self.settings = self.settings, settings
+        self._strict = settings.leasing == Leasing.STRICT
+        self._lease_period = settings.lease_period
+        self._max_deliveries = settings.max_deliveries
+        self._max_cancels = settings.max_cancels
+        self._expiration = settings.expiration
+        self._depth = settings.target_queue_depth
+        cap = settings.max_per_subscription_backlog
+        if settings.fairness != old.fairness:
+            self._picker = make_picker(settings.fairness)
+        for sub in self._subs.values():
+            if settings.fairness != old.fairness:
+                sub.ready = False  # not in the new picker's set yet: update() adds it
+            if sub.backlog > cap:
+                sub.backlog = cap
+            self._picker.update(sub)
+
     def disconnect(self, subscription: str, now: float) -> None:
         """Unregister; idempotent (an unknown subscription is ignored)."""
         sub = self._subs.pop(subscription, None)

@@ -15,8 +15,8 @@ from confluent_kafka import Producer
 
 from connectors.admin import TopicSpec
 from layer.client import QueueClient
-from layer.coordinator.view import decode_round
 from layer.engine.model import ViewChange
+from layer.viewcodec import decode_round
 from tests.harness import ROOT, write_config
 from tests.helpers import wait_until
 

@@ -8,15 +8,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from layer.codec import decode, default_codec, encode
-from layer.coordinator.view import (
-    VIEW_ROUND,
-    VIEW_ROUND_VERSION,
-    decode_round,
-    encode_round,
-    reconcile,
-)
+from layer.coordinator.view import reconcile
 from layer.engine.model import Bookmark, ViewChange, ViewChanges
 from layer.exceptions import SerializationError
+from layer.viewcodec import VIEW_ROUND, VIEW_ROUND_VERSION, decode_round, encode_round
 
 int32 = st.integers(-(2**31), 2**31 - 1)
 changes = st.lists(

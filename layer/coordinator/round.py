@@ -1,0 +1,479 @@
+"""The coordinator's unit of work, the round, and the loop that runs rounds one after another.
+
+A round (``Round``), in this order:
+
+1. admit: fetched messages go into the engines; their local copies and read positions are
+   written to the store at once (they are no changelog state: a restart reads the topics again
+   from the positions, and the engines come back from the changelog alone).
+2. decide, queue by queue: routed publishes are copied, the engine ticks, the subscriptions'
+   backlogs are set, the engine dispatches and its effects are drained. Each change becomes its
+   changelog record and is mirrored into one store batch; a message that left without an ack
+   gets its dead letter; each delivery gets its payload.
+3. commit: the changelog records, the dead letters, routed copies and view rounds, in one Kafka
+   transaction, done again until it is durable, however long Kafka is away.
+4. apply: the store batch, with the changelog offsets it reaches, in one write.
+5. hand out: the deliveries go to their subscriptions; whoever waited on this commit (an ack,
+   ``RoundSignal.next_commit``) is answered.
+
+A commit that fails (the process stops while Kafka is away, or any other error) ends the round
+at step 3: nothing of it reaches the store, nothing is handed out, its waiters are told to retry
+and the loop fails, so the coordinator stops serving. The engines then hold decisions the
+changelog does not; a restart rebuilds them from the store and the changelog, where the round
+left nothing.
+
+While a round commits, the next one's events accumulate: that is the group commit, and no
+message ever costs a broker round trip of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
+
+from layer.api.service import DeliveredMessage
+from layer.codec import encode, encode_change
+from layer.coordinator.runtime import QueueRuntime
+from layer.coordinator.view import view_record
+from layer.engine.model import (
+    AckOp,
+    Bookmark,
+    Change,
+    Delivery,
+    Done,
+    DoneReason,
+    Effects,
+    Forget,
+    Leased,
+    LowWater,
+    Returned,
+)
+from layer.exceptions import BrokerError, QLayerError, StateError
+from layer.state.base import Store, StoreBatch, StoredMessage
+from layer.state.changelog import ChangelogRecord, ExtraRecord
+
+__all__ = [
+    "Changelog",
+    "CommitPool",
+    "Offsets",
+    "Round",
+    "RoundSignal",
+    "Rounds",
+    "dead_letter",
+    "materialize",
+    "mirror",
+]
+
+log = logging.getLogger(__name__)
+
+# A dead letter's payload is cut beyond this, so its envelope (key, headers and all) stays under
+# librdkafka's default message.max.bytes of 1,000,000.
+DEAD_LETTER_PAYLOAD_MAX = 900_000
+
+# A round whose commit took longer than this (seconds; Kafka was slow or away) restarts the
+# leases it hands out (``restart_leases``).
+LATE_ROUND = 1.0
+
+#: the last offset written, per changelog (topic, partition)
+Offsets = dict[tuple[str, int], int]
+#: one queue's deliveries of a round, by subscription
+Push = tuple[QueueRuntime, list[tuple[str, list[DeliveredMessage]]]]
+
+
+class Changelog(Protocol):
+    """The port a round commits through (``CommitPool`` over Kafka)."""
+
+    def commit(
+        self,
+        records: Sequence[ChangelogRecord],
+        extra: Sequence[ExtraRecord] = (),
+        views: Sequence[ExtraRecord] = (),
+    ) -> Awaitable[Offsets]:
+        """Begin committing these records in one transaction, at once; commits complete in the
+        order they were begun. The awaitable gives the last offset per changelog partition."""
+        ...
+
+
+class BlockingChangelog(Protocol):
+    def commit(
+        self,
+        records: Sequence[ChangelogRecord],
+        extra: Sequence[ExtraRecord] = (),
+        bulk: Sequence[ExtraRecord] = (),
+    ) -> Offsets: ...
+
+
+class CommitPool:
+    """``Changelog`` over a blocking one (``DurableChangelog``): commits run one at a time, in
+    the order they were asked for, on a thread of their own, so the event loop keeps serving."""
+
+    def __init__(self, changelog: BlockingChangelog) -> None:
+        self._changelog = changelog
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="changelog")
+
+    def commit(
+        self,
+        records: Sequence[ChangelogRecord],
+        extra: Sequence[ExtraRecord] = (),
+        views: Sequence[ExtraRecord] = (),
+    ) -> asyncio.Future[Offsets]:
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(self._pool, self._changelog.commit, records, extra, views)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+class RoundSignal:
+    """What the serving side and the rounds tell each other: ``wake`` when there is work, and
+    ``next_commit`` to wait until what was changed so far is durable."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self._waiting: list[asyncio.Future[None]] = []
+        self._committing: list[asyncio.Future[None]] = []
+
+    def wake(self) -> None:
+        self._event.set()
+
+    def next_commit(self) -> asyncio.Future[None]:
+        """Done when the next round to decide has committed (``QLayerError`` if it failed)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(fut)
+        return fut
+
+    async def wait(self, timeout: float) -> None:
+        """Until woken, or ``timeout`` seconds; then the next wake is a new one."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._event.wait(), timeout=timeout)
+
+    def clear(self) -> None:
+        self._event.clear()
+
+    def seal(self) -> None:
+        """A round has decided: whoever waits so far waits on its commit."""
+        self._committing, self._waiting = self._waiting, []
+
+    def answer(self) -> None:
+        """The sealed round's commit is durable."""
+        committing, self._committing = self._committing, []
+        for fut in committing:
+            if not fut.done():
+                fut.set_result(None)
+
+    def fail(self, error: BaseException) -> None:
+        for fut in [*self._committing, *self._waiting]:
+            if not fut.done():
+                fut.set_exception(error)
+        self._committing, self._waiting = [], []
+
+
+class Round:
+    """One round (the steps are in the module's docstring). Built by ``Rounds`` for each round,
+    and by a queue's removal for its last records (``record`` then ``send``)."""
+
+    def __init__(self, store: Store, changelog: Changelog, clock: Callable[[], float]) -> None:
+        self._store = store
+        self._changelog = changelog
+        self._clock = clock
+        self.now = clock()
+        self.now_ms = int(self.now * 1000)
+        self.records: list[ChangelogRecord] = []
+        self.extra: list[ExtraRecord] = []
+        self.views: list[ExtraRecord] = []
+        self.batch = StoreBatch()  # written once the records are durable (step 4)
+        self.pushes: list[Push] = []
+
+    @property
+    def for_changelog(self) -> bool:
+        return bool(self.records or self.extra or self.views)
+
+    def admit(self, runtimes: Iterable[QueueRuntime]) -> bool:
+        """Step 1. True when a queue has fetched more than it had room for this round."""
+        local = StoreBatch()
+        more = False
+        for rt in runtimes:
+            if rt.admit(self.now, local) and rt.inbox:
+                more = True
+        if local:
+            self._store.write(local)
+        return more
+
+    def decide(self, rt: QueueRuntime, before_dispatch: Callable[[QueueRuntime], None]) -> bool:
+        """Step 2 for one queue. True when its publish route has more to copy than one round
+        takes."""
+        more = False
+        route = rt.route
+        if route is not None and route.inbox:
+            routed, copies = route.take(self.batch, self.now_ms)
+            self.records.extend(routed)
+            self.extra.extend(copies)
+            more = bool(route.inbox)
+        engine = rt.engine
+        engine.tick(self.now)
+        before_dispatch(rt)
+        engine.dispatch(self.now)
+        self.record(rt, engine.drain())
+        return more
+
+    def record(self, rt: QueueRuntime, effects: Effects) -> None:
+        """A queue's effects, and the changes the coordinator originated for it
+        (``QueueRuntime.pending_changes``), into this round."""
+        changes = rt.pending_changes + effects.changes
+        rt.pending_changes = []
+        if not changes and not effects.deliveries and not effects.view:
+            return
+        name = rt.name
+        need = [d.bookmark for d in effects.deliveries]
+        need.extend(c.bookmark for c in changes if isinstance(c, Done) and c.reason.dead_letter)
+        payloads = rt.payloads(self._store, need) if need else {}
+        for change in changes:
+            key, value = encode_change(name, change, self.now_ms)
+            self.records.append((rt.changelog_topic, key, value))
+            letter = mirror(rt, change, value, self.batch, payloads)
+            if letter is not None:
+                self.extra.append(letter)
+        if effects.view:
+            assert rt.config.view_topic is not None  # the engine tracks views for it only
+            self.views.append(view_record(rt.config.view_topic, name, effects.view, self.now_ms))
+        if effects.deliveries:
+            self.pushes.append((rt, materialize(rt, effects.deliveries, payloads)))
+
+    def send(self) -> Awaitable[Offsets] | None:
+        """Step 3 begun (commits complete in the order they begin); None: nothing to commit."""
+        if not self.for_changelog:
+            return None
+        return self._changelog.commit(self.records, self.extra, self.views)
+
+    def apply(self, offsets: Offsets) -> None:
+        """Step 4: the round's store batch, with where it leaves each changelog partition."""
+        for (topic, partition), last in offsets.items():
+            self.batch.set_changelog_offset(topic, partition, last + 1)
+        if self.batch:
+            self._store.write(self.batch)
+
+    async def commit(self) -> None:
+        """Steps 3 and 4."""
+        offsets: Offsets = {}
+        sending = self.send()
+        if sending is not None:
+            # done again until durable, however long Kafka is away: deliveries and ack
+            # answers wait here, lease deadlines keep counting in the engines
+            offsets = await sending
+            if self.pushes and self._clock() - self.now > LATE_ROUND:
+                restart_leases(self.pushes, self._clock())
+        self.apply(offsets)
+
+    def hand_out(self) -> None:
+        """Step 5: the deliveries, to the subscriptions still open."""
+        for rt, by_sub in self.pushes:
+            for sub_id, messages in by_sub:
+                sub = rt.subscriptions.get(sub_id)
+                if sub is not None and not sub.closed:
+                    sub.sink.deliver(messages)
+                    rt.counters.delivered += len(messages)
+
+
+class Reader(Protocol):
+    @property
+    def error(self) -> BaseException | None: ...
+
+
+class Rounds:
+    """Runs rounds until stopped: one when woken (or every 50 ms, for the engines' timers), at
+    least ``commit_interval`` after the last commit began, so what arrives meanwhile shares its
+    transaction. Fails (and stays failed) when a round or a topic reader does."""
+
+    def __init__(
+        self,
+        runtimes: Mapping[str, QueueRuntime],
+        store: Store,
+        changelog: Changelog,
+        signal: RoundSignal,
+        *,
+        clock: Callable[[], float],
+        before_dispatch: Callable[[QueueRuntime], None],
+        readers: Callable[[], Iterable[Reader]],
+        commit_interval: float,
+        interrupt: threading.Event,
+    ) -> None:
+        self._runtimes = runtimes
+        self._store = store
+        self._changelog = changelog
+        self._signal = signal
+        self._clock = clock
+        self._before_dispatch = before_dispatch
+        self._readers = readers
+        self._commit_interval = commit_interval
+        self._interrupt = interrupt  # set when stopping: a commit waiting on Kafka gives up
+        self._stopping = False
+        self._last_commit = 0.0  # monotonic start of the last changelog commit
+        self.count = 0  # rounds completed
+        self.failed: BaseException | None = None
+
+    def stop(self) -> None:
+        """The loop ends after the round under way."""
+        self._stopping = True
+        self._signal.wake()
+
+    async def run(self) -> None:
+        try:
+            while not self._stopping:
+                await self._signal.wait(0.05)
+                delay = self._last_commit + self._commit_interval - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                self._signal.clear()
+                for reader in self._readers():
+                    if reader.error is not None:
+                        raise BrokerError(f"reading queue topics failed: {reader.error}")
+                await self.one()
+        except BaseException as exc:
+            self.failed = exc
+            self._signal.fail(QLayerError("the coordinator failed; retry"))
+            if self._interrupt.is_set() and isinstance(exc, StateError):
+                # stopping while a commit waited for Kafka: its round was never answered, and
+                # the next start aborts the transaction it left open
+                log.warning("stopped with a round not committed: %s", exc)
+                return
+            if not isinstance(exc, asyncio.CancelledError):
+                log.critical("coordinator failed: %s", exc, exc_info=exc)
+            raise
+
+    async def one(self) -> None:
+        """One round, its steps in order."""
+        r = Round(self._store, self._changelog, self._clock)
+        runtimes = list(self._runtimes.values())
+        if r.admit(runtimes):
+            self._signal.wake()  # more to admit: go round again at once
+        for rt in runtimes:
+            if r.decide(rt, self._before_dispatch):
+                self._signal.wake()
+        self._signal.seal()
+        if r.for_changelog:
+            self._last_commit = time.monotonic()
+        await r.commit()
+        self.count += 1
+        r.hand_out()
+        self._signal.answer()
+
+
+def mirror(
+    rt: QueueRuntime,
+    change: Change,
+    value: bytes | None,
+    batch: StoreBatch,
+    payloads: Mapping[Bookmark, StoredMessage | None],
+) -> ExtraRecord | None:
+    """Mirror one change into the store batch (the entry is its changelog value); a message
+    that leaves without an ack comes back as its dead letter, when the queue has a topic for
+    them."""
+    name = rt.name
+    if isinstance(change, Leased | Returned):
+        assert value is not None
+        batch.put_entry_value(name, change.bookmark, value)
+    elif isinstance(change, Done):
+        assert value is not None
+        batch.put_entry_value(name, change.bookmark, value)
+        batch.delete_message(name, change.bookmark)
+        rt.payload_cache.pop(change.bookmark, None)
+        if change.reason is DoneReason.ACKED:
+            rt.counters.acked += 1
+        if change.reason.dead_letter:
+            rt.counters.dead_lettered += 1
+            topic = rt.config.dead_letter_topic
+            if topic:
+                return dead_letter(rt.name, topic, change, payloads.get(change.bookmark))
+    elif isinstance(change, LowWater):
+        batch.put_low_water(name, change.partition, change.offset)
+    elif isinstance(change, Forget):
+        batch.delete_entry(name, change.bookmark)
+    return None
+
+
+def dead_letter(queue: str, topic: str, change: Done, stored: StoredMessage | None) -> ExtraRecord:
+    """The dead letter of a message (``avro/dead_letter.avsc``), keyed by its bookmark."""
+    bm = change.bookmark
+    payload = stored.value if stored else None
+    detail = stored.error if stored else None
+    if payload is not None and len(payload) > DEAD_LETTER_PAYLOAD_MAX:
+        # the envelope must fit the producer's message.max.bytes, or the transaction (and
+        # the coordinator) would fail on this message again after every restart
+        cut = f"payload cut from {len(payload)} to {DEAD_LETTER_PAYLOAD_MAX} bytes"
+        detail = f"{detail}; {cut}" if detail else cut
+        payload = payload[:DEAD_LETTER_PAYLOAD_MAX]
+    envelope = {
+        "queue": queue,
+        "topic": bm.topic,
+        "partition": bm.partition,
+        "offset": bm.offset,
+        "bookmark": str(bm),
+        "key": stored.key if stored else None,
+        "headers": [{"key": k, "value": v} for k, v in (stored.headers if stored else ())],
+        "payload": payload,
+        "reason": change.reason.value,
+        "detail": detail,
+        "deliveries": change.deliveries,
+        "cancels": change.cancels,
+        "message_timestamp_ms": stored.timestamp_ms if stored else 0,
+        "dead_lettered_at_ms": int(change.at * 1000),
+    }
+    headers = [
+        ("qlayer.reason", change.reason.value.encode()),
+        ("qlayer.bookmark", str(bm).encode()),
+    ]
+    return (topic, str(bm).encode(), encode("dead_letter", envelope), headers)
+
+
+def materialize(
+    rt: QueueRuntime,
+    deliveries: Sequence[Delivery],
+    payloads: Mapping[Bookmark, StoredMessage | None],
+) -> list[tuple[str, list[DeliveredMessage]]]:
+    """The engine's deliveries as the messages the API sends, by subscription."""
+    by_sub: dict[str, list[DeliveredMessage]] = defaultdict(list)
+    for d in deliveries:
+        stored = payloads.get(d.bookmark)
+        if stored is None:  # cannot happen while the store is intact; never hand out a hole
+            log.error("queue=%s bookmark=%s has no stored payload", rt.name, d.bookmark)
+            continue
+        by_sub[d.subscription].append(
+            DeliveredMessage(
+                bookmark=d.bookmark,
+                key=stored.key,
+                value=stored.value,
+                headers=list(stored.headers),
+                timestamp_ms=stored.timestamp_ms,
+                deliveries=d.deliveries,
+                cancels=d.cancels,
+                lease_deadline_ms=int(d.deadline * 1000) if d.deadline is not None else None,
+                barrier=d.barrier,
+                queue=rt.name,
+            )
+        )
+    return list(by_sub.items())
+
+
+def restart_leases(pushes: Sequence[Push], now: float) -> None:
+    """The leases of a round whose commit waited (on Kafka) lost that time before their
+    messages were even handed out: start them again now, so a consumer gets its whole lease
+    period, and none runs out between its push and the consumer's ack. Lease deadlines are
+    not durable (a restart returns every lease), so this needs no changelog record."""
+    for rt, by_sub in pushes:
+        period = rt.config.lease_period
+        deadline_ms = int((now + period) * 1000)
+        for sub_id, messages in by_sub:
+            sub = rt.subscriptions.get(sub_id)
+            leased = [m.bookmark for m in messages if m.lease_deadline_ms is not None]
+            if sub is None or sub.closed or not leased:
+                continue
+            rt.engine.ack(sub_id, leased, AckOp.EXTEND, now, period)
+            for m in messages:
+                if m.lease_deadline_ms is not None:
+                    m.lease_deadline_ms = deadline_ms  # not handed out yet

@@ -1,0 +1,293 @@
+"""The round (``layer.coordinator.round``) over the in-memory store and changelog: what it
+writes, commits and hands out, and what a failed commit leaves behind."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from layer.api.service import DeliverySink
+from layer.codec import ChangeKind, decode
+from layer.coordinator.health import Health
+from layer.coordinator.restore import Restore
+from layer.coordinator.round import (
+    DEAD_LETTER_PAYLOAD_MAX,
+    LATE_ROUND,
+    Round,
+    Rounds,
+    RoundSignal,
+    dead_letter,
+    materialize,
+)
+from layer.coordinator.runtime import QueueRuntime
+from layer.coordinator.subscriptions import SubscriptionHandle
+from layer.engine.model import AckOp, Bookmark, Delivery, Done, DoneReason
+from layer.exceptions import QLayerError, StateError
+from layer.state.base import StoredMessage
+from layer.state.memory import MemoryStore
+from tests.unit.ports import (
+    TOPIC,
+    Clock,
+    ListSink,
+    MemoryChangelog,
+    fetch,
+    new_runtime,
+    queue_config,
+    subscriptions,
+)
+
+
+class Bench:
+    """One queue, its subscriptions and the rounds, wired as the coordinator wires them."""
+
+    def __init__(self, **options: object) -> None:
+        self.clock = Clock()
+        self.store = MemoryStore()
+        self.changelog = MemoryChangelog()
+        self.signal = RoundSignal()
+        self.q = queue_config(**options)
+        self.rt = new_runtime(self.q)
+        self.runtimes: dict[str, QueueRuntime] = {self.q.name: self.rt}
+        self.subs = subscriptions(self.runtimes, self.store, self.clock, self.signal)
+        self.rounds = Rounds(
+            self.runtimes,
+            self.store,
+            self.changelog,
+            self.signal,
+            clock=self.clock,
+            before_dispatch=self.subs.apply_backlogs,
+            readers=list,
+            commit_interval=0.0,
+            interrupt=threading.Event(),
+        )
+
+    async def subscribe(self, backlog: int = 10) -> tuple[SubscriptionHandle, ListSink]:
+        sink = ListSink()
+        handle = await self.subs.subscribe(self.q.name, backlog, _sink(sink))
+        return handle, sink
+
+    def entries(self) -> dict[Bookmark, ChangeKind]:
+        return {bm: e.kind for bm, e in self.store.entries(self.q.name)}
+
+    def restore(self) -> QueueRuntime:
+        """A restart's engine, from this store alone (the changelog is what it holds)."""
+        restore = Restore(
+            self.store,
+            source=None,  # type: ignore[arg-type]  # load reads the store only
+            changelog=self.changelog,
+            changelog_topic=lambda name: f"{name}-changelog",
+            until_reachable=None,  # type: ignore[arg-type]
+            clock=self.clock,
+            progress=lambda line: None,
+            health=Health(),
+        )
+        return restore.load(self.q)
+
+
+def _sink(sink: ListSink) -> DeliverySink:
+    return sink
+
+
+def bookmarks(n: int) -> list[Bookmark]:
+    return [Bookmark(TOPIC, 0, i) for i in range(n)]
+
+
+def run(coro: object) -> None:
+    asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def test_a_round_leases_commits_once_and_hands_out_after_the_store_write() -> None:
+    async def scenario() -> None:
+        b = Bench()
+        _, sink = await b.subscribe()
+        fetch(b.rt, [b'{"n": 0}', b'{"n": 1}', b'{"n": 2}'])
+        await b.rounds.one()
+
+        [tx] = b.changelog.transactions  # one transaction for the whole round
+        kinds = [value["kind"] for key, value in tx.changes() if value and not key.is_position]
+        assert kinds == ["LEASED"] * 3
+        assert b.entries() == dict.fromkeys(bookmarks(3), ChangeKind.LEASED)
+        assert b.store.changelog_offset("q-changelog", 0) == len(tx.records)
+        assert [m.bookmark for m in sink.messages] == bookmarks(3)
+        first = sink.messages[0]
+        assert (first.key, first.value, first.headers) == (b"k0", b'{"n": 0}', [("h", b"v")])
+        assert first.lease_deadline_ms == int((b.clock.now + b.q.lease_period) * 1000)
+        assert first.deliveries == 1
+        assert b.rt.counters.delivered == 3
+        assert b.rounds.count == 1
+
+    run(scenario())
+
+
+def test_a_round_with_nothing_to_say_commits_nothing() -> None:
+    async def scenario() -> None:
+        b = Bench()
+        await b.rounds.one()
+        await b.rounds.one()
+        assert b.changelog.transactions == []
+        assert b.rounds.count == 2
+
+    run(scenario())
+
+
+def test_an_ack_is_answered_once_its_done_record_is_committed() -> None:
+    async def scenario() -> None:
+        b = Bench()
+        handle, sink = await b.subscribe()
+        fetch(b.rt, [b'{"n": 0}', b'{"n": 1}'])
+        await b.rounds.one()
+        second = Bookmark(TOPIC, 0, 1)  # above the low-water mark: its done record stays
+        ack = asyncio.ensure_future(handle.ack(AckOp.ACK, ["orders/0/1"]))
+        await asyncio.sleep(0)  # the ack is taken and waits on the next commit
+        assert not ack.done()
+        assert b.entries()[second] is ChangeKind.LEASED
+        await b.rounds.one()
+        assert await ack == []
+        assert b.entries()[second] is ChangeKind.DONE
+        assert b.store.get_messages("q", [second]) == [None]  # the local copy is deleted
+        assert b.rt.counters.acked == 1
+
+    run(scenario())
+
+
+def test_an_expired_message_is_dead_lettered_with_its_done_record() -> None:
+    async def scenario() -> None:
+        b = Bench(dead_letter_topic="orders-dlq")
+        handle, _ = await b.subscribe()
+        fetch(b.rt, [b'{"n": 0}'])
+        await b.rounds.one()
+        ack = asyncio.ensure_future(handle.ack(AckOp.EXPIRE, ["orders/0/0"]))
+        await asyncio.sleep(0)
+        await b.rounds.one()
+        assert await ack == []
+
+        tx = b.changelog.transactions[-1]
+        kinds = {v["kind"] for k, v in tx.changes() if v is not None and not k.is_position}
+        assert "DONE" in kinds
+        [(topic, key, envelope, headers)] = tx.extra  # in the same transaction
+        assert (topic, key) == ("orders-dlq", b"orders/0/0")
+        assert headers is not None and ("qlayer.reason", b"consumer_expire") in headers
+        assert envelope is not None
+        letter = decode("dead_letter", envelope)
+        assert letter["reason"] == "consumer_expire"
+        assert (letter["payload"], letter["key"], letter["deliveries"]) == (b'{"n": 0}', b"k0", 1)
+        assert b.rt.counters.dead_lettered == 1
+
+    run(scenario())
+
+
+def test_a_failed_commit_leaves_the_store_as_the_changelog_says() -> None:
+    async def scenario() -> None:
+        b = Bench()
+        handle, sink = await b.subscribe()
+        fetch(b.rt, [b'{"n": 0}', b'{"n": 1}'])
+        await b.rounds.one()
+        before = b.entries()
+        offset = b.store.changelog_offset("q-changelog", 0)
+        delivered = len(sink.messages)
+
+        b.changelog.fail = StateError("the broker went away")
+        ack = asyncio.ensure_future(handle.ack(AckOp.ACK, ["orders/0/0"]))
+        fetch(b.rt, [b'{"n": 2}'], first=2)  # leased in the failing round
+        await asyncio.sleep(0)
+        run_task = asyncio.ensure_future(b.rounds.run())
+        with pytest.raises(StateError):
+            await run_task
+        assert isinstance(b.rounds.failed, StateError)
+        with pytest.raises(QLayerError, match="retry"):
+            await ack  # told to retry, never answered as durable
+
+        assert b.entries() == before  # no done record, no lease of the new message
+        assert b.store.changelog_offset("q-changelog", 0) == offset
+        assert len(sink.messages) == delivered  # nothing of the round handed out
+        # what a restart sees: the acked message is still queued (its lease returned), the
+        # newly read one too (its copy and read position were written at admission)
+        engine = b.restore().engine
+        assert sorted(engine.available()) == bookmarks(3)
+        assert engine.counts(Bookmark(TOPIC, 0, 0)) == (1, 0)
+        assert engine.counts(Bookmark(TOPIC, 0, 2)) == (0, 0)
+
+    run(scenario())
+
+
+def test_a_late_commit_starts_the_leases_it_hands_out_again() -> None:
+    async def scenario() -> None:
+        b = Bench(lease_period=30.0)
+        _, sink = await b.subscribe()
+        fetch(b.rt, [b'{"n": 0}'])
+
+        def slow() -> None:
+            b.clock.now += LATE_ROUND + 5
+
+        b.changelog.during = slow
+        start = b.clock.now
+        await b.rounds.one()
+        [message] = sink.messages
+        assert message.lease_deadline_ms == int((start + LATE_ROUND + 5 + 30.0) * 1000)
+
+    run(scenario())
+
+
+def test_the_signal_answers_only_waiters_sealed_before_the_commit() -> None:
+    async def scenario() -> None:
+        signal = RoundSignal()
+        early = signal.next_commit()
+        signal.seal()
+        late = signal.next_commit()
+        signal.answer()
+        assert early.done() and not late.done()
+        signal.fail(QLayerError("failed"))
+        assert isinstance(late.exception(), QLayerError)
+
+    run(scenario())
+
+
+@pytest.fixture
+def stored() -> Iterator[StoredMessage]:
+    yield StoredMessage(key=b"k", value=b"x" * (DEAD_LETTER_PAYLOAD_MAX + 10), headers=())
+
+
+def test_a_dead_letter_too_big_for_the_producer_is_cut_and_says_so(
+    stored: StoredMessage,
+) -> None:
+    done = Done(Bookmark(TOPIC, 0, 7), DoneReason.MAX_DELIVERIES, 3, 0, 1_700_000_000.0)
+    topic, key, value, _ = dead_letter("q", "dlq", done, stored)
+    assert value is not None
+    letter = decode("dead_letter", value)
+    assert (topic, key) == ("dlq", b"orders/0/7")
+    assert len(letter["payload"]) == DEAD_LETTER_PAYLOAD_MAX
+    assert "payload cut from 900010" in letter["detail"]
+    assert letter["reason"] == "max_deliveries"
+
+
+def test_a_delivery_without_a_stored_copy_is_never_handed_out() -> None:
+    rt = new_runtime(queue_config())
+    there = Bookmark(TOPIC, 0, 1)
+    deliveries = [
+        Delivery("s", Bookmark(TOPIC, 0, 0), 1, 0, None),
+        Delivery("s", there, 1, 0, None),
+    ]
+    stored = StoredMessage(key=None, value=b"{}", headers=())
+    [(sub, messages)] = materialize(rt, deliveries, {there: stored})
+    assert sub == "s" and [m.bookmark for m in messages] == [there]
+
+
+def test_a_removed_queues_last_changes_are_one_commit() -> None:
+    async def scenario() -> None:
+        b = Bench()
+        handle, _ = await b.subscribe()
+        fetch(b.rt, [b'{"n": 0}'])
+        await b.rounds.one()
+        b.subs.close(handle._state)  # its lease returns: a change no round will drain
+        last = Round(b.store, b.changelog, b.clock)
+        last.record(b.rt, b.rt.engine.drain())
+        sending = last.send()
+        assert sending is not None
+        last.apply(await sending)
+        assert b.entries() == {Bookmark(TOPIC, 0, 0): ChangeKind.RETURNED}
+        assert len(b.changelog.transactions) == 2
+
+    run(scenario())
