@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-fast bench lint clean
+.PHONY: demo test test-fast bench lint proto clean
 
 $(STAMP): pyproject.toml
 	@bash scripts/bootstrap.sh "$(PYTHON)" "$(VENV)"
@@ -32,6 +32,10 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check layer connectors spark tests bench
 	$(BIN)/mypy layer connectors
+
+# the API's stubs from layer/api/proto/qlayer/v1/queue.proto (commit them with the .proto)
+proto: $(STAMP)
+	$(BIN)/python scripts/gen_proto.py
 
 clean:
 	rm -rf $(VENV) .qlayer

@@ -1,5 +1,5 @@
-"""Hand-written Avro binary for the records on the hot path: ChangelogValue, StoredMessage and
-the API's Messages frame (the view topic's ViewRound is in layer.coordinator.view).
+"""Hand-written Avro binary for the records on the hot path: ChangelogValue and StoredMessage
+(the view topic's ViewRound is in layer.viewcodec).
 
 fastavro's schemaless writer costs ~10 µs a call for these small records (validation, buffer
 set-up), and the coordinator writes several per message. These functions produce the same bytes
@@ -13,9 +13,6 @@ then 0; an enum is its symbol's index.
 """
 
 from __future__ import annotations
-
-from functools import lru_cache
-from typing import Any
 
 from layer.exceptions import SerializationError
 
@@ -125,43 +122,6 @@ def stored_message(
     parts.append(_opt_long(priority))
     parts.append(_opt_str(error))
     return b"".join(parts)
-
-
-def api_messages_frame(frame_version: int, messages: list[Any]) -> bytes:
-    """A subscription stream's ``Messages`` frame (``ServerFrame`` body branch 1) of
-    ``layer.api.service.DeliveredMessage``s: the frame every delivery costs, byte-identical to
-    the fastavro encoding (tests/unit/test_frames.py)."""
-    parts = [bytes((frame_version,)), b"\x02"]  # union branch 1: Messages
-    if messages:
-        parts.append(long(len(messages)))
-        for m in messages:
-            bm = m.bookmark
-            deadline = m.lease_deadline_ms
-            parts.append(_topic_partition(bm.topic, bm.partition))
-            parts.append(long(bm.offset))
-            parts.append(_opt_bytes(m.key))
-            parts.append(_opt_bytes(m.value))
-            parts.append(_headers(tuple(m.headers)))
-            parts.append(long(m.timestamp_ms))
-            parts.append(long(m.deliveries))
-            parts.append(long(m.cancels))
-            parts.append(b"\x00" if deadline is None else b"\x02" + long(deadline))
-            parts.append(b"\x01" if m.barrier else b"\x00")
-            parts.append(_string(m.queue))
-    parts.append(b"\x00")
-    return b"".join(parts)
-
-
-@lru_cache(maxsize=4096)
-def _topic_partition(topic: str, partition: int) -> bytes:
-    t = topic.encode()
-    return long(len(t)) + t + long(partition)
-
-
-@lru_cache(maxsize=1024)
-def _string(text: str) -> bytes:
-    raw = text.encode()
-    return long(len(raw)) + raw
 
 
 class _Reader:

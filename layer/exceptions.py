@@ -34,12 +34,20 @@ class RecoveryError(StateError):
     """State could not be restored from the changelog."""
 
 
+class StateMismatch(StateError):
+    """The state directory does not belong to this Kafka cluster."""
+
+
 class QueueError(QLayerError):
     """A queue operation failed."""
 
 
 class UnknownQueue(QueueError):
     """No queue with that name is configured."""
+
+
+class QueueRemoved(UnknownQueue):
+    """The queue was removed by a reload of the configuration."""
 
 
 class LeaseError(QueueError):
@@ -54,12 +62,70 @@ class NotLeaseHolder(LeaseError):
     """The message is leased to another subscription and the queue's leasing is strict."""
 
 
+class NotLeased(LeaseError):
+    """Nobody holds a lease on the message (a cancel or extend of a message not leased)."""
+
+
+class LeaseLost(LeaseError):
+    """The lease ended with the connection it was granted on: the ack was not confirmed.
+
+    The coordinator returns a disconnected consumer's leases, so the message will be delivered
+    again (at-least-once): make its processing idempotent, or skip it by its bookmark.
+    """
+
+
+class SubscriptionClosed(LeaseError):
+    """The subscription is closed: the operation was not applied."""
+
+
+class AckFailed(LeaseError):
+    """The server could not make the operation durable; the message may come back."""
+
+
+class PermissionDenied(QLayerError):
+    """The caller's credentials do not allow this call."""
+
+
 class InvalidRequest(QLayerError):
     """The request is malformed."""
 
 
+class MalformedBookmark(InvalidRequest, LeaseError):
+    """A bookmark is not ``topic/partition/offset``.
+
+    Both a malformed request and, in an ack, a refused lease operation: ``except LeaseError``
+    around ``ack(wait=True)`` catches it as it catches an unknown bookmark."""
+
+
+class MalformedFrame(InvalidRequest):
+    """A frame sent to the server did not decode."""
+
+
+class UnexpectedFrame(InvalidRequest):
+    """A frame came where the protocol does not allow it."""
+
+
 class ClientError(QLayerError):
     """The client lost its connection or the server refused the request."""
+
+
+class Unauthenticated(ClientError):
+    """UNAUTHENTICATED: missing or wrong bearer token."""
+
+
+class ConnectionLost(ClientError):
+    """The connection to the qlayer server was lost or could not be made."""
+
+
+class ConnectFailed(ConnectionLost):
+    """No connection to the qlayer server could be made: the request was never sent."""
+
+
+class PublishUncertain(ConnectionLost):
+    """The connection dropped during a publish: it may or may not have reached Kafka.
+
+    Publishing again is safe only if a duplicate is acceptable (consumers see both).
+    """
 
 
 class ExpressionError(InvalidRequest):

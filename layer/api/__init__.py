@@ -1,4 +1,5 @@
-"""The API: gRPC transport (Avro frames) in front of the coordinator's ``QueueService``."""
+"""The API: gRPC transport (protobuf, ``proto/qlayer/v1/queue.proto``) in front of the
+coordinator's ``QueueService``."""
 
 from layer.api.server import ApiServer
 from layer.api.service import (
@@ -10,6 +11,9 @@ from layer.api.service import (
     QueueService,
     QueueStats,
     RedriveResult,
+    ReloadChange,
+    ReloadRefusal,
+    ReloadResult,
     Subscription,
 )
 
@@ -23,5 +27,8 @@ __all__ = [
     "QueueService",
     "QueueStats",
     "RedriveResult",
+    "ReloadChange",
+    "ReloadRefusal",
+    "ReloadResult",
     "Subscription",
 ]

@@ -1,32 +1,41 @@
-"""The API's wire format: Avro frames (schemas ``avro/api_*.avsc``) behind a version byte.
+"""The API's wire format: protobuf (``layer/api/proto/qlayer/v1/queue.proto``, the reference).
 
-Each gRPC message is one frame: the byte ``FRAME_VERSION`` followed by the schemaless Avro
-encoding of the frame's record. The ``*_CODEC`` objects' ``encode`` / ``decode`` plug straight
-into gRPC's serializer hooks and convert between the wire records and the plain dataclasses below
-(which reuse ``layer.api.service``'s types). ``decode`` raises ``SerializationError`` for anything
-malformed: wrong version, truncated or trailing bytes, an unknown union branch or enum symbol, bad
-UTF-8.
+Each gRPC message is one protobuf message of ``queue.proto``, encoded and decoded by the
+generated stubs (the C-backed ``upb`` runtime). The ``*_CODEC`` objects' ``encode`` /
+``decode`` plug straight into gRPC's serializer hooks and convert between the protobuf messages
+and the plain dataclasses below (which reuse ``layer.api.service``'s types), so the server and
+the clients never touch protobuf objects. ``decode`` raises ``SerializationError`` naming what
+is wrong for anything malformed: bytes that are not protobuf, bad UTF-8, a frame without a
+body, an unknown enum value, an Ack whose offsets are not valid runs.
 
-Schemaless data can only be read with the schema that wrote it, so any change to a frame's layout
-bumps ``FRAME_VERSION``: a peer of another version is refused with a message naming both versions
-instead of misreading the bytes. Version 2 added content filters (Subscribe, Replace, Browse,
-AckWhere), barrier messages and the Error's request id; version 3 the queue of a message.
+Fields this build does not know are skipped (protobuf's forward compatibility): a newer peer
+that added fields still talks to this one. A change of meaning therefore never reuses a field
+number; it adds a field.
+
+Acks travel as runs of offsets per partition (``OffsetRuns``): a batch of 500 consecutive
+offsets of one partition is a topic, a partition and two numbers.
 """
 
 from __future__ import annotations
 
-import io
-import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-import fastavro
+from google.protobuf.message import DecodeError, EncodeError
 
-from layer import avro_fast
-from layer.api.service import AckFailure, DeliveredMessage, QueueInfo, QueueStats
-from layer.engine.model import AckError, AckOp, Bookmark
+from layer.api.errors import ErrorCode, parse_code
+from layer.api.proto.qlayer.v1 import queue_pb2 as pb
+from layer.api.service import (
+    AckFailure,
+    DeliveredMessage,
+    QueueInfo,
+    QueueStats,
+    ReloadChange,
+    ReloadRefusal,
+    ReloadResult,
+)
+from layer.engine.model import AckOp, Bookmark
 from layer.exceptions import SerializationError
 
 __all__ = [
@@ -35,22 +44,23 @@ __all__ = [
     "BROWSE_CODEC",
     "BROWSE_REPLY_CODEC",
     "CLIENT_FRAME_CODEC",
-    "FRAME_VERSION",
     "LIST_QUEUES_CODEC",
+    "MAX_ACK_OFFSETS",
     "PUBLISHED_CODEC",
     "PUBLISH_CODEC",
     "QUEUE_LIST_CODEC",
+    "REDRIVE_CODEC",
+    "REDRIVE_REPLY_CODEC",
+    "RELOAD_CODEC",
+    "RELOAD_REPLY_CODEC",
     "SERVER_FRAME_CODEC",
+    "SERVICE_NAME",
     "STATS_CODEC",
     "STATS_REPLY_CODEC",
     "Ack",
     "AckResult",
     "AckWhere",
     "AckWhereReply",
-    "REDRIVE_CODEC",
-    "REDRIVE_REPLY_CODEC",
-    "Redrive",
-    "RedriveReply",
     "Browse",
     "BrowseReply",
     "ClientFrame",
@@ -59,9 +69,14 @@ __all__ = [
     "FrameCodec",
     "ListQueues",
     "Messages",
+    "OffsetRuns",
     "Publish",
     "Published",
     "QueueList",
+    "Redrive",
+    "RedriveReply",
+    "Reload",
+    "ReloadReply",
     "Replace",
     "Replaced",
     "ServerFrame",
@@ -71,10 +86,10 @@ __all__ = [
     "Subscribed",
 ]
 
-FRAME_VERSION = 3
-_VERSION_BYTE = bytes([FRAME_VERSION])
-_SCHEMA_DIR = Path(__file__).resolve().parents[2] / "avro"
-_NS = "qlayer.api."
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["QueueService"].full_name  # qlayer.v1.QueueService
+# The most offsets one Ack frame may name (queue.proto says so): the server expands them, so a
+# frame of a few bytes must not make it build billions of operations.
+MAX_ACK_OFFSETS = 100_000
 
 Headers = list[tuple[str, bytes | None]]
 
@@ -91,11 +106,68 @@ class Subscribe:
 
 
 @dataclass(frozen=True, slots=True)
+class OffsetRuns:
+    """Offsets of one partition as inclusive runs: ``runs`` is ``[first, last, first, last...]``."""
+
+    topic: str
+    partition: int
+    runs: list[int]
+
+    def offsets(self) -> Iterable[int]:
+        runs = self.runs
+        for i in range(0, len(runs), 2):
+            yield from range(runs[i], runs[i + 1] + 1)
+
+    def count(self) -> int:
+        runs = self.runs
+        return sum(runs[i + 1] - runs[i] + 1 for i in range(0, len(runs), 2))
+
+
+@dataclass(frozen=True, slots=True)
 class Ack:
+    """One lease operation on a batch of messages, named by runs of offsets per partition."""
+
     request_id: int
     op: AckOp
-    bookmarks: list[str]
+    offsets: list[OffsetRuns]
     seconds: float = 0.0
+
+    @classmethod
+    def of(
+        cls, request_id: int, op: AckOp, bookmarks: Iterable[Bookmark], seconds: float = 0.0
+    ) -> Ack:
+        """The frame for ``bookmarks``: grouped by partition, sorted, consecutive offsets
+        joined into runs (an offset named twice is named once)."""
+        by_partition: dict[tuple[str, int], list[int]] = {}
+        for topic, partition, offset in bookmarks:
+            found = by_partition.get((topic, partition))
+            if found is None:
+                by_partition[(topic, partition)] = [offset]
+            else:
+                found.append(offset)
+        offsets = []
+        for (topic, partition), listed in by_partition.items():
+            listed.sort()
+            runs = [listed[0], listed[0]]
+            for offset in listed:
+                if offset > runs[-1] + 1:
+                    runs += (offset, offset)
+                elif offset > runs[-1]:
+                    runs[-1] = offset
+            offsets.append(OffsetRuns(topic, partition, runs))
+        return cls(request_id, op, offsets, seconds)
+
+    @property
+    def bookmarks(self) -> list[str]:
+        """Every message named, as ``topic/partition/offset``, partition by partition."""
+        out: list[str] = []
+        for runs in self.offsets:
+            prefix = f"{runs.topic}/{runs.partition}/"
+            out += [prefix + str(offset) for offset in runs.offsets()]
+        return out
+
+    def count(self) -> int:
+        return sum(r.count() for r in self.offsets)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +215,7 @@ class Error:
     """A problem that does not end the stream; ``request_id`` names the ``Replace`` it
     refuses (None for a frame-level problem such as ``malformed_frame``)."""
 
-    code: str
+    code: ErrorCode
     message: str
     request_id: int | None = None
 
@@ -232,24 +304,17 @@ class RedriveReply:
     unmatched: int
 
 
-# --- schemas ----------------------------------------------------------------------------------
-
-# Every api_*.avsc shares one namespace; Header and Message are referenced by name from several
-# of them, so they have files of their own, parsed first.
-_NAMED: dict[str, Any] = {}
+@dataclass(frozen=True, slots=True)
+class Reload:
+    pass
 
 
-def _schema(name: str) -> Any:
-    path = _SCHEMA_DIR / f"api_{name}.avsc"
-    try:
-        raw = json.loads(path.read_text())
-        return fastavro.parse_schema(raw, named_schemas=_NAMED)
-    except (OSError, ValueError, fastavro.schema.SchemaParseException) as exc:
-        raise SerializationError(f"cannot load frame schema {path}: {exc}") from exc
+@dataclass(frozen=True, slots=True)
+class ReloadReply:
+    result: ReloadResult
 
 
-_schema("header")
-_schema("message")
+# --- the codec --------------------------------------------------------------------------------
 
 T = TypeVar("T")
 
@@ -259,334 +324,397 @@ class FrameCodec(Generic[T]):
 
     def __init__(
         self,
-        schema_name: str,
-        to_record: Callable[[T], dict[str, Any]],
-        from_record: Callable[[dict[str, Any]], T],
+        proto: type[Any],
+        to_proto: Callable[[T], Any],
+        from_proto: Callable[[Any], T],
     ) -> None:
-        self.name = schema_name
-        self._schema = _schema(schema_name)
-        self._to_record = to_record
-        self._from_record = from_record
+        self.name = proto.DESCRIPTOR.name
+        self._proto = proto
+        self._to_proto = to_proto
+        self._from_proto = from_proto
 
     def encode(self, frame: T) -> bytes:
-        buffer = io.BytesIO()
-        buffer.write(_VERSION_BYTE)
         try:
-            fastavro.schemaless_writer(buffer, self._schema, self._to_record(frame))
-        except Exception as exc:  # fastavro raises ValueError, TypeError, OverflowError...
+            data: bytes = self._to_proto(frame).SerializeToString()
+        except (ValueError, TypeError, AttributeError, EncodeError) as exc:  # out of range...
             raise SerializationError(f"cannot encode {self.name} frame {frame!r}: {exc}") from exc
-        return buffer.getvalue()
+        return data
 
     def decode(self, data: bytes) -> T:
-        if not data:
-            raise SerializationError(f"malformed {self.name} frame: empty")
-        if data[0] != FRAME_VERSION:
-            raise SerializationError(
-                f"malformed {self.name} frame: version {data[0]} (this build speaks "
-                f"{FRAME_VERSION})"
-            )
-        buffer = io.BytesIO(data)
-        buffer.seek(1)
         try:
-            record = fastavro.schemaless_reader(buffer, self._schema, None, return_record_name=True)
-            if not isinstance(record, dict):
-                raise ValueError(f"decoded a {type(record).__name__}, not a record")
-            frame = self._from_record(record)
-        except Exception as exc:  # EOFError, IndexError, UnicodeDecodeError, ValueError...
+            message = self._proto.FromString(data)
+        except (DecodeError, ValueError) as exc:
             raise SerializationError(
-                f"malformed {self.name} frame ({len(data)} bytes): {type(exc).__name__}: {exc}"
+                f"malformed {self.name} frame ({len(data)} bytes): not a valid {self.name}"
+                f" message: {exc}"
             ) from exc
-        if buffer.tell() != len(data):
-            raise SerializationError(
-                f"malformed {self.name} frame: {len(data) - buffer.tell()} trailing bytes"
+        try:
+            return self._from_proto(message)
+        except (ValueError, KeyError) as exc:
+            raise SerializationError(f"malformed {self.name} frame: {exc}") from exc
+
+
+def _opt(message: Any, name: str) -> Any:
+    """A proto3 ``optional`` field's value, None when unset."""
+    return getattr(message, name) if message.HasField(name) else None
+
+
+def _headers_to(headers: Sequence[tuple[str, bytes | None]]) -> list[Any]:
+    return [pb.Header(key=key, value=value) for key, value in headers]
+
+
+def _headers_from(headers: Iterable[Any]) -> Headers:
+    return [(h.key, h.value if h.HasField("value") else None) for h in headers]
+
+
+# AckOp <-> the enum of queue.proto (0 is ACK_OP_UNSPECIFIED: never valid)
+_OP_TO = {
+    AckOp.ACK: pb.ACK_OP_ACK,
+    AckOp.CANCEL: pb.ACK_OP_CANCEL,
+    AckOp.EXPIRE: pb.ACK_OP_EXPIRE,
+    AckOp.EXTEND: pb.ACK_OP_EXTEND,
+}
+_OP_FROM = {number: op for op, number in _OP_TO.items()}
+
+
+def _ack_from(ack: Any) -> Ack:
+    op = _OP_FROM.get(ack.op)
+    if op is None:
+        raise ValueError(
+            f"Ack op {ack.op} is not one of {', '.join(f'{n} ({o})' for n, o in _OP_FROM.items())}"
+        )
+    offsets: list[OffsetRuns] = []
+    total = 0
+    for entry in ack.offsets:
+        topic, partition, runs = entry.topic, entry.partition, list(entry.runs)
+        where = f"Ack offsets of {topic!r} partition {partition}"
+        if not topic:
+            raise ValueError("Ack offsets with an empty topic")
+        if partition < 0:
+            raise ValueError(f"{where}: negative partition")
+        if len(runs) % 2:
+            raise ValueError(f"{where}: {len(runs)} runs values, not first/last pairs")
+        for i in range(0, len(runs), 2):
+            first, last = runs[i], runs[i + 1]
+            if first < 0:
+                raise ValueError(f"{where}: negative offset {first}")
+            if last < first:
+                raise ValueError(f"{where}: run {first}..{last} ends before it starts")
+            total += last - first + 1
+            if total > MAX_ACK_OFFSETS:
+                raise ValueError(
+                    f"Ack names more than {MAX_ACK_OFFSETS:,} offsets (run {first}..{last}"
+                    f" of {topic!r} partition {partition}): split it into several Acks"
+                )
+        offsets.append(OffsetRuns(topic, partition, runs))
+    return Ack(ack.request_id, op, offsets, ack.seconds)
+
+
+def _client_to(frame: ClientFrame) -> Any:
+    if isinstance(frame, Ack):
+        return pb.ClientFrame(
+            ack=pb.Ack(
+                request_id=frame.request_id,
+                op=_OP_TO[AckOp(frame.op)],
+                offsets=[
+                    pb.OffsetRuns(topic=r.topic, partition=r.partition, runs=r.runs)
+                    for r in frame.offsets
+                ],
+                seconds=frame.seconds,
             )
-        return frame
-
-
-# --- conversions ------------------------------------------------------------------------------
-
-
-def _headers_to(headers: Sequence[tuple[str, bytes | None]]) -> list[dict[str, Any]]:
-    return [{"key": key, "value": value} for key, value in headers]
-
-
-def _headers_from(records: Sequence[Mapping[str, Any]]) -> Headers:
-    return [(r["key"], r["value"]) for r in records]
-
-
-def _union(record: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    name, body = record["body"]
-    return name.removeprefix(_NS), body
-
-
-def _client_to(frame: ClientFrame) -> dict[str, Any]:
+        )
     if isinstance(frame, Subscribe):
-        body: dict[str, Any] = {
-            "queue": frame.queue,
-            "max_backlog": frame.max_backlog,
-            "client_name": frame.client_name,
-            "filter": frame.filter,
-        }
-    elif isinstance(frame, Ack):
-        body = {
-            "request_id": frame.request_id,
-            "op": AckOp(frame.op).name,
-            "bookmarks": list(frame.bookmarks),
-            "seconds": float(frame.seconds),
-        }
-    elif isinstance(frame, Close):
-        body = {}
-    elif isinstance(frame, Replace):
-        body = {
-            "request_id": frame.request_id,
-            "queue": frame.queue,
-            "max_backlog": frame.max_backlog,
-            "filter": frame.filter,
-        }
-    else:
-        raise TypeError(f"not a client frame: {type(frame).__name__}")
-    return {"body": (_NS + type(frame).__name__, body)}
+        return pb.ClientFrame(
+            subscribe=pb.Subscribe(
+                queue=frame.queue,
+                max_backlog=frame.max_backlog,
+                client_name=frame.client_name,
+                filter=frame.filter,
+            )
+        )
+    if isinstance(frame, Close):
+        return pb.ClientFrame(close=pb.Close())
+    if isinstance(frame, Replace):
+        return pb.ClientFrame(
+            replace=pb.Replace(
+                request_id=frame.request_id,
+                queue=frame.queue,
+                max_backlog=frame.max_backlog,
+                filter=frame.filter,
+            )
+        )
+    raise TypeError(f"not a client frame: {type(frame).__name__}")
 
 
-def _client_from(record: dict[str, Any]) -> ClientFrame:
-    name, body = _union(record)
-    if name == "Subscribe":
-        return Subscribe(body["queue"], body["max_backlog"], body["client_name"], body["filter"])
-    if name == "Ack":
-        return Ack(body["request_id"], AckOp[body["op"]], body["bookmarks"], body["seconds"])
-    if name == "Close":
+def _client_from(message: Any) -> ClientFrame:
+    kind = message.WhichOneof("body")
+    if kind == "ack":
+        return _ack_from(message.ack)
+    if kind == "subscribe":
+        s = message.subscribe
+        return Subscribe(s.queue, s.max_backlog, s.client_name, _opt(s, "filter"))
+    if kind == "close":
         return Close()
-    if name == "Replace":
-        return Replace(body["request_id"], body["queue"], body["max_backlog"], body["filter"])
-    raise ValueError(f"unknown client frame {name!r}")
+    if kind == "replace":
+        r = message.replace
+        return Replace(r.request_id, r.queue, r.max_backlog, _opt(r, "filter"))
+    raise ValueError("ClientFrame without a body (none of subscribe, ack, close, replace set)")
 
 
-def _message_to(message: DeliveredMessage) -> dict[str, Any]:
-    return {
-        "topic": message.bookmark.topic,
-        "partition": message.bookmark.partition,
-        "offset": message.bookmark.offset,
-        "key": message.key,
-        "value": message.value,
-        "headers": _headers_to(message.headers),
-        "timestamp_ms": message.timestamp_ms,
-        "deliveries": message.deliveries,
-        "cancels": message.cancels,
-        "lease_deadline_ms": message.lease_deadline_ms,
-        "barrier": message.barrier,
-        "queue": message.queue,
-    }
+def _add_messages(repeated: Any, messages: Iterable[DeliveredMessage]) -> None:
+    """Append ``messages`` to a ``repeated Message`` field: the encoding every delivery costs,
+    so one ``add`` call per message and header objects only where there are headers."""
+    add = repeated.add
+    header = pb.Header
+    for m in messages:
+        topic, partition, offset = m.bookmark
+        headers = m.headers
+        add(
+            topic=topic,
+            partition=partition,
+            offset=offset,
+            key=m.key,
+            value=m.value,
+            headers=[header(key=k, value=v) for k, v in headers] if headers else None,
+            timestamp_ms=m.timestamp_ms,
+            deliveries=m.deliveries,
+            cancels=m.cancels,
+            lease_deadline_ms=m.lease_deadline_ms,
+            barrier=m.barrier,
+            queue=m.queue,
+        )
 
 
-def _message_from(r: Mapping[str, Any]) -> DeliveredMessage:
-    return DeliveredMessage(
-        bookmark=Bookmark(r["topic"], r["partition"], r["offset"]),
-        key=r["key"],
-        value=r["value"],
-        headers=_headers_from(r["headers"]),
-        timestamp_ms=r["timestamp_ms"],
-        deliveries=r["deliveries"],
-        cancels=r["cancels"],
-        lease_deadline_ms=r["lease_deadline_ms"],
-        barrier=r["barrier"],
-        queue=r["queue"],
-    )
+def _messages_from(messages: Iterable[Any]) -> list[DeliveredMessage]:
+    out = []
+    for m in messages:
+        out.append(
+            DeliveredMessage(
+                Bookmark(m.topic, m.partition, m.offset),
+                m.key if m.HasField("key") else None,
+                m.value if m.HasField("value") else None,
+                _headers_from(m.headers) if m.headers else [],
+                m.timestamp_ms,
+                m.deliveries,
+                m.cancels,
+                m.lease_deadline_ms if m.HasField("lease_deadline_ms") else None,
+                m.barrier,
+                m.queue,
+            )
+        )
+    return out
 
 
-def _ack_error(text: str) -> AckError | str:
-    try:
-        return AckError(text)
-    except ValueError:
-        return text
-
-
-def _server_to(frame: ServerFrame) -> dict[str, Any]:
-    if isinstance(frame, Subscribed):
-        body: dict[str, Any] = {
-            "subscription_id": frame.subscription_id,
-            "backlog": frame.backlog,
-            "lease_period_s": float(frame.lease_period_s),
-        }
-    elif isinstance(frame, Messages):
-        body = {"messages": [_message_to(m) for m in frame.messages]}
+def _server_to(frame: ServerFrame) -> Any:
+    out = pb.ServerFrame()
+    if isinstance(frame, Messages):
+        out.messages.SetInParent()  # an empty batch is still a Messages frame
+        _add_messages(out.messages.messages, frame.messages)
     elif isinstance(frame, AckResult):
-        body = {
-            "request_id": frame.request_id,
-            "failures": [
-                {"bookmark": f.bookmark, "error": str(f.error), "message": f.message}
-                for f in frame.failures
-            ],
-        }
+        out.ack_result.SetInParent()
+        out.ack_result.request_id = frame.request_id
+        out.ack_result.failures.extend(
+            pb.AckFailure(bookmark=f.bookmark, error=str(f.error), message=f.message)
+            for f in frame.failures
+        )
+    elif isinstance(frame, Subscribed):
+        out.subscribed.CopyFrom(
+            pb.Subscribed(
+                subscription_id=frame.subscription_id,
+                backlog=frame.backlog,
+                lease_period_s=frame.lease_period_s,
+            )
+        )
     elif isinstance(frame, Error):
-        body = {"code": frame.code, "message": frame.message, "request_id": frame.request_id}
+        out.error.CopyFrom(
+            pb.Error(code=str(frame.code), message=frame.message, request_id=frame.request_id)
+        )
     elif isinstance(frame, Replaced):
-        body = {"request_id": frame.request_id, "backlog": frame.backlog}
+        out.replaced.CopyFrom(pb.Replaced(request_id=frame.request_id, backlog=frame.backlog))
     else:
         raise TypeError(f"not a server frame: {type(frame).__name__}")
-    return {"body": (_NS + type(frame).__name__, body)}
+    return out
 
 
-def _server_from(record: dict[str, Any]) -> ServerFrame:
-    name, body = _union(record)
-    if name == "Subscribed":
-        return Subscribed(body["subscription_id"], body["backlog"], body["lease_period_s"])
-    if name == "Messages":
-        return Messages([_message_from(m) for m in body["messages"]])
-    if name == "AckResult":
-        failures = [
-            AckFailure(f["bookmark"], _ack_error(f["error"]), f["message"])
-            for f in body["failures"]
-        ]
-        return AckResult(body["request_id"], failures)
-    if name == "Error":
-        return Error(body["code"], body["message"], body["request_id"])
-    if name == "Replaced":
-        return Replaced(body["request_id"], body["backlog"])
-    raise ValueError(f"unknown server frame {name!r}")
+def _server_from(message: Any) -> ServerFrame:
+    kind = message.WhichOneof("body")
+    if kind == "messages":
+        return Messages(_messages_from(message.messages.messages))
+    if kind == "ack_result":
+        r = message.ack_result
+        failures = [AckFailure(f.bookmark, parse_code(f.error), f.message) for f in r.failures]
+        return AckResult(r.request_id, failures)
+    if kind == "subscribed":
+        s = message.subscribed
+        return Subscribed(s.subscription_id, s.backlog, s.lease_period_s)
+    if kind == "error":
+        e = message.error
+        return Error(parse_code(e.code), e.message, _opt(e, "request_id"))
+    if kind == "replaced":
+        return Replaced(message.replaced.request_id, message.replaced.backlog)
+    raise ValueError(
+        "ServerFrame without a body this client knows (none of subscribed, messages,"
+        " ack_result, error, replaced set)"
+    )
 
 
-def _publish_to(frame: Publish) -> dict[str, Any]:
-    return {
-        "queue": frame.queue,
-        "value": frame.value,
-        "key": frame.key,
-        "headers": _headers_to(frame.headers),
-    }
+def _stats_to(s: QueueStats) -> Any:
+    return pb.QueueStats(
+        queue=s.queue,
+        available=s.available,
+        leased=s.leased,
+        inactive=s.inactive,
+        subscriptions=s.subscriptions,
+        oldest_available_age_s=s.oldest_available_age_s,
+        delivered_total=s.delivered_total,
+        acked_total=s.acked_total,
+        dead_lettered_total=s.dead_lettered_total,
+        extra={k: float(v) for k, v in s.extra.items()},
+    )
 
 
-def _publish_from(r: dict[str, Any]) -> Publish:
-    return Publish(r["queue"], r["value"], r["key"], _headers_from(r["headers"]))
-
-
-def _published_to(frame: Published) -> dict[str, Any]:
-    topic, partition, offset = frame.bookmark
-    return {"topic": topic, "partition": partition, "offset": offset}
-
-
-def _published_from(r: dict[str, Any]) -> Published:
-    return Published(Bookmark(r["topic"], r["partition"], r["offset"]))
-
-
-def _stats_to(s: QueueStats) -> dict[str, Any]:
-    return {
-        "queue": s.queue,
-        "available": s.available,
-        "leased": s.leased,
-        "inactive": s.inactive,
-        "subscriptions": s.subscriptions,
-        "oldest_available_age_s": s.oldest_available_age_s,
-        "delivered_total": s.delivered_total,
-        "acked_total": s.acked_total,
-        "dead_lettered_total": s.dead_lettered_total,
-        "extra": {k: float(v) for k, v in s.extra.items()},
-    }
-
-
-def _stats_from(r: Mapping[str, Any]) -> QueueStats:
+def _stats_from(r: Any) -> QueueStats:
     return QueueStats(
-        queue=r["queue"],
-        available=r["available"],
-        leased=r["leased"],
-        inactive=r["inactive"],
-        subscriptions=r["subscriptions"],
-        oldest_available_age_s=r["oldest_available_age_s"],
-        delivered_total=r["delivered_total"],
-        acked_total=r["acked_total"],
-        dead_lettered_total=r["dead_lettered_total"],
-        extra=dict(r["extra"]),
+        queue=r.queue,
+        available=r.available,
+        leased=r.leased,
+        inactive=r.inactive,
+        subscriptions=r.subscriptions,
+        oldest_available_age_s=_opt(r, "oldest_available_age_s"),
+        delivered_total=r.delivered_total,
+        acked_total=r.acked_total,
+        dead_lettered_total=r.dead_lettered_total,
+        extra=dict(r.extra),
     )
 
 
-def _info_to(q: QueueInfo) -> dict[str, Any]:
-    return {
-        "name": q.name,
-        "underlying_topic": q.underlying_topic,
-        "semantics": q.semantics,
-        "message_type": q.message_type,
-        "lease_period_s": float(q.lease_period_s),
-        "max_per_subscription_backlog": q.max_per_subscription_backlog,
-        "dead_letter_topic": q.dead_letter_topic,
-        "default_publish_target": q.default_publish_target,
-    }
+def _info_to(q: QueueInfo) -> Any:
+    return pb.QueueInfo(
+        name=q.name,
+        underlying_topic=q.underlying_topic,
+        semantics=q.semantics,
+        message_type=q.message_type,
+        lease_period_s=q.lease_period_s,
+        max_per_subscription_backlog=q.max_per_subscription_backlog,
+        dead_letter_topic=q.dead_letter_topic,
+        default_publish_target=q.default_publish_target,
+    )
 
 
-def _info_from(r: Mapping[str, Any]) -> QueueInfo:
+def _info_from(r: Any) -> QueueInfo:
     return QueueInfo(
-        name=r["name"],
-        underlying_topic=r["underlying_topic"],
-        semantics=r["semantics"],
-        message_type=r["message_type"],
-        lease_period_s=r["lease_period_s"],
-        max_per_subscription_backlog=r["max_per_subscription_backlog"],
-        dead_letter_topic=r["dead_letter_topic"],
-        default_publish_target=r["default_publish_target"],
+        name=r.name,
+        underlying_topic=r.underlying_topic,
+        semantics=r.semantics,
+        message_type=r.message_type,
+        lease_period_s=r.lease_period_s,
+        max_per_subscription_backlog=r.max_per_subscription_backlog,
+        dead_letter_topic=_opt(r, "dead_letter_topic"),
+        default_publish_target=_opt(r, "default_publish_target"),
     )
 
 
-CLIENT_FRAME_CODEC: FrameCodec[ClientFrame] = FrameCodec("client_frame", _client_to, _client_from)
+def _reload_to(f: ReloadReply) -> Any:
+    r = f.result
+    return pb.ReloadReply(
+        source=r.source,
+        applied=r.applied,
+        added=r.added,
+        removed=r.removed,
+        changed=[
+            pb.ReloadChange(queue=c.queue, option=c.option, old=c.old, new=c.new) for c in r.changed
+        ],
+        refused=[
+            pb.ReloadRefusal(where=x.where, option=x.option, old=x.old, new=x.new, reason=x.reason)
+            for x in r.refused
+        ],
+    )
 
 
-class _ServerFrameCodec(FrameCodec[ServerFrame]):
-    """Messages frames, one per delivery batch, take the hand-written encoder (the same bytes;
-    fastavro's writer cost as much as the rest of a delivery)."""
+def _reload_from(r: Any) -> ReloadReply:
+    return ReloadReply(
+        ReloadResult(
+            source=r.source,
+            applied=r.applied,
+            added=list(r.added),
+            removed=list(r.removed),
+            changed=[ReloadChange(c.queue, c.option, c.old, c.new) for c in r.changed],
+            refused=[ReloadRefusal(x.where, x.option, x.old, x.new, x.reason) for x in r.refused],
+        )
+    )
 
-    def encode(self, frame: ServerFrame) -> bytes:
-        if isinstance(frame, Messages):
-            try:
-                return avro_fast.api_messages_frame(FRAME_VERSION, frame.messages)
-            except (TypeError, ValueError, AttributeError, UnicodeEncodeError) as exc:
-                raise SerializationError(f"cannot encode {self.name} frame: {exc!r}") from exc
-        return super().encode(frame)
 
-
-SERVER_FRAME_CODEC: FrameCodec[ServerFrame] = _ServerFrameCodec(
-    "server_frame", _server_to, _server_from
+CLIENT_FRAME_CODEC: FrameCodec[ClientFrame] = FrameCodec(pb.ClientFrame, _client_to, _client_from)
+SERVER_FRAME_CODEC: FrameCodec[ServerFrame] = FrameCodec(pb.ServerFrame, _server_to, _server_from)
+PUBLISH_CODEC: FrameCodec[Publish] = FrameCodec(
+    pb.PublishRequest,
+    lambda f: pb.PublishRequest(
+        queue=f.queue, value=f.value, key=f.key, headers=_headers_to(f.headers)
+    ),
+    lambda r: Publish(r.queue, r.value, _opt(r, "key"), _headers_from(r.headers)),
 )
-PUBLISH_CODEC: FrameCodec[Publish] = FrameCodec("publish", _publish_to, _publish_from)
-PUBLISHED_CODEC: FrameCodec[Published] = FrameCodec("published", _published_to, _published_from)
+PUBLISHED_CODEC: FrameCodec[Published] = FrameCodec(
+    pb.PublishReply,
+    lambda f: pb.PublishReply(
+        topic=f.bookmark.topic, partition=f.bookmark.partition, offset=f.bookmark.offset
+    ),
+    lambda r: Published(Bookmark(r.topic, r.partition, r.offset)),
+)
 STATS_CODEC: FrameCodec[Stats] = FrameCodec(
-    "stats", lambda f: {"queue": f.queue}, lambda r: Stats(r["queue"])
+    pb.StatsRequest,
+    lambda f: pb.StatsRequest(queue=f.queue),
+    lambda r: Stats(_opt(r, "queue")),
 )
 STATS_REPLY_CODEC: FrameCodec[StatsReply] = FrameCodec(
-    "stats_reply",
-    lambda f: {"queues": [_stats_to(s) for s in f.queues]},
-    lambda r: StatsReply([_stats_from(s) for s in r["queues"]]),
+    pb.StatsReply,
+    lambda f: pb.StatsReply(queues=[_stats_to(s) for s in f.queues]),
+    lambda r: StatsReply([_stats_from(s) for s in r.queues]),
 )
 LIST_QUEUES_CODEC: FrameCodec[ListQueues] = FrameCodec(
-    "list_queues", lambda f: {}, lambda r: ListQueues()
+    pb.ListQueuesRequest, lambda f: pb.ListQueuesRequest(), lambda r: ListQueues()
 )
 QUEUE_LIST_CODEC: FrameCodec[QueueList] = FrameCodec(
-    "queue_list",
-    lambda f: {"queues": [_info_to(q) for q in f.queues]},
-    lambda r: QueueList([_info_from(q) for q in r["queues"]]),
+    pb.ListQueuesReply,
+    lambda f: pb.ListQueuesReply(queues=[_info_to(q) for q in f.queues]),
+    lambda r: QueueList([_info_from(q) for q in r.queues]),
 )
 BROWSE_CODEC: FrameCodec[Browse] = FrameCodec(
-    "browse",
-    lambda f: {"queue": f.queue, "filter": f.filter, "limit": f.limit},
-    lambda r: Browse(r["queue"], r["filter"], r["limit"]),
+    pb.BrowseRequest,
+    lambda f: pb.BrowseRequest(queue=f.queue, filter=f.filter, limit=f.limit),
+    lambda r: Browse(r.queue, _opt(r, "filter"), _opt(r, "limit")),
 )
+
+
+def _browse_reply_to(f: BrowseReply) -> Any:
+    out = pb.BrowseReply()
+    _add_messages(out.messages, f.messages)
+    return out
+
+
 BROWSE_REPLY_CODEC: FrameCodec[BrowseReply] = FrameCodec(
-    "browse_reply",
-    lambda f: {"messages": [_message_to(m) for m in f.messages]},
-    lambda r: BrowseReply([_message_from(m) for m in r["messages"]]),
+    pb.BrowseReply, _browse_reply_to, lambda r: BrowseReply(_messages_from(r.messages))
 )
 ACK_WHERE_CODEC: FrameCodec[AckWhere] = FrameCodec(
-    "ack_where",
-    lambda f: {"queue": f.queue, "filter": f.filter, "expire": f.expire},
-    lambda r: AckWhere(r["queue"], r["filter"], r["expire"]),
+    pb.AckWhereRequest,
+    lambda f: pb.AckWhereRequest(queue=f.queue, filter=f.filter, expire=f.expire),
+    lambda r: AckWhere(r.queue, r.filter, r.expire),
 )
 ACK_WHERE_REPLY_CODEC: FrameCodec[AckWhereReply] = FrameCodec(
-    "ack_where_reply",
-    lambda f: {"acked": f.acked, "skipped": f.skipped},
-    lambda r: AckWhereReply(r["acked"], r["skipped"]),
+    pb.AckWhereReply,
+    lambda f: pb.AckWhereReply(acked=f.acked, skipped=f.skipped),
+    lambda r: AckWhereReply(r.acked, r.skipped),
 )
+RELOAD_CODEC: FrameCodec[Reload] = FrameCodec(
+    pb.ReloadRequest, lambda f: pb.ReloadRequest(), lambda r: Reload()
+)
+RELOAD_REPLY_CODEC: FrameCodec[ReloadReply] = FrameCodec(pb.ReloadReply, _reload_to, _reload_from)
 REDRIVE_CODEC: FrameCodec[Redrive] = FrameCodec(
-    "redrive",
-    lambda f: {"queue": f.queue, "filter": f.filter, "limit": f.limit},
-    lambda r: Redrive(r["queue"], r["filter"], r["limit"]),
+    pb.RedriveRequest,
+    lambda f: pb.RedriveRequest(queue=f.queue, filter=f.filter, limit=f.limit),
+    lambda r: Redrive(r.queue, _opt(r, "filter"), _opt(r, "limit")),
 )
 REDRIVE_REPLY_CODEC: FrameCodec[RedriveReply] = FrameCodec(
-    "redrive_reply",
-    lambda f: {"moved": f.moved, "already": f.already, "unmatched": f.unmatched},
-    lambda r: RedriveReply(r["moved"], r["already"], r["unmatched"]),
+    pb.RedriveReply,
+    lambda f: pb.RedriveReply(moved=f.moved, already=f.already, unmatched=f.unmatched),
+    lambda r: RedriveReply(r.moved, r.already, r.unmatched),
 )

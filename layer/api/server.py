@@ -1,6 +1,8 @@
 """The gRPC server (grpc.aio) in front of a ``QueueService``.
 
-Service ``qlayer.Queue``, Avro frames (``layer.api.frames``) instead of protobuf:
+Service ``qlayer.v1.QueueService`` of ``layer/api/proto/qlayer/v1/queue.proto`` (the wire
+reference; ``layer.api.frames`` is its codec), beside ``grpc.health.v1.Health`` and server
+reflection (``grpc.reflection.v1alpha``, so ``grpcurl`` can list and call it):
 
 - ``Subscribe`` (bidirectional stream): the client sends Subscribe (with an optional content
   filter), then Ack batches and Replace requests, and finally Close; the server answers
@@ -8,12 +10,20 @@ Service ``qlayer.Queue``, Avro frames (``layer.api.frames``) instead of protobuf
   same request id) per Replace. A refused Replace leaves the subscription as it was and the
   stream open. However the stream ends (Close, client cancel, dropped connection, server stop),
   the subscription is closed exactly once, which returns the consumer's leases at once.
-- ``Publish``, ``Stats``, ``ListQueues``, ``Browse``, ``AckWhere`` (unary).
+  Acks arrive as runs of offsets per partition; they are expanded here, at the edge, into the
+  bookmarks ``Subscription.ack`` takes.
+- ``Publish``, ``Stats``, ``ListQueues``, ``Browse``, ``AckWhere``, ``Redrive`` (unary).
+- ``Reload`` (unary, admin): read the config file again and apply it (``ReloadReply``); a file
+  that does not load is INVALID_ARGUMENT. With an ``admin_token`` it needs that token; with only
+  an ``auth_token`` it is refused (PERMISSION_DENIED): the operator sends SIGHUP instead.
 
-Errors map to gRPC status codes: UnknownQueue -> NOT_FOUND, InvalidRequest (a bad filter
-expression included) -> INVALID_ARGUMENT, BrokerError -> UNAVAILABLE, a missing or wrong bearer
-token -> UNAUTHENTICATED; on the stream a refused Replace gets an Error whose code is
-``unknown_queue``, ``invalid_expression``, ``invalid_request``, ``unavailable`` or ``internal``.
+A subscription whose queue a reload removes ends with NOT_FOUND, its message naming the queue.
+
+Errors map to gRPC status codes and qlayer codes by one table (``layer.api.errors``): e.g.
+UnknownQueue -> NOT_FOUND ``unknown_queue``, InvalidRequest (a bad filter expression included)
+-> INVALID_ARGUMENT, BrokerError -> UNAVAILABLE ``unavailable``; the code travels in the trailing
+metadata ``qlayer-error-code``. A missing or wrong bearer token -> UNAUTHENTICATED; on the stream
+a refused Replace gets an Error frame with the code of the exception that refused it.
 """
 
 from __future__ import annotations
@@ -26,7 +36,10 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 import grpc
+from grpc_health.v1 import health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
+from layer.api.errors import CODE_METADATA_KEY, ErrorCode, code_of, status_of
 from layer.api.frames import (
     ACK_WHERE_CODEC,
     ACK_WHERE_REPLY_CODEC,
@@ -39,7 +52,10 @@ from layer.api.frames import (
     QUEUE_LIST_CODEC,
     REDRIVE_CODEC,
     REDRIVE_REPLY_CODEC,
+    RELOAD_CODEC,
+    RELOAD_REPLY_CODEC,
     SERVER_FRAME_CODEC,
+    SERVICE_NAME,
     STATS_CODEC,
     STATS_REPLY_CODEC,
     Ack,
@@ -58,6 +74,8 @@ from layer.api.frames import (
     QueueList,
     Redrive,
     RedriveReply,
+    Reload,
+    ReloadReply,
     Replace,
     Replaced,
     Stats,
@@ -66,21 +84,12 @@ from layer.api.frames import (
     Subscribed,
 )
 from layer.api.service import AckFailure, DeliveredMessage, QueueService, Subscription
-from layer.exceptions import (
-    BrokerError,
-    ConfigError,
-    ExpressionError,
-    InvalidRequest,
-    QLayerError,
-    SerializationError,
-    UnknownQueue,
-)
+from layer.exceptions import ConfigError, QLayerError, SerializationError
 
 __all__ = ["SERVICE_NAME", "ApiServer"]
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = "qlayer.Queue"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # A Messages frame is cut once its payload passes this, well under MAX_MESSAGE_BYTES.
 _FRAME_PAYLOAD_BYTES = 4 * 1024 * 1024
@@ -109,6 +118,7 @@ def _lenient(codec: FrameCodec[T]) -> Callable[[bytes], T | _Malformed]:
 @dataclass(frozen=True, slots=True)
 class _SinkClosed:
     reason: str
+    error: QLayerError | None = None  # the stream fails with its status (else UNAVAILABLE)
 
 
 class _End:
@@ -135,8 +145,8 @@ class _StreamSink:
     def sent(self, count: int) -> None:
         self.unsent -= count
 
-    def close(self, reason: str) -> None:
-        self._out.put_nowait(_SinkClosed(reason))
+    def close(self, reason: str, error: QLayerError | None = None) -> None:
+        self._out.put_nowait(_SinkClosed(reason, error))
 
     def send(self, frame: AckResult | Error | Replaced) -> None:
         self._out.put_nowait(frame)
@@ -171,27 +181,21 @@ def _message_frames(messages: list[DeliveredMessage]) -> list[Messages]:
     return frames
 
 
-def _status_of(exc: QLayerError) -> grpc.StatusCode:
-    if isinstance(exc, UnknownQueue):
-        return grpc.StatusCode.NOT_FOUND
-    if isinstance(exc, InvalidRequest):
-        return grpc.StatusCode.INVALID_ARGUMENT
-    if isinstance(exc, BrokerError):
-        return grpc.StatusCode.UNAVAILABLE
-    return grpc.StatusCode.INTERNAL
+def _status_of(exc: BaseException) -> grpc.StatusCode:
+    return status_of(exc)
 
 
-def _error_code_of(exc: Exception) -> str:
+def _error_code_of(exc: BaseException) -> ErrorCode:
     """The code of the Error frame that refuses a stream request (a Replace)."""
-    if isinstance(exc, UnknownQueue):
-        return "unknown_queue"
-    if isinstance(exc, ExpressionError):
-        return "invalid_expression"
-    if isinstance(exc, InvalidRequest):
-        return "invalid_request"
-    if isinstance(exc, BrokerError):
-        return "unavailable"
-    return "internal"
+    return code_of(exc)
+
+
+async def _refuse(context: grpc.aio.ServicerContext, exc: QLayerError) -> NoReturn:
+    """End the call with ``exc``'s status, its code in the trailing metadata."""
+    await context.abort(
+        _status_of(exc), str(exc), trailing_metadata=((CODE_METADATA_KEY, code_of(exc).value),)
+    )
+    raise AssertionError("context.abort returned")  # it always raises
 
 
 async def _abort(
@@ -232,7 +236,8 @@ class ApiServer:
     """Serves a ``QueueService`` over gRPC.
 
     ``listen`` is ``host:port`` (port 0 picks a free one; ``start`` returns it). With
-    ``auth_token`` every call needs metadata ``authorization: Bearer <token>``. ``tls`` is
+    ``auth_token`` every call needs metadata ``authorization: Bearer <token>``; with
+    ``admin_token``, admin calls (Reload) need that token instead. ``tls`` is
     ``(certificate_chain_pem, private_key_pem)``. The keepalive settings make a vanished peer
     (crashed host, cut network) end its streams within ``keepalive_time_s + keepalive_timeout_s``;
     a killed process is noticed at once through its closed socket.
@@ -245,12 +250,17 @@ class ApiServer:
         auth_token: str | None = None,
         tls: tuple[bytes, bytes] | None = None,
         *,
+        admin_token: str | None = None,
         keepalive_time_s: float = 5.0,
         keepalive_timeout_s: float = 5.0,
+        health: health_pb2_grpc.HealthServicer | None = None,
     ) -> None:
         self._service = service
+        self._health = health  # grpc.health.v1, registered beside ours (no token needed)
         self._listen = listen
         self._expected_auth = f"Bearer {auth_token}".encode() if auth_token else None
+        # admin calls (Reload) need this one; it is good for every other call too
+        self._admin_auth = f"Bearer {admin_token}".encode() if admin_token else None
         self._tls = tls
         self._options = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -276,6 +286,12 @@ class ApiServer:
             raise RuntimeError("ApiServer already started")
         server = grpc.aio.server(options=self._options)
         server.add_generic_rpc_handlers((self._handler(),))
+        services = [SERVICE_NAME, reflection.SERVICE_NAME]
+        if self._health is not None:
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+            services.append("grpc.health.v1.Health")
+        # Reflection needs no token either: it tells what queue.proto tells, nothing more.
+        reflection.enable_server_reflection(services, server)
         try:
             if self._tls is None:
                 port = server.add_insecure_port(self._listen)
@@ -351,24 +367,61 @@ class ApiServer:
                     request_deserializer=_lenient(REDRIVE_CODEC),
                     response_serializer=REDRIVE_REPLY_CODEC.encode,
                 ),
+                "Reload": grpc.unary_unary_rpc_method_handler(
+                    self._reload,
+                    request_deserializer=_lenient(RELOAD_CODEC),
+                    response_serializer=RELOAD_REPLY_CODEC.encode,
+                ),
             },
         )
 
     # --- helpers ------------------------------------------------------------------------------
 
-    async def _authorize(self, context: grpc.aio.ServicerContext) -> None:
-        if self._expected_auth is None:
-            return
+    @staticmethod
+    def _presented(context: grpc.aio.ServicerContext) -> bytes:
         presented = b""
         for key, value in context.invocation_metadata() or ():
             if key == "authorization":
                 presented = value.encode() if isinstance(value, str) else value
-        if not hmac.compare_digest(presented, self._expected_auth):
+        return presented
+
+    async def _authorize(self, context: grpc.aio.ServicerContext) -> None:
+        if self._expected_auth is None:
+            return
+        presented = self._presented(context)
+        admin = self._admin_auth is not None and hmac.compare_digest(presented, self._admin_auth)
+        if not admin and not hmac.compare_digest(presented, self._expected_auth):
             await _abort(
                 context,
                 grpc.StatusCode.UNAUTHENTICATED,
                 "missing or wrong bearer token (metadata authorization: Bearer <token>)",
             )
+
+    async def _authorize_admin(self, context: grpc.aio.ServicerContext) -> None:
+        """An admin call: open only where the API has no auth at all."""
+        if self._admin_auth is None:
+            if self._expected_auth is None:
+                return
+            await _abort(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                "reload is an admin call: set [coordinator] admin_token (or QLAYER_ADMIN_TOKEN)"
+                " and call with that token, or send the coordinator SIGHUP",
+            )
+        presented = self._presented(context)
+        if hmac.compare_digest(presented, self._admin_auth):
+            return
+        if self._expected_auth is not None and hmac.compare_digest(presented, self._expected_auth):
+            await _abort(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                "reload is an admin call: it needs the admin token, not the API token",
+            )
+        await _abort(
+            context,
+            grpc.StatusCode.UNAUTHENTICATED,
+            "missing or wrong admin token (metadata authorization: Bearer <admin_token>)",
+        )
 
     @staticmethod
     async def _request(context: grpc.aio.ServicerContext, request: object, kind: type[T]) -> T:
@@ -394,7 +447,7 @@ class ApiServer:
         try:
             bookmark = await self._service.publish(req.queue, req.value, req.key, req.headers)
         except QLayerError as exc:
-            await _abort(context, _status_of(exc), str(exc))
+            await _refuse(context, exc)
         return Published(bookmark)
 
     async def _stats(self, request: object, context: grpc.aio.ServicerContext) -> StatsReply:
@@ -403,7 +456,7 @@ class ApiServer:
         try:
             stats = await self._service.stats(req.queue)
         except QLayerError as exc:
-            await _abort(context, _status_of(exc), str(exc))
+            await _refuse(context, exc)
         return StatsReply(list(stats))
 
     async def _list_queues(self, request: object, context: grpc.aio.ServicerContext) -> QueueList:
@@ -412,7 +465,7 @@ class ApiServer:
         try:
             queues = self._service.queues()
         except QLayerError as exc:
-            await _abort(context, _status_of(exc), str(exc))
+            await _refuse(context, exc)
         return QueueList(list(queues))
 
     async def _browse(self, request: object, context: grpc.aio.ServicerContext) -> BrowseReply:
@@ -421,7 +474,7 @@ class ApiServer:
         try:
             messages = await self._service.browse(req.queue, req.filter, req.limit)
         except QLayerError as exc:
-            await _abort(context, _status_of(exc), str(exc))
+            await _refuse(context, exc)
         return BrowseReply(list(messages))
 
     async def _ack_where(self, request: object, context: grpc.aio.ServicerContext) -> AckWhereReply:
@@ -430,7 +483,7 @@ class ApiServer:
         try:
             result = await self._service.ack_where(req.queue, req.filter, req.expire)
         except QLayerError as exc:
-            await _abort(context, _status_of(exc), str(exc))
+            await _refuse(context, exc)
         return AckWhereReply(result.acked, result.skipped)
 
     async def _redrive(self, request: object, context: grpc.aio.ServicerContext) -> RedriveReply:
@@ -443,8 +496,18 @@ class ApiServer:
         try:
             result = await self._service.redrive(req.queue, req.filter, req.limit)
         except QLayerError as exc:
-            await _abort(context, _status_of(exc), str(exc))
+            await _refuse(context, exc)
         return RedriveReply(result.moved, result.already, result.unmatched)
+
+    async def _reload(self, request: object, context: grpc.aio.ServicerContext) -> ReloadReply:
+        await self._authorize_admin(context)
+        await self._request(context, request, Reload)
+        try:
+            # shielded: a caller that hangs up does not stop a reload half way
+            result = await asyncio.shield(self._service.reload())
+        except QLayerError as exc:  # a file that does not load: ConfigError, INVALID_ARGUMENT
+            await _refuse(context, exc)
+        return ReloadReply(result)
 
     # --- the subscription stream --------------------------------------------------------------
 
@@ -507,7 +570,7 @@ class ApiServer:
             pending.add_done_callback(self._close_orphan)
             raise
         except QLayerError as exc:
-            await _abort(context, _status_of(exc), str(exc))
+            await _refuse(context, exc)
 
     def _close_orphan(self, pending: asyncio.Future[Subscription]) -> None:
         if not pending.cancelled() and pending.exception() is None:
@@ -535,9 +598,11 @@ class ApiServer:
                         subscription.id,
                         frame.reason,
                     )
-                    sink.send(Error("malformed_frame", frame.reason))
+                    sink.send(Error(ErrorCode.MALFORMED_FRAME, frame.reason))
                 else:
-                    sink.send(Error("unexpected_frame", f"{type(frame).__name__} after Subscribe"))
+                    sink.send(
+                        Error(ErrorCode.UNEXPECTED_FRAME, f"{type(frame).__name__} after Subscribe")
+                    )
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the call broke; the writer is told to finish below
@@ -554,7 +619,7 @@ class ApiServer:
             if not isinstance(exc, QLayerError):
                 log.exception("ack failed subscription=%s", subscription.id)
             message = f"ack not confirmed: {exc}"
-            failures = [AckFailure(b, "ack_failed", message) for b in frame.bookmarks]
+            failures = [AckFailure(b, ErrorCode.ACK_FAILED, message) for b in frame.bookmarks]
         sink.send(AckResult(frame.request_id, list(failures)))
 
     async def _replace(self, subscription: Subscription, frame: Replace, sink: _StreamSink) -> None:
@@ -585,6 +650,8 @@ class ApiServer:
                     end = end or item
                 else:
                     await context.write(item)
+            if isinstance(end, _SinkClosed) and end.error is not None:
+                await _refuse(context, end.error)
             if isinstance(end, _SinkClosed):
                 await _abort(
                     context, grpc.StatusCode.UNAVAILABLE, f"subscription closed: {end.reason}"

@@ -10,7 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from layer.engine.model import AckError, AckOp, Bookmark
+from layer.api.errors import ErrorCode
+from layer.engine.model import AckOp, Bookmark
+from layer.exceptions import QLayerError
 
 
 # Built per message: not frozen (a frozen __init__ costs ~6x), and never mutated.
@@ -32,8 +34,10 @@ class DeliveredMessage:
 
 @dataclass(frozen=True, slots=True)
 class AckFailure:
+    """One operation of an ack batch that was refused; ``error`` says why."""
+
     bookmark: str  # as sent by the client (it may not even parse)
-    error: AckError | str  # an AckError, or "malformed_bookmark"
+    error: ErrorCode
     message: str
 
 
@@ -54,6 +58,74 @@ class AckWhereResult:
 
     acked: int
     skipped: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadChange:
+    """One option of a queue the reload changes (values shown as written in TOML)."""
+
+    queue: str
+    option: str
+    old: str
+    new: str
+
+    def __str__(self) -> str:
+        return f"queue {self.queue!r}: {self.option} {self.old} -> {self.new}"
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadRefusal:
+    """An option that cannot change while the coordinator runs; ``where`` is ``queue 'x'`` or a
+    section such as ``[coordinator]``."""
+
+    where: str
+    option: str
+    old: str
+    new: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: option {self.option!r} ({self.old} -> {self.new}): {self.reason}"
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadResult:
+    """What a reload of the config file did. It is all or nothing: ``applied`` is False when
+    anything was refused, and then nothing changed (``added``, ``removed`` and ``changed`` say
+    what would have)."""
+
+    source: str
+    applied: bool
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    changed: list[ReloadChange] = field(default_factory=list)
+    refused: list[ReloadRefusal] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        """The summary people read: the CLI prints it, SIGHUP logs it."""
+        if self.refused:
+            n = len(self.refused)
+            head = (
+                f"reload of {self.source} refused, nothing changed: {n} option"
+                f"{'s' if n != 1 else ''} cannot change while the coordinator runs"
+                " (restart it to apply them)"
+            )
+            return [head, *(f"  refused {r}" for r in self.refused)]
+        if not (self.added or self.removed or self.changed):
+            return [f"reloaded {self.source}: no changes"]
+        head = (
+            f"reloaded {self.source}: added {len(self.added)}, removed {len(self.removed)},"
+            f" changed {len(self.changed)}"
+        )
+        return [
+            head,
+            *(f"  added queue {name!r}" for name in self.added),
+            *(
+                f"  removed queue {name!r} (subscriptions ended; its state is kept)"
+                for name in self.removed
+            ),
+            *(f"  changed {change}" for change in self.changed),
+        ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +166,9 @@ class DeliverySink(Protocol):
         stopped reading must not take messages it cannot receive, nor grow memory)."""
         ...
 
-    def close(self, reason: str) -> None:
-        """The coordinator ends the subscription (shutdown); the stream should finish."""
+    def close(self, reason: str, error: QLayerError | None = None) -> None:
+        """The coordinator ends the subscription (shutdown; with ``error``, e.g. its queue was
+        removed, the stream fails with that error instead); the stream should finish."""
         ...
 
 
@@ -176,3 +249,8 @@ class QueueService(Protocol):
         ...
 
     def queues(self) -> list[QueueInfo]: ...
+
+    async def reload(self) -> ReloadResult:
+        """Read the config file again and apply it, all or nothing (see ``ReloadResult``);
+        ``ConfigError`` for a file that does not load (nothing changes)."""
+        ...

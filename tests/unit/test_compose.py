@@ -6,6 +6,8 @@ config the coordinator would refuse fails in CI instead of on a user's machine.
 
 from __future__ import annotations
 
+import re
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -153,3 +155,28 @@ def test_state_dir_is_a_named_volume(
     assert state_dir == "/var/lib/qlayer"
     volume = mounts(coordinator)[state_dir]
     assert volume in compose["volumes"], "the state dir is a named volume, not a bind mount"
+
+
+def healthcheck_url(coordinator: dict[str, Any]) -> urllib.parse.SplitResult:
+    """The URL the coordinator's healthcheck command fetches."""
+    test = coordinator["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"], "the image has python, not curl"
+    found = re.findall(r'"(http://[^"]+)"', test[3])
+    assert len(found) == 1, test[3]
+    return urllib.parse.urlsplit(found[0])
+
+
+def test_healthcheck_asks_readyz_on_the_configured_http_listener(
+    config: Config, coordinator: dict[str, Any]
+):
+    http = config.coordinator.http
+    assert http is not None, "deploy/qlayer.toml sets [coordinator] http"
+    host, _, port = http.rpartition(":")
+    assert host == "0.0.0.0"  # published: probes from outside the container reach it
+    url = healthcheck_url(coordinator)
+    assert (url.hostname, url.port, url.path) == ("127.0.0.1", int(port), "/readyz")
+    assert int(port) in published_ports(coordinator)
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    exposed = re.search(r"^EXPOSE (.+)$", dockerfile, re.MULTILINE)
+    assert exposed is not None
+    assert {config.coordinator.listen_port, int(port)} <= {int(p) for p in exposed[1].split()}

@@ -1,0 +1,144 @@
+"""CPU per message of the API wire: the coordinator's and the consumer's, delivery + ack only.
+
+One coordinator process (one queue, at-least-once) over the embedded broker. ``--messages``
+messages are published straight to Kafka and the coordinator ingests them all before anything
+is measured; then one consumer process subscribes (``max_backlog=--window``), takes every
+message and acks it (``msg.ack()``, batched by the client), and flushes. Measured over that
+phase alone, with psutil's CPU times (user + system) of each process:
+
+- coordinator µs/msg: what leasing, sending and taking acks cost the server;
+- consumer µs/msg: what receiving, decoding and acking cost the client process.
+
+Each figure is the median of ``--runs`` runs (a fresh queue each). The raw results go to
+``bench/results/wire-cpu-<time>.json``.
+
+    .venv/bin/python -m bench.wire_cpu --messages 50000 --runs 3 --label before
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench.kafka_systems import QLayer, kafka_publish
+from connectors import EmbeddedBroker
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def consume(address: str, queue: str, n: int, window: int) -> None:
+    """The consumer process: take and ack ``n`` messages, print its CPU and wall time."""
+    from layer.client import QueueClient
+
+    me = psutil.Process()
+    with QueueClient(address) as client, client.subscribe(queue, max_backlog=window) as sub:
+        t0, wall0 = me.cpu_times(), time.monotonic()
+        got = 0
+        while got < n:
+            msg = sub.next(timeout=60)
+            if msg is None:
+                raise SystemExit(f"consumer: no message within 60 s after {got}")
+            msg.ack()
+            got += 1
+        sub.flush(timeout=60)
+        t1, wall1 = me.cpu_times(), time.monotonic()
+    cpu = (t1.user - t0.user) + (t1.system - t0.system)
+    print(json.dumps({"consumer_cpu_s": cpu, "wall_s": wall1 - wall0, "messages": got}))
+
+
+def _wait(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def one_run(system: QLayer, n: int, size: int, window: int) -> dict[str, Any]:
+    target = system.create()
+    coord = system.coordinator(target)
+    try:
+        kafka_publish(system.bootstrap, target["topic"], n, size)
+        stats = coord.stats
+        _wait(lambda: stats().available >= n, 300, f"{n} messages ingested")
+        cpu0 = coord.cpu_seconds()
+        proc = subprocess.run(
+            [sys.executable, "-m", "bench.wire_cpu", "--consume", target["server"],
+             target["queue"], str(n), str(window)],
+            capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise RuntimeError(f"consumer failed: {proc.stderr[-2000:]}")
+        cpu = coord.cpu_seconds() - cpu0
+        consumer = json.loads(proc.stdout.strip().splitlines()[-1])
+        return {
+            "messages": n,
+            "coordinator_cpu_s": round(cpu, 3),
+            "coordinator_us_per_msg": round(cpu / n * 1e6, 1),
+            "consumer_cpu_s": round(consumer["consumer_cpu_s"], 3),
+            "consumer_us_per_msg": round(consumer["consumer_cpu_s"] / n * 1e6, 1),
+            "consume_wall_s": round(consumer["wall_s"], 2),
+            "msgs_per_s": round(n / consumer["wall_s"]),
+        }
+    finally:
+        system.delete(target)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=50_000)
+    parser.add_argument("--size", type=int, default=200, help="payload bytes")
+    parser.add_argument("--window", type=int, default=500, help="the consumer's max_backlog")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--label", default="", help="a name for this build (before, after)")
+    parser.add_argument("--consume", nargs=4, metavar=("ADDRESS", "QUEUE", "N", "WINDOW"),
+                        help=argparse.SUPPRESS)  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.consume:
+        address, queue, n, window = args.consume
+        consume(address, queue, int(n), int(window))
+        return 0
+    workdir = Path(tempfile.mkdtemp(prefix="qlayer-wire-cpu-"))
+    runs: list[dict[str, Any]] = []
+    with EmbeddedBroker() as broker:
+        system = QLayer(broker.bootstrap_servers, workdir, embedded=True, window=args.window)
+        for i in range(args.runs):
+            run = one_run(system, args.messages, args.size, args.window)
+            runs.append(run)
+            print(f"run {i + 1}/{args.runs}: {json.dumps(run)}", flush=True)
+    shutil.rmtree(workdir, ignore_errors=True)
+    median = {
+        key: statistics.median(r[key] for r in runs)
+        for key in ("coordinator_us_per_msg", "consumer_us_per_msg", "msgs_per_s")
+    }
+    result = {
+        "benchmark": "wire-cpu",
+        "label": args.label,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "git": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip(),
+        "settings": {k: getattr(args, k) for k in ("messages", "size", "window", "runs")},
+        "loadavg": list(psutil.getloadavg()),
+        "median": median,
+        "runs": runs,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"wire-cpu-{args.label or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"median: {json.dumps(median)}\nwritten: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

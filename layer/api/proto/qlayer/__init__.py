@@ -1,0 +1,1 @@
+"""Generated protobuf stubs of the API (see scripts/gen_proto.py)."""

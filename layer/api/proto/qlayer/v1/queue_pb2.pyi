@@ -1,0 +1,380 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AckOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACK_OP_UNSPECIFIED: _ClassVar[AckOp]
+    ACK_OP_ACK: _ClassVar[AckOp]
+    ACK_OP_CANCEL: _ClassVar[AckOp]
+    ACK_OP_EXPIRE: _ClassVar[AckOp]
+    ACK_OP_EXTEND: _ClassVar[AckOp]
+ACK_OP_UNSPECIFIED: AckOp
+ACK_OP_ACK: AckOp
+ACK_OP_CANCEL: AckOp
+ACK_OP_EXPIRE: AckOp
+ACK_OP_EXTEND: AckOp
+
+class ClientFrame(_message.Message):
+    __slots__ = ("subscribe", "ack", "close", "replace")
+    SUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_FIELD_NUMBER: _ClassVar[int]
+    subscribe: Subscribe
+    ack: Ack
+    close: Close
+    replace: Replace
+    def __init__(self, subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ..., replace: _Optional[_Union[Replace, _Mapping]] = ...) -> None: ...
+
+class Subscribe(_message.Message):
+    __slots__ = ("queue", "max_backlog", "client_name", "filter")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    MAX_BACKLOG_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    max_backlog: int
+    client_name: str
+    filter: str
+    def __init__(self, queue: _Optional[str] = ..., max_backlog: _Optional[int] = ..., client_name: _Optional[str] = ..., filter: _Optional[str] = ...) -> None: ...
+
+class OffsetRuns(_message.Message):
+    __slots__ = ("topic", "partition", "runs")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    runs: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., runs: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("request_id", "op", "offsets", "seconds")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    op: AckOp
+    offsets: _containers.RepeatedCompositeFieldContainer[OffsetRuns]
+    seconds: float
+    def __init__(self, request_id: _Optional[int] = ..., op: _Optional[_Union[AckOp, str]] = ..., offsets: _Optional[_Iterable[_Union[OffsetRuns, _Mapping]]] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class Close(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Replace(_message.Message):
+    __slots__ = ("request_id", "queue", "max_backlog", "filter")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    MAX_BACKLOG_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    queue: str
+    max_backlog: int
+    filter: str
+    def __init__(self, request_id: _Optional[int] = ..., queue: _Optional[str] = ..., max_backlog: _Optional[int] = ..., filter: _Optional[str] = ...) -> None: ...
+
+class ServerFrame(_message.Message):
+    __slots__ = ("subscribed", "messages", "ack_result", "error", "replaced")
+    SUBSCRIBED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    ACK_RESULT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_FIELD_NUMBER: _ClassVar[int]
+    subscribed: Subscribed
+    messages: Messages
+    ack_result: AckResult
+    error: Error
+    replaced: Replaced
+    def __init__(self, subscribed: _Optional[_Union[Subscribed, _Mapping]] = ..., messages: _Optional[_Union[Messages, _Mapping]] = ..., ack_result: _Optional[_Union[AckResult, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., replaced: _Optional[_Union[Replaced, _Mapping]] = ...) -> None: ...
+
+class Subscribed(_message.Message):
+    __slots__ = ("subscription_id", "backlog", "lease_period_s")
+    SUBSCRIPTION_ID_FIELD_NUMBER: _ClassVar[int]
+    BACKLOG_FIELD_NUMBER: _ClassVar[int]
+    LEASE_PERIOD_S_FIELD_NUMBER: _ClassVar[int]
+    subscription_id: str
+    backlog: int
+    lease_period_s: float
+    def __init__(self, subscription_id: _Optional[str] = ..., backlog: _Optional[int] = ..., lease_period_s: _Optional[float] = ...) -> None: ...
+
+class Messages(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[Message]
+    def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
+
+class Message(_message.Message):
+    __slots__ = ("topic", "partition", "offset", "key", "value", "headers", "timestamp_ms", "deliveries", "cancels", "lease_deadline_ms", "barrier", "queue")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    CANCELS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    BARRIER_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    offset: int
+    key: bytes
+    value: bytes
+    headers: _containers.RepeatedCompositeFieldContainer[Header]
+    timestamp_ms: int
+    deliveries: int
+    cancels: int
+    lease_deadline_ms: int
+    barrier: bool
+    queue: str
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., timestamp_ms: _Optional[int] = ..., deliveries: _Optional[int] = ..., cancels: _Optional[int] = ..., lease_deadline_ms: _Optional[int] = ..., barrier: _Optional[bool] = ..., queue: _Optional[str] = ...) -> None: ...
+
+class Header(_message.Message):
+    __slots__ = ("key", "value")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: bytes
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+
+class AckResult(_message.Message):
+    __slots__ = ("request_id", "failures")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    failures: _containers.RepeatedCompositeFieldContainer[AckFailure]
+    def __init__(self, request_id: _Optional[int] = ..., failures: _Optional[_Iterable[_Union[AckFailure, _Mapping]]] = ...) -> None: ...
+
+class AckFailure(_message.Message):
+    __slots__ = ("bookmark", "error", "message")
+    BOOKMARK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    bookmark: str
+    error: str
+    message: str
+    def __init__(self, bookmark: _Optional[str] = ..., error: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class Error(_message.Message):
+    __slots__ = ("code", "message", "request_id")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    request_id: int
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., request_id: _Optional[int] = ...) -> None: ...
+
+class Replaced(_message.Message):
+    __slots__ = ("request_id", "backlog")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    BACKLOG_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    backlog: int
+    def __init__(self, request_id: _Optional[int] = ..., backlog: _Optional[int] = ...) -> None: ...
+
+class PublishRequest(_message.Message):
+    __slots__ = ("queue", "value", "key", "headers")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    value: bytes
+    key: bytes
+    headers: _containers.RepeatedCompositeFieldContainer[Header]
+    def __init__(self, queue: _Optional[str] = ..., value: _Optional[bytes] = ..., key: _Optional[bytes] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ...) -> None: ...
+
+class PublishReply(_message.Message):
+    __slots__ = ("topic", "partition", "offset")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    offset: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ("queue",)
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    def __init__(self, queue: _Optional[str] = ...) -> None: ...
+
+class StatsReply(_message.Message):
+    __slots__ = ("queues",)
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    queues: _containers.RepeatedCompositeFieldContainer[QueueStats]
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ...) -> None: ...
+
+class QueueStats(_message.Message):
+    __slots__ = ("queue", "available", "leased", "inactive", "subscriptions", "oldest_available_age_s", "delivered_total", "acked_total", "dead_lettered_total", "extra")
+    class ExtraEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    LEASED_FIELD_NUMBER: _ClassVar[int]
+    INACTIVE_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_AVAILABLE_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    DELIVERED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ACKED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTERED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    available: int
+    leased: int
+    inactive: int
+    subscriptions: int
+    oldest_available_age_s: float
+    delivered_total: int
+    acked_total: int
+    dead_lettered_total: int
+    extra: _containers.ScalarMap[str, float]
+    def __init__(self, queue: _Optional[str] = ..., available: _Optional[int] = ..., leased: _Optional[int] = ..., inactive: _Optional[int] = ..., subscriptions: _Optional[int] = ..., oldest_available_age_s: _Optional[float] = ..., delivered_total: _Optional[int] = ..., acked_total: _Optional[int] = ..., dead_lettered_total: _Optional[int] = ..., extra: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class ListQueuesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListQueuesReply(_message.Message):
+    __slots__ = ("queues",)
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    queues: _containers.RepeatedCompositeFieldContainer[QueueInfo]
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ...) -> None: ...
+
+class QueueInfo(_message.Message):
+    __slots__ = ("name", "underlying_topic", "semantics", "message_type", "lease_period_s", "max_per_subscription_backlog", "dead_letter_topic", "default_publish_target")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    UNDERLYING_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    SEMANTICS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_PERIOD_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_PER_SUBSCRIPTION_BACKLOG_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_PUBLISH_TARGET_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    underlying_topic: str
+    semantics: str
+    message_type: str
+    lease_period_s: float
+    max_per_subscription_backlog: int
+    dead_letter_topic: str
+    default_publish_target: str
+    def __init__(self, name: _Optional[str] = ..., underlying_topic: _Optional[str] = ..., semantics: _Optional[str] = ..., message_type: _Optional[str] = ..., lease_period_s: _Optional[float] = ..., max_per_subscription_backlog: _Optional[int] = ..., dead_letter_topic: _Optional[str] = ..., default_publish_target: _Optional[str] = ...) -> None: ...
+
+class BrowseRequest(_message.Message):
+    __slots__ = ("queue", "filter", "limit")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    filter: str
+    limit: int
+    def __init__(self, queue: _Optional[str] = ..., filter: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class BrowseReply(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[Message]
+    def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
+
+class AckWhereRequest(_message.Message):
+    __slots__ = ("queue", "filter", "expire")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    filter: str
+    expire: bool
+    def __init__(self, queue: _Optional[str] = ..., filter: _Optional[str] = ..., expire: _Optional[bool] = ...) -> None: ...
+
+class AckWhereReply(_message.Message):
+    __slots__ = ("acked", "skipped")
+    ACKED_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    acked: int
+    skipped: int
+    def __init__(self, acked: _Optional[int] = ..., skipped: _Optional[int] = ...) -> None: ...
+
+class RedriveRequest(_message.Message):
+    __slots__ = ("queue", "filter", "limit")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    filter: str
+    limit: int
+    def __init__(self, queue: _Optional[str] = ..., filter: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class RedriveReply(_message.Message):
+    __slots__ = ("moved", "already", "unmatched")
+    MOVED_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_FIELD_NUMBER: _ClassVar[int]
+    UNMATCHED_FIELD_NUMBER: _ClassVar[int]
+    moved: int
+    already: int
+    unmatched: int
+    def __init__(self, moved: _Optional[int] = ..., already: _Optional[int] = ..., unmatched: _Optional[int] = ...) -> None: ...
+
+class ReloadRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReloadReply(_message.Message):
+    __slots__ = ("source", "applied", "added", "removed", "changed", "refused")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    ADDED_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    applied: bool
+    added: _containers.RepeatedScalarFieldContainer[str]
+    removed: _containers.RepeatedScalarFieldContainer[str]
+    changed: _containers.RepeatedCompositeFieldContainer[ReloadChange]
+    refused: _containers.RepeatedCompositeFieldContainer[ReloadRefusal]
+    def __init__(self, source: _Optional[str] = ..., applied: _Optional[bool] = ..., added: _Optional[_Iterable[str]] = ..., removed: _Optional[_Iterable[str]] = ..., changed: _Optional[_Iterable[_Union[ReloadChange, _Mapping]]] = ..., refused: _Optional[_Iterable[_Union[ReloadRefusal, _Mapping]]] = ...) -> None: ...
+
+class ReloadChange(_message.Message):
+    __slots__ = ("queue", "option", "old", "new")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    OPTION_FIELD_NUMBER: _ClassVar[int]
+    OLD_FIELD_NUMBER: _ClassVar[int]
+    NEW_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    option: str
+    old: str
+    new: str
+    def __init__(self, queue: _Optional[str] = ..., option: _Optional[str] = ..., old: _Optional[str] = ..., new: _Optional[str] = ...) -> None: ...
+
+class ReloadRefusal(_message.Message):
+    __slots__ = ("where", "option", "old", "new", "reason")
+    WHERE_FIELD_NUMBER: _ClassVar[int]
+    OPTION_FIELD_NUMBER: _ClassVar[int]
+    OLD_FIELD_NUMBER: _ClassVar[int]
+    NEW_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    where: str
+    option: str
+    old: str
+    new: str
+    reason: str
+    def __init__(self, where: _Optional[str] = ..., option: _Optional[str] = ..., old: _Optional[str] = ..., new: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
