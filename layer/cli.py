@@ -1,7 +1,8 @@
 """The ``qlayer`` command line.
 
-Exit codes: 0 success, 1 runtime failure (broker or coordinator failed), 2 bad usage or bad
-configuration, 3 the server refused the request (unknown queue, refused ack), 130 interrupted.
+Exit codes: 0 success, 1 runtime failure (broker or coordinator failed), 2 bad usage, bad
+configuration or a state directory that does not belong to the cluster, 3 the server refused the
+request (unknown queue, refused ack), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -17,16 +18,22 @@ import sys
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from layer.exceptions import (
     ClientError,
     ConfigError,
     InvalidRequest,
     LeaseError,
+    PermissionDenied,
     QLayerError,
+    StateMismatch,
+    Unauthenticated,
     UnknownQueue,
 )
+
+if TYPE_CHECKING:
+    from layer.client import Reconnected
 
 log = logging.getLogger("layer.cli")
 
@@ -108,6 +115,21 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--bootstrap", help="Kafka bootstrap servers, host:port[,host:port]")
     c.add_argument("--listen", help="API address host:port (default from config: 127.0.0.1:7070)")
     c.add_argument("--state-dir", help="RocksDB state directory")
+    c.add_argument(
+        "--reset-state",
+        action="store_true",
+        help=(
+            "discard the local state (the RocksDB files in the state directory) and rebuild it "
+            "from the changelog in Kafka. Use it when the coordinator refuses a state directory "
+            "that does not belong to the cluster (exit code 2), e.g. after an in-memory broker "
+            "restarted empty"
+        ),
+    )
+    c.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve GET /healthz and /readyz on this address (default from config: off)",
+    )
 
     def client_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument(
@@ -225,6 +247,23 @@ def _parser() -> argparse.ArgumentParser:
     rd.add_argument("--limit", type=_count, metavar="N", help="move at most N dead letters")
     client_args(rd)
 
+    rl = sub.add_parser(
+        "reload",
+        help="make a running coordinator read its config file again and apply it",
+        description=(
+            "Have the coordinator at --server read the config file it was started with again\n"
+            "(as SIGHUP does) and apply it, all or nothing: added queues start serving, removed\n"
+            "ones end their subscriptions (their state is kept for a later re-add), live options\n"
+            "change, and consumers of other queues notice nothing. An option that cannot change\n"
+            "while it runs (underlying_topic, semantics, [coordinator], ...) refuses the whole\n"
+            "reload: nothing changes. Prints what was added, removed, changed or refused.\n"
+            "Exit codes: 0 applied, 2 the file does not load (nothing changed), 3 refused.\n"
+            "An admin call: where the coordinator has an admin_token, pass it with --token."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    client_args(rl)
+
     d = sub.add_parser(
         "demo",
         help="run the end-to-end demo: broker, coordinator, 1,000 orders, 3 consumers",
@@ -255,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except (ConfigError, InvalidRequest) as exc:
         return _fail(args, exc, EXIT_USAGE)
-    except (UnknownQueue, LeaseError) as exc:
+    except (UnknownQueue, LeaseError, PermissionDenied, Unauthenticated) as exc:
         return _fail(args, exc, EXIT_REFUSED)
     except (ClientError, QLayerError) as exc:
         return _fail(args, exc, EXIT_FAILURE)
@@ -295,7 +334,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
     from layer.config import load
-    from layer.coordinator.app import print_ready, serve
+    from layer.coordinator.app import print_http_ready, print_ready, serve
 
     overrides = {
         k: v
@@ -303,14 +342,26 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
             "bootstrap_servers": args.bootstrap,
             "listen": args.listen,
             "state_dir": args.state_dir,
+            "http": args.http,
         }.items()
         if v is not None
     }
     config = load(args.config, overrides=overrides)
-    return asyncio.run(serve(config, ready=print_ready))
+    try:
+        return asyncio.run(
+            serve(
+                config,
+                ready=print_ready,
+                http_ready=print_http_ready,
+                reset_state=args.reset_state,
+            )
+        )
+    except StateMismatch as exc:
+        # the operator must choose (reset or repoint): a plain restart would fail the same way
+        return _fail(args, exc, EXIT_USAGE)
 
 
-def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _client(args: argparse.Namespace, **options: Any):  # type: ignore[no-untyped-def]
     from layer.client import QueueClient
 
     root = None
@@ -320,7 +371,7 @@ def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                 root = f.read()
         except OSError as exc:
             raise InvalidRequest(f"--tls-ca {args.tls_ca}: {exc.strerror}") from exc
-    return QueueClient(args.server, token=args.token, tls_root_cert=root)
+    return QueueClient(args.server, token=args.token, tls_root_cert=root, **options)
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
@@ -349,10 +400,21 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _reconnected(event: Reconnected) -> None:
+    # stdout carries only messages: the news of a reconnect goes to stderr
+    print(
+        f"qlayer consume: reconnected to {event.address} after {event.downtime_s:.1f}s "
+        f"({event.unconfirmed_acks} acks unconfirmed: their messages come back)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def cmd_consume(args: argparse.Namespace) -> int:
+    """Runs across coordinator restarts: the client reconnects (and says so on stderr)."""
     n = 0
     with (
-        _client(args) as client,
+        _client(args, on_reconnect=_reconnected) as client,
         client.subscribe(args.queue, max_backlog=args.max_backlog, filter=args.filter) as sub,
     ):
         while args.count <= 0 or n < args.count:
@@ -456,6 +518,14 @@ def cmd_redrive(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_reload(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        result = client.reload()
+    for line in result.lines():
+        print(line, flush=True)
+    return EXIT_OK if result.applied else EXIT_REFUSED
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from layer.demo import run_demo
 
@@ -471,6 +541,7 @@ COMMANDS = {
     "browse": cmd_browse,
     "ack-where": cmd_ack_where,
     "redrive": cmd_redrive,
+    "reload": cmd_reload,
     "demo": cmd_demo,
 }
 

@@ -4,6 +4,7 @@
 content filter or backlog in place, and browse or ack a queue by filter."""
 
 from layer.client._common import BrowsedMessage
+from layer.client._core import Reconnected
 from layer.client.aio import AsyncMessage, AsyncQueueClient, AsyncSubscription
 from layer.client.sync import Message, QueueClient, Subscription
 
@@ -14,5 +15,6 @@ __all__ = [
     "BrowsedMessage",
     "Message",
     "QueueClient",
+    "Reconnected",
     "Subscription",
 ]

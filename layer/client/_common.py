@@ -14,25 +14,41 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-import grpc
-
-from layer.api.frames import CLIENT_FRAME_CODEC, Ack, AckResult, Error, Publish, Replace
-from layer.api.service import AckFailure, DeliveredMessage
-from layer.engine.model import AckError, AckOp
-from layer.exceptions import (
-    ClientError,
-    InvalidRequest,
-    LeaseError,
-    NotLeaseHolder,
-    QLayerError,
-    UnknownBookmark,
-    UnknownQueue,
+from layer.api.errors import ErrorCode, error_of
+from layer.api.frames import (
+    ACK_WHERE_CODEC,
+    ACK_WHERE_REPLY_CODEC,
+    BROWSE_CODEC,
+    BROWSE_REPLY_CODEC,
+    CLIENT_FRAME_CODEC,
+    LIST_QUEUES_CODEC,
+    PUBLISH_CODEC,
+    PUBLISHED_CODEC,
+    QUEUE_LIST_CODEC,
+    REDRIVE_CODEC,
+    REDRIVE_REPLY_CODEC,
+    RELOAD_CODEC,
+    RELOAD_REPLY_CODEC,
+    SERVICE_NAME,
+    STATS_CODEC,
+    STATS_REPLY_CODEC,
+    Ack,
+    AckResult,
+    Error,
+    Publish,
+    Replace,
 )
+from layer.api.service import AckFailure, DeliveredMessage
+from layer.engine.model import AckOp, Bookmark
+from layer.exceptions import InvalidRequest, QLayerError
 
-SERVICE = "/qlayer.Queue/"
+SERVICE = f"/{SERVICE_NAME}/"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 ACK_BATCH_SIZE = 256  # an ack batch this large is sent at once
 ACK_FLUSH_INTERVAL_S = 0.005  # pending acks are sent at the latest this long after the first
+# The most operations one Ack frame carries (a batch queued while reconnecting can grow past
+# ACK_BATCH_SIZE); well under the MAX_ACK_OFFSETS a server takes in one frame.
+ACK_FRAME_MAX = 10_000
 
 CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -69,26 +85,10 @@ def call_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),) if token else ()
 
 
-def error_from_rpc(exc: grpc.RpcError) -> QLayerError:
-    """The qlayer exception for a failed call (``raise error_from_rpc(exc) from exc``)."""
-    code = exc.code() if hasattr(exc, "code") else None
-    details = (exc.details() if hasattr(exc, "details") else None) or str(exc)
-    if code == grpc.StatusCode.NOT_FOUND:
-        return UnknownQueue(details)
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return InvalidRequest(details)
-    name = code.name if code is not None else "UNKNOWN"
-    return ClientError(f"{name}: {details}")
-
-
 def replace_error(frame: Error) -> QLayerError:
     """The qlayer exception for an Error frame refusing a Replace; it carries the server's text
     (for a bad filter: the expression, what is wrong and the column)."""
-    if frame.code == "unknown_queue":
-        return UnknownQueue(frame.message)
-    if frame.code in ("invalid_expression", "invalid_request"):
-        return InvalidRequest(frame.message)
-    return ClientError(f"{frame.code}: {frame.message}")
+    return error_of(frame.code, frame.message)
 
 
 def cancel_seconds(delay: float | None) -> float:
@@ -126,13 +126,10 @@ def replace_request(
     return frame
 
 
-def lease_error(failure: AckFailure) -> LeaseError:
-    message = f"{failure.bookmark}: {failure.message}"
-    if failure.error == AckError.UNKNOWN_BOOKMARK:
-        return UnknownBookmark(message)
-    if failure.error == AckError.NOT_LEASE_HOLDER:
-        return NotLeaseHolder(message)
-    return LeaseError(message)
+def lease_error(failure: AckFailure) -> QLayerError:
+    """The exception for one refused operation (a ``LeaseError`` mostly; ``InvalidRequest``
+    for a malformed bookmark or bad seconds)."""
+    return error_of(failure.error, f"{failure.bookmark}: {failure.message}")
 
 
 def _deliver_after(deliver_after: float | None, delay: float | None) -> float | None:
@@ -188,6 +185,7 @@ class MessageBase:
     ``queue`` is the queue it came from (a subscription to a regex spans several)."""
 
     __slots__ = (
+        "_id",
         "barrier",
         "bookmark",
         "cancels",
@@ -204,6 +202,7 @@ class MessageBase:
     )
 
     def __init__(self, delivered: DeliveredMessage) -> None:
+        self._id = delivered.bookmark  # what an ack sends: no bookmark text to parse again
         self.topic, self.partition, self.offset = delivered.bookmark
         self.bookmark = str(delivered.bookmark)
         self.key = delivered.key
@@ -279,11 +278,20 @@ class BrowsedMessage:
 W = TypeVar("W")
 
 
+def parse_bookmark(text: str) -> Bookmark | AckFailure:
+    """``topic/partition/offset`` as a Bookmark, or the refusal a server would give it (the
+    wire carries offsets, so a bookmark that does not parse is refused here, not sent)."""
+    try:
+        return Bookmark.parse(text)
+    except ValueError as exc:
+        return AckFailure(text, ErrorCode.MALFORMED_BOOKMARK, f"malformed bookmark: {exc}")
+
+
 @dataclass(slots=True)
 class _Batch(Generic[W]):
     op: AckOp
     seconds: float
-    bookmarks: list[str] = field(default_factory=list)
+    bookmarks: list[Bookmark] = field(default_factory=list)
     waiters: list[W | None] = field(default_factory=list)
 
 
@@ -300,7 +308,9 @@ class AckBatcher(Generic[W]):
     """Pending and in-flight ack batches of one subscription.
 
     Consecutive operations with the same op (and seconds) share a batch, so ordering across ops
-    is kept: ``ack a, cancel b, ack c`` makes three batches, sent in that order.
+    is kept: ``ack a, cancel b, ack c`` makes three batches, sent in that order. A batch goes
+    as one Ack frame of offset runs per partition (``Ack.of``); a message named twice in a
+    batch is operated on once, and both callers get its outcome.
     """
 
     def __init__(self) -> None:
@@ -327,12 +337,17 @@ class AckBatcher(Generic[W]):
         """Is any batch up to ``request_id`` still unanswered?"""
         return any(rid <= request_id for rid in self._in_flight)
 
-    def add(self, op: AckOp, bookmark: str, seconds: float, waiter: W | None) -> int:
+    def add(self, op: AckOp, bookmark: Bookmark, seconds: float, waiter: W | None) -> int:
         """Queue one operation; returns the size of the batch it joined."""
         if not self._pending_count:
             self._first_pending_at = time.monotonic()
         last = self._pending[-1] if self._pending else None
-        if last is None or last.op != op or last.seconds != seconds:
+        if (
+            last is None
+            or last.op != op
+            or last.seconds != seconds
+            or len(last.bookmarks) >= ACK_FRAME_MAX
+        ):
             last = _Batch(op, seconds)
             self._pending.append(last)
         last.bookmarks.append(bookmark)
@@ -347,7 +362,7 @@ class AckBatcher(Generic[W]):
             request_id = self._next_id
             self._next_id += 1
             self._in_flight[request_id] = batch
-            frames.append(Ack(request_id, batch.op, batch.bookmarks, batch.seconds))
+            frames.append(Ack.of(request_id, batch.op, batch.bookmarks, batch.seconds))
         self._pending = []
         self._pending_count = 0
         return frames
@@ -356,12 +371,15 @@ class AckBatcher(Generic[W]):
         batch = self._in_flight.pop(result.request_id, None)
         if batch is None:
             return Resolution([], list(result.failures), 0)
+        if not result.failures:  # the usual answer: everything accepted
+            acked = len(batch.bookmarks) if batch.op == AckOp.ACK else 0
+            return Resolution([(w, None) for w in batch.waiters if w is not None], [], acked)
         refused = {f.bookmark: f for f in result.failures}
         done: list[tuple[W, AckFailure | None]] = []
         unwaited: list[AckFailure] = []
         acked = 0
         for bookmark, waiter in zip(batch.bookmarks, batch.waiters, strict=True):
-            failure = refused.get(bookmark)
+            failure = refused.get(str(bookmark))
             if failure is None and batch.op == AckOp.ACK:
                 acked += 1
             if waiter is not None:
@@ -370,8 +388,24 @@ class AckBatcher(Generic[W]):
                 unwaited.append(failure)
         return Resolution(done, unwaited, acked)
 
-    def abandon(self) -> list[W]:
-        """The stream ended: forget everything; returns the waiters to fail."""
+    def abandon(self) -> tuple[list[W], int]:
+        """The stream ended: forget everything; returns the waiters to fail and how many
+        operations nobody waited for."""
         batches = [*self._pending, *self._in_flight.values()]
         self._pending, self._pending_count, self._in_flight = [], 0, {}
-        return [w for b in batches for w in b.waiters if w is not None]
+        waiters = [w for b in batches for w in b.waiters if w is not None]
+        unwaited = sum(1 for b in batches for w in b.waiters if w is None)
+        return waiters, unwaited
+
+
+# The unary methods of the service: name -> (request codec, reply codec).
+UNARY_METHODS: dict[str, tuple[Any, Any]] = {
+    "Publish": (PUBLISH_CODEC, PUBLISHED_CODEC),
+    "Stats": (STATS_CODEC, STATS_REPLY_CODEC),
+    "ListQueues": (LIST_QUEUES_CODEC, QUEUE_LIST_CODEC),
+    "Browse": (BROWSE_CODEC, BROWSE_REPLY_CODEC),
+    "AckWhere": (ACK_WHERE_CODEC, ACK_WHERE_REPLY_CODEC),
+    "Redrive": (REDRIVE_CODEC, REDRIVE_REPLY_CODEC),
+    "Reload": (RELOAD_CODEC, RELOAD_REPLY_CODEC),
+}
+SUBSCRIBE_METHOD = SERVICE + "Subscribe"

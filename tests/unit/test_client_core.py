@@ -1,0 +1,269 @@
+"""The client's I/O-free subscription core and the wire error table: no sockets, no threads."""
+
+from __future__ import annotations
+
+import random
+
+import grpc
+import pytest
+
+from layer.api.errors import (
+    CODE_METADATA_KEY,
+    TABLE,
+    ErrorCode,
+    code_of,
+    error_from_rpc,
+    error_of,
+    status_of,
+)
+from layer.api.frames import Ack, AckResult, Error, Messages, Replace, Replaced, Subscribed
+from layer.api.service import AckFailure, DeliveredMessage
+from layer.client._core import (
+    Addresses,
+    Backoff,
+    End,
+    ReconnectPolicy,
+    Retry,
+    SubscriptionCore,
+    unary_failure,
+)
+from layer.engine.model import AckOp, Bookmark
+from layer.exceptions import (
+    BrokerError,
+    ClientError,
+    ConnectFailed,
+    ConnectionLost,
+    ExpressionError,
+    InvalidRequest,
+    LeaseLost,
+    PublishUncertain,
+    QLayerError,
+    UnknownBookmark,
+    UnknownQueue,
+)
+
+# --- addresses and backoff ----------------------------------------------------------------------
+
+
+def test_addresses_parse_and_rotate() -> None:
+    ring = Addresses(" a:1, b:2 ,c:3")
+    assert ring.all == ("a:1", "b:2", "c:3") and ring.current == "a:1"
+    assert ring.failed("a:1") == "b:2"
+    assert ring.failed("a:1") == "b:2"  # a stale report does not skip a good address
+    assert ring.rotation() == ["b:2", "c:3", "a:1"]
+    assert ring.failed("b:2") == "c:3" and ring.failed("c:3") == "a:1"
+    assert Addresses(["x:1", "y:2"]).all == ("x:1", "y:2")
+    with pytest.raises(InvalidRequest, match="no server address"):
+        Addresses(" , ")
+
+
+def test_backoff_grows_to_the_cap_with_jitter_inside_bounds() -> None:
+    policy = ReconnectPolicy(initial_delay=0.1, max_delay=2.0)
+    backoff = Backoff(policy, random.Random(7))
+    delays = [backoff.next_delay() for _ in range(12)]
+    for n, delay in enumerate(delays):
+        base = min(2.0, 0.1 * 2**n)
+        assert base / 2 <= delay <= base, (n, delay)
+    assert len({round(d, 6) for d in delays[6:]}) > 1  # jittered, not lock-step at the cap
+    backoff.reset()
+    assert backoff.next_delay() <= 0.1
+
+
+def test_policy_rejects_nonsense() -> None:
+    with pytest.raises(ValueError, match="initial_delay"):
+        ReconnectPolicy(initial_delay=3, max_delay=1)
+    with pytest.raises(ValueError, match="give_up_after"):
+        ReconnectPolicy(give_up_after=0)
+
+
+# --- the subscription core ----------------------------------------------------------------------
+
+
+def msg(offset: int) -> DeliveredMessage:
+    return DeliveredMessage(Bookmark("t", 0, offset), None, b"x", [], 0, 1, 0, None)
+
+
+def core(policy: ReconnectPolicy | None = None, target: str = "a:1,b:2") -> SubscriptionCore[str]:
+    c: SubscriptionCore[str] = SubscriptionCore(
+        "q", 5, None, "me", Addresses(target), policy or ReconnectPolicy(), random.Random(1)
+    )
+    assert c.on_subscribed(Subscribed("s1", 5, 60.0), "a:1", now=0.0) is None
+    return c
+
+
+def test_frames_deliver_messages_and_resolve_acks() -> None:
+    c = core()
+    assert c.on_frame(Messages([msg(1), msg(2)])).messages == [msg(1), msg(2)]
+    c.operate(AckOp.ACK, "t/0/1", 0.0, "w1", c.epoch)
+    c.operate(AckOp.ACK, "t/0/2", 0.0, None, c.epoch)
+    (frame,) = c.take()
+    assert isinstance(frame, Ack) and frame.bookmarks == ["t/0/1", "t/0/2"]
+    failure = AckFailure("t/0/2", ErrorCode.UNKNOWN_BOOKMARK, "gone")
+    out = c.on_frame(AckResult(frame.request_id, [failure]))
+    assert out.done == [("w1", None, None)]
+    assert c.ack_failures == [failure] and c.acked_count == 1
+
+
+def test_a_drop_makes_pending_and_in_flight_acks_unconfirmed() -> None:
+    c = core()
+    c.operate(AckOp.ACK, "t/0/1", 0.0, None, c.epoch)
+    c.take()  # in flight
+    c.operate(AckOp.ACK, "t/0/2", 0.0, None, c.epoch)  # pending
+    c.operate(AckOp.ACK, "t/0/3", 0.0, "waiter", c.epoch)
+    mark = c.flush_mark()
+    out, decision = c.lost(ConnectionLost("UNAVAILABLE: gone"), now=10.0)
+    assert isinstance(decision, Retry) and decision.address == "b:2"
+    assert c.unconfirmed_acks == 2
+    ((waiter, _, error),) = out.done
+    assert waiter == "waiter" and isinstance(error, LeaseLost)
+    assert c.flushed(mark) and isinstance(c.flush_error(mark), LeaseLost)
+    assert c.take() == []  # nothing is sent without a connection
+    # a second failed attempt is the same disconnect: nothing counted twice, next address
+    _, again = c.lost(ConnectionLost("refused"), now=10.5)
+    assert isinstance(again, Retry) and again.address == "a:1" and c.unconfirmed_acks == 2
+    event = c.on_subscribed(Subscribed("s2", 5, 60.0), "a:1", now=12.0)
+    assert event is not None and event.downtime_s == pytest.approx(2.0)
+    assert event.unconfirmed_acks == 2 and c.reconnects == 1
+
+
+def test_acks_of_messages_from_an_earlier_connection_are_not_sent() -> None:
+    c = core()
+    old_epoch = c.epoch
+    c.lost(ConnectionLost("gone"), now=1.0)
+    c.on_subscribed(Subscribed("s2", 5, 60.0), "b:2", now=2.0)
+    size, out = c.operate(AckOp.ACK, "t/0/1", 0.0, "w", old_epoch)
+    assert size == 0 and isinstance(out.done[0][2], LeaseLost)
+    size, out = c.operate(AckOp.ACK, "t/0/2", 0.0, None, old_epoch)
+    assert size == 0 and not out.done and c.unconfirmed_acks == 1
+    assert c.take() == []
+    # by bookmark (no epoch) and from this connection: sent
+    c.operate(AckOp.ACK, "t/0/3", 0.0, None, None)
+    c.operate(AckOp.ACK, "t/0/4", 0.0, None, c.epoch)
+    assert [f.bookmarks for f in c.take()] == [["t/0/3", "t/0/4"]]
+
+
+def test_replace_bookkeeping_and_resubscribe_with_the_new_spec() -> None:
+    c = core()
+    frames = c.replace("w", "q2", "/x > 1", 9)
+    (replace,) = frames
+    assert isinstance(replace, Replace) and replace.queue == "q2"
+    out = c.on_frame(Replaced(replace.request_id, 7))
+    assert out.done == [("w", 7, None)]
+    assert (c.queue, c.filter, c.max_backlog, c.backlog) == ("q2", "/x > 1", 9, 7)
+    refused = c.replace("w2", None, None, None)[0]
+    out = c.on_frame(Error(ErrorCode.UNKNOWN_QUEUE, "no such queue", refused.request_id))
+    assert isinstance(out.done[0][2], UnknownQueue) and c.queue == "q2"
+    # unanswered when the connection drops: fails, and the spec stays the confirmed one
+    c.replace("w3", "q3", None, None)
+    out, _ = c.lost(ConnectionLost("gone"), now=1.0)
+    assert out.done[0][0] == "w3" and isinstance(out.done[0][2], ConnectionLost)
+    sub = c.subscribe_frame()
+    assert (sub.queue, sub.filter, sub.max_backlog) == ("q2", "/x > 1", 9)
+    with pytest.raises(ConnectionLost, match="reconnecting"):
+        c.replace("w4", "q4", None, None)
+
+
+def test_no_reconnect_for_refusals_closing_or_when_disabled() -> None:
+    c = core()
+    out, decision = c.lost(UnknownQueue("queue q removed"), now=0.0)
+    assert isinstance(decision, End) and isinstance(decision.error, UnknownQueue) and c.ended
+    off = core(ReconnectPolicy(enabled=False))
+    off.operate(AckOp.ACK, "t/0/1", 0.0, "w", off.epoch)
+    out, decision = off.lost(ConnectionLost("gone"), now=0.0)
+    assert isinstance(decision, End) and isinstance(out.done[0][2], ClientError)
+    assert not isinstance(out.done[0][2], LeaseLost)  # the old behaviour, unchanged
+    closing = core()
+    closing.closing = True
+    _, decision = closing.lost(ConnectionLost("CANCELLED"), now=0.0)
+    assert decision == End(None) and closing.error is None
+
+
+def test_give_up_after() -> None:
+    c = core(ReconnectPolicy(give_up_after=5.0))
+    _, first = c.lost(ConnectionLost("gone"), now=100.0)
+    assert isinstance(first, Retry) and first.delay <= 5.0
+    _, last = c.lost(ConnectionLost("refused"), now=105.0)
+    assert isinstance(last, End) and isinstance(last.error, ConnectionLost)
+    assert "give_up_after" in str(last.error)
+
+
+def test_unary_failover_and_publish() -> None:
+    ring, policy = Addresses("a:1,b:2"), ReconnectPolicy()
+    lost = ConnectionLost("UNAVAILABLE: refused")
+    assert unary_failure(lost, "a:1", ring, policy, idempotent=True) is None
+    assert ring.current == "b:2"
+    uncertain = unary_failure(lost, "b:2", ring, policy, idempotent=False)
+    assert isinstance(uncertain, PublishUncertain) and ring.current == "a:1"
+    refused = UnknownQueue("nope")
+    assert unary_failure(refused, "a:1", ring, policy, idempotent=True) is refused
+    off = ReconnectPolicy(enabled=False)
+    assert unary_failure(lost, "a:1", ring, off, idempotent=True) is lost
+
+
+def test_a_publish_that_never_connected_goes_to_the_next_address() -> None:
+    ring, policy = Addresses("a:1,b:2"), ReconnectPolicy()
+    never = error_from_rpc(
+        FakeRpcError(
+            grpc.StatusCode.UNAVAILABLE,
+            "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1:"
+            " Failed to connect to remote host: Connection refused",
+        )
+    )
+    assert type(never) is ConnectFailed and isinstance(never, ConnectionLost)
+    assert unary_failure(never, "a:1", ring, policy, idempotent=False) is None  # nothing sent
+    assert ring.current == "b:2"
+
+
+# --- one table of wire errors ---------------------------------------------------------------------
+
+
+class FakeRpcError(grpc.RpcError):
+    def __init__(self, status: grpc.StatusCode, details: str, code: str | None = None) -> None:
+        self._status, self._details = status, details
+        self._trailing = ((CODE_METADATA_KEY, code),) if code is not None else ()
+
+    def code(self) -> grpc.StatusCode:
+        return self._status
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._trailing
+
+
+@pytest.mark.parametrize("row", TABLE, ids=lambda row: row.code.value)
+def test_every_code_round_trips_to_its_exception_class(row: object) -> None:
+    error_cls, status, code = row.error, row.status, row.code  # type: ignore[attr-defined]
+    if error_cls is ExpressionError:
+        raised: QLayerError = ExpressionError("/x >", 4, "unexpected end")
+    else:
+        raised = error_cls("it went wrong")
+    assert code_of(raised) is code and status_of(raised) is status
+    received = error_from_rpc(FakeRpcError(status, str(raised), code.value))
+    expected = InvalidRequest if error_cls is ExpressionError else error_cls
+    assert type(received) is expected and str(received) == str(raised)
+    assert type(error_of(code, "m")) is expected
+
+
+def test_every_code_has_a_row() -> None:
+    assert {row.code for row in TABLE} == set(ErrorCode)
+
+
+def test_errors_without_a_code_map_by_status() -> None:
+    unavailable = error_from_rpc(FakeRpcError(grpc.StatusCode.UNAVAILABLE, "Socket closed"))
+    assert type(unavailable) is ConnectionLost and "UNAVAILABLE" in str(unavailable)
+    broker = error_from_rpc(
+        FakeRpcError(grpc.StatusCode.UNAVAILABLE, "kafka down", ErrorCode.UNAVAILABLE.value)
+    )
+    assert type(broker) is BrokerError
+    assert type(error_from_rpc(FakeRpcError(grpc.StatusCode.NOT_FOUND, "q"))) is UnknownQueue
+    other = error_from_rpc(FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "big"))
+    assert type(other) is ClientError and str(other) == "RESOURCE_EXHAUSTED: big"
+    newer = error_from_rpc(FakeRpcError(grpc.StatusCode.INTERNAL, "?", "a_code_from_the_future"))
+    assert type(newer) is QLayerError
+
+
+def test_lease_refusals_are_lease_errors() -> None:
+    assert type(error_of(ErrorCode.UNKNOWN_BOOKMARK, "t/0/1: gone")) is UnknownBookmark
+    assert code_of(ValueError("not ours")) is ErrorCode.INTERNAL
