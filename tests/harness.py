@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -51,7 +52,8 @@ def write_config(
 
 
 class CoordinatorProcess:
-    """``qlayer coordinator`` as a child process; ``address`` once it serves."""
+    """``qlayer coordinator`` as a child process; ``address`` once it serves, ``http_address``
+    once its HTTP listener listens (configured with ``http = "127.0.0.1:0"``)."""
 
     def __init__(self, config_path: Path, state_dir: Path, log_path: Path) -> None:
         self.config_path = config_path
@@ -59,10 +61,18 @@ class CoordinatorProcess:
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
         self.address: str | None = None
+        self.http_address: str | None = None
         self.starts = 0
+        self.listen = "127.0.0.1:0"  # set a fixed address to restart it where clients expect it
         self._reader: threading.Thread | None = None
+        self._serving: tuple[threading.Event, list[str]] = (threading.Event(), [])
 
-    def start(self, timeout: float = 60.0) -> str:
+    def start(
+        self, timeout: float = 60.0, until: str = "serving", extra_args: Sequence[str] = ()
+    ) -> str:
+        """Start and wait for the API (``until="serving"``: returns its address) or only for
+        the HTTP listener, which comes up before the restore (``"http"``: returns its address)."""
+        assert until in ("serving", "http")
         assert self.proc is None or self.proc.poll() is not None, "already running"
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"
@@ -80,7 +90,8 @@ class CoordinatorProcess:
                 "--state-dir",
                 str(self.state_dir),
                 "--listen",
-                "127.0.0.1:0",
+                self.listen,
+                *extra_args,
             ],
             cwd=ROOT,
             env=env,
@@ -91,19 +102,42 @@ class CoordinatorProcess:
         self.starts += 1
         found: list[str] = []
         done = threading.Event()
+        self._serving = (done, found)
+        http_found: list[str] = []
+        http_done = threading.Event()
 
         def read() -> None:
             assert self.proc is not None and self.proc.stdout is not None
             with self.proc.stdout:
                 for raw in self.proc.stdout:
                     line = raw.decode(errors="replace").strip()
+                    if line.startswith("qlayer http on "):
+                        http_found.append(line.rsplit(" ", 1)[1])
+                        http_done.set()
                     if line.startswith("qlayer coordinator serving on "):
                         found.append(line.rsplit(" ", 1)[1])
                         done.set()
             done.set()
+            http_done.set()
 
         self._reader = threading.Thread(target=read, daemon=True)
         self._reader.start()
+        if until == "http":
+            if not http_done.wait(timeout) or not http_found:
+                self.kill()
+                raise AssertionError(
+                    f"no HTTP listener within {timeout}s; log tail:\n{self.log_tail()}"
+                )
+            self.http_address = http_found[0]
+            return self.http_address
+        address = self.wait_serving(timeout)
+        # the reader saw the HTTP line, if any, before the serving line
+        self.http_address = http_found[0] if http_found else None
+        return address
+
+    def wait_serving(self, timeout: float = 60.0) -> str:
+        """Wait for the API of the process ``start`` started; returns its address."""
+        done, found = self._serving
         if not done.wait(timeout) or not found:
             self.kill()
             raise AssertionError(
@@ -150,3 +184,32 @@ class CoordinatorProcess:
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+def start_worker(
+    addr_file: Path, queue: str, log: Path, stop_file: Path, name: str, backlog: int = 10
+) -> subprocess.Popen[bytes]:
+    """A consumer process (tests/fault/worker.py) that follows the coordinator address in
+    ``addr_file``, acks what it gets, records it in ``log`` and exits once ``stop_file`` exists."""
+    return subprocess.Popen(
+        [
+            sys.executable, str(ROOT / "tests" / "fault" / "worker.py"),
+            "--addr-file", str(addr_file), "--queue", queue, "--log", str(log),
+            "--stop-file", str(stop_file), "--backlog", str(backlog), "--name", name,
+        ],
+        cwd=ROOT,
+    )  # fmt: skip
+
+
+def worker_events(log_dir: Path) -> list[dict[str, Any]]:
+    """Every event the workers of ``start_worker`` logged as ``worker-*.jsonl`` in ``log_dir``,
+    in time order."""
+    events = []
+    for f in sorted(log_dir.glob("worker-*.jsonl")):
+        text = f.read_text()
+        # a worker may be writing its last line right now: only complete lines count
+        for line in text[: text.rfind("\n") + 1].splitlines():
+            if line.strip():
+                events.append(json.loads(line))
+    events.sort(key=lambda e: e["t"])
+    return events

@@ -16,10 +16,21 @@ Who records what:
   ``op_refused`` {w, id, error} / ``op_lost`` {w, id} (the stream broke before the answer: it may
   or may not have taken effect; an ``op`` with no outcome at all counts as lost too);
   ``closing`` {w, sub} before a voluntary disconnect; ``broken`` {w, sub} when the stream failed
+  (a consumer without the library's reconnection); with it, ``reconnected`` {w, sub: the old
+  subscription, new: the new one, lost_at: when the client saw the connection drop} once the
+  library re-subscribed by itself (then ``subscribed`` for the new one). The epoch in
+  ``subscribed`` may be left out: it is then derived from ``coordinator_instance`` (below);
+  ``proxied`` (true) in it: the subscription's connection goes through the client proxy
 - the harness: ``coordinator_start`` {epoch, wiped} (before the process starts),
+  ``coordinator_instance`` {epoch, instance} once it serves (see "Epochs" below),
   ``coordinator_kill`` {epoch} (before SIGKILL), ``coordinator_dead`` {epoch} (after it is
   reaped), ``coordinator_stop`` {epoch} (once the process is seen stopped by SIGSTOP),
   ``coordinator_cont`` {epoch} (before SIGCONT), ``consumer_kill`` {w} (before SIGKILL),
+  ``broker_stop`` / ``broker_cont`` (before the broker's SIGSTOP / SIGCONT), ``proxy`` {side:
+  broker|client, action: drop|stall|refuse|heal, drop: true when a refusal also reset the open
+  connections} (before the proxy between the coordinator and the broker, or between the
+  consumers and the coordinator, resets every connection, stops forwarding, refuses new
+  connections, or forwards again),
   and at the end ``stats`` {q, epoch, available, leased, inactive, delivered_total, acked_total,
   dead_lettered_total} taken once every consumer has exited
 - the broker, read back at the end: ``dead_letter`` {q, b, reason, n, c, t: dead-lettered at}
@@ -36,6 +47,29 @@ confirmed extend), its holder's death (SIGKILL), its subscription's end (closing
 death of the coordinator that granted it. A SIGSTOPped coordinator grants nothing until it
 resumes; its leases run out on their deadlines. Two leases on one message must never overlap,
 beyond ``skew`` seconds (the rounding of deadlines to milliseconds, and the clock's resolution).
+
+Ends the coordinator saw first. A voluntary end (``closing``) is logged before the consumer
+acts, so it bounds the end from below. An involuntary one (``broken``, ``reconnected``) is seen
+by the client when it is already over on the coordinator's side, maybe seconds earlier: a
+stalled connection is given up by whichever side's keepalive fires first, and the coordinator
+returns the leases at once (to be granted to others within milliseconds). So such a
+subscription's leases end no earlier than the first fault that began after its last sign of
+life on the coordinator (a grant to it, an operation of it that was confirmed), and no later
+than when the client saw it; a broker fault counts too (a coordinator may end streams while
+Kafka is away). A reset of the client proxy ends every proxied subscription open then, whether
+or not its client lived to record it (it may be closed or killed while reconnecting, and then
+records a voluntary end or none, later). A library reconnect is a new subscription (a new id):
+the old one's leases are over, and an operation on a message of the old one is never confirmed
+(the client does not send it; the consumer records it as refused or lost, never as applied).
+
+Epochs. Which coordinator granted a lease matters (its death ends the lease; the last one's
+counters are compared with the history). Consumers that reconnect through the library find the
+restarted coordinator at the same address without knowing which one it is, so the epoch of a
+subscription is derived from its id: a coordinator names its subscriptions ``INSTANCE-N``, with
+an instance id drawn at each process start (layer/coordinator/subscriptions.py), and the harness
+learns each coordinator's instance by subscribing to it once it serves. Unlike times (a frame
+sent by one coordinator can be read after its successor started, when a proxy held it), the id
+cannot name the wrong process.
 """
 
 from __future__ import annotations
@@ -49,6 +83,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "CONSEQUENCES",
     "DEFAULT_SKEW",
     "QueueSpec",
     "Summary",
@@ -66,6 +101,12 @@ AT_MOST_ONCE = "at-most-once"
 DEFAULT_SKEW = 0.002
 _FINISHING = ("ack", "cancel", "expire")
 _NEVER = math.inf
+# how far a client's time of a dropped connection (a wall-clock time computed from monotonic
+# durations) may be off from the times of the operations around it
+_DROP_SKEW = 0.05
+# harness events that begin a fault that may end subscriptions' streams
+_FAULT_BEGINS = ("coordinator_kill", "coordinator_stop", "broker_stop")
+_PROXY_FAULTS = ("drop", "stall", "refuse")
 
 
 @dataclass(frozen=True)
@@ -152,7 +193,15 @@ class _Index:
         self.deliveries: dict[str, list[_Delivery]] = defaultdict(list)
         self.ops: dict[tuple[str, Any], _Op] = {}
         self.sub_epoch: dict[tuple[str, str], int] = {}
+        # the earliest a subscription can have ended (its leases with it), and when its
+        # consumer saw it end
         self.sub_end: dict[tuple[str, str], float] = {}
+        self.sub_seen_end: dict[tuple[str, str], float] = {}
+        self.fault_begins: list[float] = []
+        instances: dict[str, int] = {}
+        subscribed: list[Event] = []
+        involuntary: dict[tuple[str, str], float] = {}
+        client_resets: list[float] = []
         self.consumer_kill: dict[str, float] = {}
         self.starts: dict[int, Event] = {}
         self.kills: dict[int, float] = {}
@@ -169,19 +218,33 @@ class _Index:
             if "q" in e and e["q"] != spec.name:
                 continue
             ev, t = e["ev"], float(e["t"])
+            if ev in _FAULT_BEGINS or (ev == "proxy" and e["action"] in _PROXY_FAULTS):
+                self.fault_begins.append(t)
             if ev == "publish":
                 self.published[e["b"]] = e
             elif ev == "subscribed":
-                self.sub_epoch[(e["w"], e["sub"])] = int(e["epoch"])
+                subscribed.append(e)
+            elif (
+                ev == "proxy" and e["side"] == "client" and (e["action"] == "drop" or e.get("drop"))
+            ):
+                client_resets.append(t)
             elif ev == "got":
                 gots.append(e)
             elif ev == "op":
                 self.ops[(e["w"], e["id"])] = _Op(e)
             elif ev in ("op_ok", "op_refused", "op_lost"):
                 outcomes.append(e)
-            elif ev in ("closing", "broken"):
+            elif ev == "closing":
                 key = (e["w"], e["sub"])
                 self.sub_end[key] = min(self.sub_end.get(key, _NEVER), t)
+                self.sub_seen_end[key] = min(self.sub_seen_end.get(key, _NEVER), t)
+            elif ev in ("broken", "reconnected"):
+                key = (e["w"], e["sub"])
+                seen = float(e.get("lost_at", t))
+                involuntary[key] = min(involuntary.get(key, _NEVER), seen)
+                self.sub_seen_end[key] = min(self.sub_seen_end.get(key, _NEVER), seen)
+            elif ev == "coordinator_instance":
+                instances[str(e["instance"])] = int(e["epoch"])
             elif ev == "consumer_kill":
                 self.consumer_kill[e["w"]] = min(self.consumer_kill.get(e["w"], _NEVER), t)
             elif ev == "coordinator_start":
@@ -207,6 +270,11 @@ class _Index:
             if op is not None:
                 op.outcome = e["ev"].removeprefix("op_")
                 op.done_at = float(e["t"]) if op.outcome != "lost" else _NEVER
+        for e in subscribed:
+            # the instance in its id names the coordinator exactly (see "Epochs" above)
+            epoch = instances.get(str(e["sub"]).split("-", 1)[0], e.get("epoch"))
+            if epoch is not None:
+                self.sub_epoch[(e["w"], e["sub"])] = int(epoch)
         alo = spec.semantics == AT_LEAST_ONCE
         # each holder's leases of a message, and its operations on it
         self.mine: dict[tuple[str, str, str], list[_Delivery]] = defaultdict(list)
@@ -220,15 +288,49 @@ class _Index:
             self.my_ops[(op.event["w"], op.event["sub"], op.event["b"])].append(op)
         for ds in (*self.deliveries.values(), *self.mine.values()):
             ds.sort(key=lambda d: d.start)
+        self.fault_begins.sort()
+        # each subscription's last sign of life on the coordinator: a grant to it, or an
+        # operation of it that the coordinator confirmed (it was alive when that was sent)
+        alive: dict[tuple[str, str], float] = defaultdict(lambda: -_NEVER)
+        for (w, sub, _b), ds in self.mine.items():
+            for d in ds:
+                alive[(w, sub)] = max(alive[(w, sub)], d.start)
+        for op in self.ops.values():
+            if op.outcome == "ok":
+                key = (op.event["w"], op.event["sub"])
+                alive[key] = max(alive[key], op.t)
+        for key, seen in involuntary.items():
+            # the first fault after its last sign of life, if the client saw the end later
+            last = alive[key]
+            first_fault = next((f for f in self.fault_begins if f >= last), _NEVER)
+            end = max(last, min(seen, first_fault))
+            self.sub_end[key] = min(self.sub_end.get(key, _NEVER), end)
+        # a reset of the client proxy ends every subscription through it that was open then:
+        # open from its first sign of life (its client may log ``subscribed`` a moment after)
+        first: dict[tuple[str, str], float] = {}
+        for (w, sub, _b), ds in self.mine.items():
+            for d in ds:
+                first[(w, sub)] = min(first.get((w, sub), _NEVER), d.start)
+        for e in subscribed:
+            if e.get("proxied"):
+                key = (e["w"], e["sub"])
+                began = min(first.get(key, _NEVER), float(e["t"]))
+                reset = next((r for r in sorted(client_resets) if r >= began), _NEVER)
+                self.sub_end[key] = min(self.sub_end.get(key, _NEVER), reset)
         if alo:
             for ds in self.mine.values():
                 for d, nxt in zip(ds, [*ds[1:], None], strict=True):
-                    d.end = self._lease_end(d, nxt.start if nxt is not None else _NEVER)
+                    d.end = self._lease_end(d, nxt)
 
-    def _lease_end(self, d: _Delivery, next_start: float) -> float:
-        """The earliest time the lease can have ended (``next_start``: when its holder's next
-        lease of the same message began)."""
+    def _lease_end(self, d: _Delivery, nxt: _Delivery | None) -> float:
+        """The earliest time the lease can have ended (``nxt``: its holder's next lease of the
+        same message, if any)."""
         assert d.grant is not None
+        next_start = nxt.start if nxt is not None else _NEVER
+        # an operation answered after the coordinator granted the next lease may have been
+        # applied to that one: a stalled or paused path delivers an extend sent in time after
+        # the deadline, and the coordinator names leases by bookmark and holder only
+        next_grant = _NEVER if nxt is None else nxt.grant if nxt.grant is not None else nxt.start
         deadline = float(d.event["dl"])
         ends = []
         for op in sorted(self.my_ops.get(d.holder, []), key=lambda o: o.t):
@@ -239,7 +341,8 @@ class _Index:
                 ends.append(max(op.t, d.start))
             elif op.kind == "extend":  # the deadline moves to (the time it is applied) + s
                 moved = max(op.t, d.start) + float(op.event.get("s", 0.0))
-                deadline = moved if op.outcome == "ok" else min(deadline, moved)
+                surely_this_lease = op.outcome == "ok" and op.done_at < next_grant - skew
+                deadline = moved if surely_this_lease else min(deadline, moved)
         w, sub, _b = d.holder
         ends.append(deadline)
         ends.append(self.consumer_kill.get(w, _NEVER))
@@ -288,6 +391,7 @@ def check(
     ix = _Index(history, spec, skew)
     out: list[Violation] = []
     out += _check_dead_letters(ix, skew)
+    out += _check_confirmed_after_end(ix)
     if spec.semantics == AT_LEAST_ONCE:
         out += _check_leases(ix, skew)
         out += _check_at_least_once(ix, skew)
@@ -339,6 +443,19 @@ def _check_dead_letters(ix: _Index, skew: float) -> list[Violation]:
                     detail = f"done ({r.get('reason')}) but no dead letter"
                     out.append(_v("dead_letter_missing", b, detail, r))
                 break
+    return out
+
+
+def _check_confirmed_after_end(ix: _Index) -> list[Violation]:
+    """An operation sent after its client saw the subscription end cannot have been applied
+    to it (its leases were gone): the client must report it unconfirmed, never confirmed."""
+    out: list[Violation] = []
+    for op in ix.ops.values():
+        key = (op.event["w"], op.event["sub"])
+        seen = ix.sub_seen_end.get(key, _NEVER)
+        if op.outcome == "ok" and op.t > seen + _DROP_SKEW:
+            detail = f"{op.kind} sent at {op.t:.3f}, after its subscription ended at {seen:.3f}"
+            out.append(_v("confirmed_after_end", op.event["b"], detail, op.event))
     return out
 
 
@@ -467,8 +584,10 @@ def _check_at_most_once(ix: _Index, skew: float) -> list[Violation]:
                     detail = f"handed out at {float(r['t']):.3f} while {what}"
                     out.append(_v("granted_while_down", b, detail, r))
     last_fault = max(
-        [*ix.kills.values(), *ix.consumer_kill.values(), *ix.sub_end.values()], default=-_NEVER
-    )
+        [*ix.kills.values(), *ix.consumer_kill.values(), *ix.sub_seen_end.values(),
+         *ix.fault_begins],
+        default=-_NEVER,
+    )  # fmt: skip
     for b, published in ix.published.items():
         if b in ix.deliveries or b in ix.dead_letters:
             continue
@@ -518,6 +637,11 @@ def _check_stats(ix: _Index, skew: float) -> list[Violation]:
 # --- summary ----------------------------------------------------------------------------------
 
 
+# what the faults cause, rather than faults injected
+RECONNECT = "client reconnect"
+CONSEQUENCES = ("lease timeout", "consumer disconnect", RECONNECT)
+
+
 @dataclass(frozen=True)
 class Summary:
     queue: str
@@ -528,6 +652,11 @@ class Summary:
     @property
     def total_operations(self) -> int:
         return sum(self.operations.values())
+
+    @property
+    def injected(self) -> Counter[str]:
+        """The faults the harness injected (not what they caused)."""
+        return Counter({k: n for k, n in self.faults.items() if k not in CONSEQUENCES})
 
     def line(self) -> str:
         ops = ", ".join(f"{n:,} {k}" for k, n in sorted(self.operations.items()))
@@ -564,6 +693,12 @@ def summarize(
             faults["consumer SIGKILL"] += 1
         elif ev == "closing":
             faults["consumer disconnect"] += 1
+        elif ev == "broker_stop":
+            faults["broker SIGSTOP"] += 1
+        elif ev == "proxy" and e["action"] in _PROXY_FAULTS:
+            faults[f"{e['side']} proxy {e['action']}"] += 1
+        elif ev == "reconnected":
+            faults[RECONNECT] += 1
         elif ev == "durable" and e["kind"] == "RETURNED" and e.get("reason") == "timeout":
             faults["lease timeout"] += 1
     return Summary(spec.name, ops, faults, len(violations))

@@ -20,6 +20,7 @@ import queue
 import random
 import re
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -44,16 +45,19 @@ from layer.api.frames import (
     AckWhere,
     Browse,
     Close,
+    Error,
     ListQueues,
     Messages,
     Publish,
     Replace,
     Stats,
     Subscribe,
+    Subscribed,
 )
+from layer.api.proto.qlayer.v1 import queue_pb2 as pb
 from layer.client import QueueClient
 from layer.codec import decode
-from layer.engine.model import AckOp
+from layer.engine.model import AckOp, Bookmark
 from layer.exceptions import QLayerError
 from tests.harness import CoordinatorProcess
 from tests.helpers import wait_until
@@ -63,7 +67,7 @@ pytestmark = pytest.mark.fault
 SOAK = os.environ.get("QLAYER_SOAK") == "1"
 SCALE = 10 if SOAK else 1
 MiB = 1 << 20
-SERVICE = "/qlayer.Queue/"
+SERVICE = "/qlayer.v1.QueueService/"
 # The coordinator's Kafka producers keep librdkafka's default message.max.bytes: qlayer's config
 # does not pass that setting through, so it is the size limit of what the coordinator produces.
 PRODUCER_LIMIT = 1_000_000
@@ -75,7 +79,9 @@ API_LIMIT = 64 * MiB  # grpc.max_receive_message_length of the API server
 
 class GoodConsumer:
     """A well-behaved consumer in a thread: acks what parses as JSON, expires what does not, and
-    subscribes again whenever its stream breaks."""
+    subscribes again whenever its stream breaks. A message counts as acked (or expired) once the
+    coordinator confirmed it: an ack that arrives after the lease ran out is refused, and the
+    message comes back to be handled again."""
 
     def __init__(self, coordinator: CoordinatorProcess, queue_name: str, backlog: int = 100):
         self.coordinator = coordinator
@@ -83,6 +89,7 @@ class GoodConsumer:
         self.backlog = backlog
         self.acked: set[str] = set()
         self.expired: set[str] = set()
+        self.refused = 0  # acks and expires the coordinator refused
         self.deliveries = 0
         self.reconnects = 0
         self.lock = threading.Lock()
@@ -112,26 +119,49 @@ class GoodConsumer:
                     QueueClient(address, timeout=10) as client,
                     client.subscribe(self.queue, max_backlog=self.backlog) as sub,
                 ):
-                    while not self.stop.is_set():
-                        msg = sub.next(timeout=0.1)
-                        if msg is None:
-                            continue
-                        try:
-                            json.loads(msg.data)
-                            good = True
-                        except (ValueError, RecursionError):
-                            good = False
-                        if good:
-                            msg.ack()
-                        else:
-                            msg.expire()
-                        with self.lock:
-                            self.deliveries += 1
-                            (self.acked if good else self.expired).add(msg.bookmark)
-                    sub.flush(timeout=10)
+                    self._consume(sub)
             except (QLayerError, TimeoutError):
                 self.reconnects += 1
                 self.stop.wait(0.2)
+
+    def _consume(self, sub: Any) -> None:
+        sent: dict[str, bool] = {}  # bookmark -> good (acked) or not (expired), unconfirmed
+        seen = 0  # sub.ack_failures already accounted for
+        while not self.stop.is_set():
+            msg = sub.next(timeout=0.1)
+            if msg is None or len(sent) >= self.backlog:
+                seen = self._confirm(sub, sent, seen)
+            if msg is None:
+                continue
+            try:
+                json.loads(msg.data)
+                good = True
+            except (ValueError, RecursionError):
+                good = False
+            if good:
+                msg.ack()
+            else:
+                msg.expire()
+            sent[msg.bookmark] = good
+            with self.lock:
+                self.deliveries += 1
+        self._confirm(sub, sent, seen)
+
+    def _confirm(self, sub: Any, sent: dict[str, bool], seen: int) -> int:
+        """Wait for the answers to what was sent; record what the coordinator accepted.
+        Returns how many of ``sub.ack_failures`` are accounted for."""
+        if not sent:
+            return seen
+        sub.flush(timeout=10)
+        failures = sub.ack_failures[seen:]
+        refused = {f.bookmark for f in failures}
+        with self.lock:
+            for bookmark, good in sent.items():
+                if bookmark not in refused:
+                    (self.acked if good else self.expired).add(bookmark)
+            self.refused += len(refused)
+        sent.clear()
+        return seen + len(failures)
 
 
 def publish(bootstrap: str, topic: str, values: list[bytes | None], **settings: Any) -> list[str]:
@@ -376,9 +406,39 @@ def test_a_message_near_the_size_limit_can_be_dead_lettered(
 # --- API frames -------------------------------------------------------------------------------
 
 
-HELD = "\x00held-"  # in an Ack, HELD + k: the k-th message the stream was given (set when sent)
+HELD = "\x00held-"  # in a RawAck, topic HELD + k: the k-th message the stream was given
 EXTREMES = [0.0, 0.5, 30.0, 1e306, 1.7e308, math.inf, -math.inf, math.nan, -1e-300]
 HOWS = ["valid", "valid", "valid", "truncated", "flipped", "random"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RawAck:
+    """An Ack as any client may send it: any op number (unknown ones too) and any runs (end
+    before start, negative, absurdly long, odd counts). An entry whose topic is HELD + k names
+    the k-th message the stream holds when it is sent."""
+
+    request_id: int
+    op: int
+    offsets: tuple[tuple[str, int, tuple[int, ...]], ...]
+    seconds: float
+
+    def encode(self, held: list[str]) -> bytes:
+        entries = []
+        for topic, partition, runs in self.offsets:
+            if topic.startswith(HELD):
+                k = int(topic[len(HELD) :])
+                if held:
+                    topic, p, o = held[k % len(held)].rsplit("/", 2)
+                    partition, runs = int(p), (int(o), int(o))
+                else:
+                    topic, runs = topic[:1] + "t", (k, k)
+            entries.append(pb.OffsetRuns(topic=topic, partition=partition, runs=runs))
+        ack = pb.Ack(request_id=self.request_id, op=self.op, offsets=entries, seconds=self.seconds)
+        return pb.ClientFrame(ack=ack).SerializeToString()
+
+
+OPS = [pb.ACK_OP_ACK, pb.ACK_OP_CANCEL, pb.ACK_OP_EXPIRE, pb.ACK_OP_EXTEND]
+BAD_OPS = [pb.ACK_OP_UNSPECIFIED, 5, 99, -1, 2**31 - 1]  # unspecified, or unknown to the server
 
 
 @dataclasses.dataclass(frozen=True)
@@ -394,13 +454,7 @@ class Frame:
 
     def render(self, codec: Any, held: list[str]) -> bytes:
         frame = self.frame
-        if isinstance(frame, Ack) and held:
-            bookmarks = [
-                held[int(b[len(HELD) :]) % len(held)] if b.startswith(HELD) else b
-                for b in frame.bookmarks
-            ]
-            frame = dataclasses.replace(frame, bookmarks=bookmarks)
-        data = codec.encode(frame)
+        data = frame.encode(held) if isinstance(frame, RawAck) else codec.encode(frame)
         cut = int(self.at * len(data))
         if self.how == "truncated":
             return data[:cut]
@@ -429,12 +483,21 @@ def _frame(frames: st.SearchStrategy[Any], hows: list[str] = HOWS) -> st.SearchS
 def calls(fuzz_queue: str, fuzz_topic: str) -> st.SearchStrategy[list[Call]]:
     text = st.text(max_size=40)
     queue_names = st.sampled_from([fuzz_queue, "no-such-queue", ""]) | text
-    bookmark = st.one_of(
-        st.integers(0, 50).map(lambda k: f"{HELD}{k}"),
+    int64 = st.integers(-(2**63), 2**63 - 1)
+    # one partition's entry of an Ack: a held message, a run (end before start, negative,
+    # past the end, absurdly long), any count of any numbers, any topic
+    entry = st.one_of(
+        st.integers(0, 50).map(lambda k: (f"{HELD}{k}", 0, ())),
+        st.integers(0, 50).map(lambda k: (f"{HELD}{k}", 0, ())),
         st.builds(
-            lambda p, o: f"{fuzz_topic}/{p}/{o}", st.integers(-2, 3), st.integers(-1, 2**63 - 1)
+            lambda p, first, n: (fuzz_topic, p, (first, first + n)),
+            st.integers(-2, 3), st.integers(-1, 2**62), st.integers(-3, 5),
         ),
-        text,
+        st.builds(lambda first: (fuzz_topic, 0, (first, 2**63 - 1)), st.integers(-1, 60)),
+        st.builds(lambda runs: (fuzz_topic, 0, tuple(runs)), st.lists(int64, max_size=5)),
+        st.builds(
+            lambda t, runs: (t, 0, tuple(runs)), text, st.lists(st.integers(0, 60), max_size=4)
+        ),
     )  # fmt: skip
     # filters: random text, and token soup that gets further into the parser
     tokens = st.sampled_from(
@@ -445,8 +508,9 @@ def calls(fuzz_queue: str, fuzz_topic: str) -> st.SearchStrategy[list[Call]]:
     filters = st.none() | text | st.lists(tokens, max_size=12).map(" ".join)
     int32 = st.integers(-(2**31), 2**31 - 1)
     seconds = st.floats() | st.sampled_from(EXTREMES)
-    ack = st.builds(Ack, st.integers(0, 2**63 - 1), st.sampled_from(list(AckOp)),
-                    st.lists(bookmark, min_size=1, max_size=8), seconds)  # fmt: skip
+    ops = st.sampled_from(OPS) | st.sampled_from(OPS) | st.sampled_from(BAD_OPS)
+    ack = st.builds(RawAck, st.integers(0, 2**63 - 1), ops,
+                    st.lists(entry, min_size=1, max_size=8).map(tuple), seconds)  # fmt: skip
     others = {
         "subscribe": st.builds(Subscribe, queue_names, int32, text, filters),
         "replace": st.builds(Replace, st.integers(0, 2**63 - 1), queue_names, int32, filters),
@@ -486,8 +550,8 @@ def seeded_calls(fuzz_queue: str) -> list[Call]:
         return Frame(frame, "valid", 0.0, 0, b"")
 
     out = []
-    for op in AckOp:
-        frames = [Ack(i, op, [f"{HELD}{i}"], s) for i, s in enumerate(EXTREMES)]
+    for op in OPS:
+        frames = [RawAck(i, op, ((f"{HELD}{i}", 0, ()),), s) for i, s in enumerate(EXTREMES)]
         out.append(Call("Subscribe", tuple(map(valid, [Subscribe(fuzz_queue, 50), *frames]))))
     for backlog in (0, -1, 2**31 - 1):
         out.append(Call("Subscribe", (valid(Subscribe(fuzz_queue, backlog)),)))
@@ -671,6 +735,75 @@ def test_a_cancel_with_an_infinite_delay_does_not_stop_the_coordinator(
             client.stats(q)  # still serving
 
 
+def test_bad_ack_frames_are_refused_by_name_and_the_stream_goes_on(
+    broker: Any, coordinator_factory: Any, names: Any
+) -> None:
+    """Protobuf-level garbage on an open subscription stream: truncated frames, a varint where
+    a message goes, bad UTF-8, unknown and unspecified ops, runs that end before they start,
+    absurdly long, negative or odd. Each is answered by an Error frame (malformed_frame) that
+    names what was wrong, in order, and nothing is applied; the same stream then acks its
+    message. A first frame naming an unknown queue ends its call with NOT_FOUND unknown_queue."""
+    topic, q = names("bad-acks"), names("q")
+    c = coordinator_factory([{"name": q, "underlying_topic": topic, "lease_period": "30s"}])
+    publish(broker.bootstrap_servers, topic, [b'{"i": 0}'])
+
+    def ack(op: int, *runs: tuple[int, ...], partition: int = 0, topic: str = topic) -> bytes:
+        offsets = [pb.OffsetRuns(topic=topic, partition=partition, runs=r) for r in runs]
+        return pb.ClientFrame(ack=pb.Ack(request_id=5, op=op, offsets=offsets)).SerializeToString()
+
+    bad = [
+        (b"\x12\x06\x08\x05\x10", "Wire format was corrupt"),  # an Ack cut short
+        (b"\x10\x05", "without a body"),  # a varint where the Ack message goes
+        (b"\x12\x05\x1a\x03\x0a\x01\xff", "bad UTF-8"),  # its topic is not UTF-8
+        (ack(99, (0, 0)), "Ack op 99 is not one of"),
+        (ack(pb.ACK_OP_UNSPECIFIED, (0, 0)), "Ack op 0 is not one of"),
+        (ack(pb.ACK_OP_ACK, (5, 4)), "run 5..4 ends before it starts"),
+        (ack(pb.ACK_OP_ACK, (0, 2**62)), "more than 100,000 offsets"),
+        (ack(pb.ACK_OP_ACK, (0, 2**63 - 1), (0, 2**63 - 1)), "more than 100,000 offsets"),
+        (ack(pb.ACK_OP_ACK, (-3, 1)), "negative offset -3"),
+        (ack(pb.ACK_OP_ACK, (1, 2, 3)), "3 runs values"),
+        (ack(pb.ACK_OP_ACK, (0, 0), partition=-1), "negative partition"),
+        (ack(pb.ACK_OP_ACK, (0, 0), topic=""), "empty topic"),
+    ]
+    with grpc.insecure_channel(c.address or "") as channel:
+        subscribe = channel.stream_stream(SERVICE + "Subscribe")
+        with pytest.raises(grpc.RpcError) as info:
+            list(subscribe(iter([CLIENT_FRAME_CODEC.encode(Subscribe("no-such-queue", 1))])))
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND, info.value
+        assert ("qlayer-error-code", "unknown_queue") in (info.value.trailing_metadata() or ())
+
+        requests: queue.Queue[bytes | None] = queue.Queue()
+        requests.put(CLIENT_FRAME_CODEC.encode(Subscribe(q, 1)))
+        stream = subscribe(iter(requests.get, None), timeout=60)
+        try:
+            frames = (SERVER_FRAME_CODEC.decode(f) for f in stream)
+            assert isinstance(next(frames), Subscribed)
+            delivered = next(frames)
+            assert isinstance(delivered, Messages) and len(delivered.messages) == 1
+            for data, _ in bad:
+                requests.put(data)
+            answers = [next(frames) for _ in bad]
+            for (data, reason), answer in zip(bad, answers, strict=True):
+                assert isinstance(answer, Error), (data, answer)
+                assert answer.code == "malformed_frame" and reason in answer.message, (
+                    data,
+                    answer,
+                )
+                assert answer.request_id is None
+            # nothing was applied, and the stream still serves: its message is still leased
+            # to it, and acking it now works
+            assert stats_of(c, q).leased == 1
+            held = delivered.messages[0].bookmark
+            requests.put(CLIENT_FRAME_CODEC.encode(Ack.of(6, AckOp.ACK, [held])))
+            answer = next(frames)
+            assert isinstance(answer, AckResult) and (answer.request_id, answer.failures) == (6, [])
+        finally:
+            requests.put(None)
+            stream.cancel()
+    s = stats_of(c, q)
+    assert (s.available, s.leased, s.acked_total) == (0, 0, 1), s
+
+
 def cancel_on_a_raw_stream(address: str, q: str, delay: float) -> object:
     """Subscribe, take one message, cancel it with ``delay``: the answer (None if the stream
     ended first)."""
@@ -682,7 +815,7 @@ def cancel_on_a_raw_stream(address: str, q: str, delay: float) -> object:
         try:
             for frame in (SERVER_FRAME_CODEC.decode(f) for f in stream):
                 if isinstance(frame, Messages):
-                    cancel = Ack(1, AckOp.CANCEL, [str(frame.messages[0].bookmark)], delay)
+                    cancel = Ack.of(1, AckOp.CANCEL, [frame.messages[0].bookmark], delay)
                     requests.put(CLIENT_FRAME_CODEC.encode(cancel))
                 elif isinstance(frame, AckResult):
                     return frame
@@ -697,13 +830,13 @@ def cancel_on_a_raw_stream(address: str, q: str, delay: float) -> object:
 # --- misbehaving clients ----------------------------------------------------------------------
 
 
-def ack_in_one_frame(address: str, q: str, bookmarks: list[str]) -> Counter[str]:
+def ack_in_one_frame(address: str, q: str, bookmarks: list[Bookmark]) -> Counter[str]:
     """Ack all ``bookmarks`` in one Ack frame on a raw stream; the refusals, by error."""
     options = [("grpc.max_receive_message_length", API_LIMIT)]
     with grpc.insecure_channel(address, options=options) as channel:
         requests: queue.Queue[bytes | None] = queue.Queue()
         requests.put(CLIENT_FRAME_CODEC.encode(Subscribe(q, 1)))
-        requests.put(CLIENT_FRAME_CODEC.encode(Ack(7, AckOp.ACK, bookmarks, 0.0)))
+        requests.put(CLIENT_FRAME_CODEC.encode(Ack.of(7, AckOp.ACK, bookmarks, 0.0)))
         subscribe = channel.stream_stream(SERVICE + "Subscribe")
         stream = subscribe(iter(requests.get, None), timeout=120)
         try:
@@ -714,6 +847,13 @@ def ack_in_one_frame(address: str, q: str, bookmarks: list[str]) -> Counter[str]
             requests.put(None)
             stream.cancel()
     raise AssertionError("no answer to the ack")
+
+
+def parsed_or_none(text: str) -> Bookmark | None:
+    try:
+        return Bookmark.parse(text)
+    except ValueError:
+        return None
 
 
 def never_reading_streams(address: str, q: str, n: int, backlog: int) -> Iterator[Any]:
@@ -729,9 +869,15 @@ def never_reading_streams(address: str, q: str, n: int, backlog: int) -> Iterato
 def test_clients_that_open_streams_and_never_read(
     broker: Any, coordinator_factory: Any, names: Any, consume_all: Any
 ) -> None:
-    """Ten clients subscribe with a backlog of 1,000 each and never read a frame. Whatever the
-    coordinator leases to them comes back when the lease runs out (1 s); the good consumer
-    must get every message, and the coordinator must not keep what it cannot send in memory."""
+    """Ten clients subscribe with a backlog of 1,000 each and never read a frame. Such a stream
+    takes what its client's HTTP/2 window holds (grpc grows it to ~4 MiB) and then its backlog's
+    worth more, and stalls: it takes nothing new, and whatever it was leased comes back when the
+    lease runs out (1 s). Then a good consumer must get every message, and the coordinator must
+    not keep what it cannot send in memory.
+
+    The streams are filled before the good consumer starts: how long that takes depends on the
+    window (ten of them hold ~50,000 deliveries of these 1 KB messages, handed out one lease
+    period at a time), not on how the coordinator serves a reader, which the rounds measure."""
     topic, dlq, q = names("unread"), names("unread.dlq"), names("q")
     c = coordinator_factory(
         [queue_options(q, topic, dlq, lease_period="1s", max_per_subscription_backlog=1000)]
@@ -740,30 +886,62 @@ def test_clients_that_open_streams_and_never_read(
     rounds, per_round = 3, 3_000 * SCALE
     good: set[str] = set()
     memory = [rss(c)]
+    took: list[float] = []  # seconds: filling the streams, then each round
     try:
+        started = time.monotonic()
+        # enough that every stream can take its whole backlog in each lease period
+        good.update(publish(broker.bootstrap_servers, topic, padded(len(streams) * 1000)))
+        stats = serving(
+            c, lambda: stalled(c, q, len(streams)), 180, "every never-reading stream stalled",
+            lambda: f"(stats {stats_of(c, q)})",
+        )  # fmt: skip
+        memory.append(rss(c))
+        took.append(time.monotonic() - started)
         with GoodConsumer(c, q, backlog=200) as consumer:
             for r in range(rounds):
-                values = [json.dumps({"i": i, "pad": "z" * 999}).encode() for i in range(per_round)]
-                good.update(publish(broker.bootstrap_servers, topic, values))
+                started = time.monotonic()
+                if r:
+                    good.update(publish(broker.bootstrap_servers, topic, padded(per_round)))
                 serving(
                     c, lambda: consumer.handled() >= good, 30, f"round {r}: all acked",
                     lambda: f"({len(good - consumer.handled())} of {len(good):,} never reached"
-                    f" the good consumer; coordinator RSS {rss(c) / MiB:.0f} MiB, was"
-                    f" {memory[0] / MiB:.0f})",
+                    f" the good consumer; stats {stats_of(c, q)})",
                 )  # fmt: skip
                 memory.append(rss(c))
+                took.append(time.monotonic() - started)
+            # a stream that does not read stays stalled (so it took nothing meanwhile)
+            still = stalled(c, q, len(streams))
         print(
-            f"\nnever-reading streams: {len(streams)} streams x backlog 1000, {len(good):,}"
-            f" messages all acked by the good consumer; coordinator RSS per round (MiB):"
+            f"\nnever-reading streams: {len(streams)} streams x backlog 1000 stalled after"
+            f" {stats.delivered_total:,} deliveries in {took[0]:.1f}s; {len(good):,} messages all"
+            f" acked by the good consumer, rounds of {', '.join(f'{t:.1f}' for t in took[1:])}s;"
+            f" coordinator RSS (MiB) at start, stalled, per round:"
             f" {[round(m / MiB) for m in memory]}"
         )
+        assert still, stats_of(c, q)
         assert_nothing_lost(c, consumer, q, good, set(), dead_letters(consume_all, dlq))
-        assert memory[-1] - memory[1] < 48 * MiB, [round(m / MiB) for m in memory]
+        assert memory[-1] - memory[2] < 48 * MiB, [round(m / MiB) for m in memory]
     finally:
         for channel, requests, call in streams:
             call.cancel()
             requests.put(None)
             channel.close()
+
+
+def padded(n: int) -> list[bytes | None]:
+    """``n`` JSON messages of ~1 KB."""
+    return [json.dumps({"i": i, "pad": "z" * 999}).encode() for i in range(n)]
+
+
+def stats_of(coordinator: CoordinatorProcess, queue_name: str) -> Any:
+    with QueueClient(coordinator.address or "", timeout=10) as client:
+        return client.stats(queue_name)[0]
+
+
+def stalled(coordinator: CoordinatorProcess, queue_name: str, n: int) -> Any:
+    """The queue's stats once ``n`` of its subscriptions are stalled, else None."""
+    s = stats_of(coordinator, queue_name)
+    return s if s.extra["stalled_subscriptions"] == n else None
 
 
 def test_a_client_that_acks_100k_unknown_bookmarks(
@@ -798,15 +976,17 @@ def test_a_client_that_acks_100k_unknown_bookmarks(
                 good.update(publish(broker.bootstrap_servers, topic, [b'{"i": 1}'] * 100))
             batched = Counter(str(f.error) for f in sub.ack_failures)
         memory.append(rss(c))
-        # and (up to 100,000 of) them again in one frame, from a raw stream
-        one_frame = ack_in_one_frame(c.address or "", q, bookmarks[:100_000])
+        # and (up to 100,000 of) them again in one frame, from a raw stream: the wire carries
+        # offsets, so the malformed ones cannot be in it (the runs tests refuse those)
+        parsed = [b for b in map(parsed_or_none, bookmarks[:100_000]) if b is not None]
+        one_frame = ack_in_one_frame(c.address or "", q, parsed)
         memory.append(rss(c))
         serving(c, lambda: consumer.handled() >= good, 60, "every good message acked")
         memory.append(rss(c))
     assert sum(batched.values()) == n, batched
     assert set(batched) <= {"unknown_bookmark", "malformed_bookmark"}, batched
-    assert sum(one_frame.values()) == min(n, 100_000), one_frame
-    assert set(one_frame) <= {"unknown_bookmark", "malformed_bookmark"}, one_frame
+    assert sum(one_frame.values()) == len(set(parsed)) > 0.45 * min(n, 100_000), one_frame
+    assert set(one_frame) == {"unknown_bookmark"}, one_frame
     assert_nothing_lost(c, consumer, q, good, set(), dead_letters(consume_all, dlq))
     print(
         f"\nunknown bookmarks: {n + sum(one_frame.values()):,} acks refused ({dict(batched)} in"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 import uuid
 from collections import defaultdict
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from tests.harness import ROOT, CoordinatorProcess, write_config
+from tests.harness import CoordinatorProcess, start_worker, worker_events, write_config
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.fault
@@ -42,17 +41,6 @@ def _publish(bootstrap: str, topic: str, n: int) -> None:
             producer.poll(0)
     assert producer.flush(30) == 0
 
-
-def _events(log_dir: Path) -> list[dict]:
-    events = []
-    for f in sorted(log_dir.glob("worker-*.jsonl")):
-        text = f.read_text()
-        # a worker may be writing its last line right now: only complete lines count
-        for line in text[: text.rfind("\n") + 1].splitlines():
-            if line.strip():
-                events.append(json.loads(line))
-    events.sort(key=lambda e: e["t"])
-    return events
 
 
 def _run(
@@ -83,25 +71,7 @@ def _run(
     _publish(bootstrap, topic, MESSAGES)
 
     workers = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(ROOT / "tests" / "fault" / "worker.py"),
-                "--addr-file",
-                str(addr_file),
-                "--queue",
-                queue,
-                "--log",
-                str(tmp_path / f"worker-{i}.jsonl"),
-                "--stop-file",
-                str(stop_file),
-                "--backlog",
-                "10",
-                "--name",
-                f"w{i}",
-            ],
-            cwd=ROOT,
-        )
+        start_worker(addr_file, queue, tmp_path / f"worker-{i}.jsonl", stop_file, f"w{i}")
         for i in range(WORKERS)
     ]
     kills: list[float] = []
@@ -111,7 +81,7 @@ def _run(
             target = (k + 1) * MESSAGES // (KILLS + 2)
             wait_until(
                 lambda target=target: (
-                    sum(1 for e in _events(tmp_path) if e["ev"] == "got") >= target
+                    sum(1 for e in worker_events(tmp_path) if e["ev"] == "got") >= target
                 ),
                 120,
                 message=f"{target} deliveries before kill {k + 1}",
@@ -124,7 +94,7 @@ def _run(
             addr_file.write_text(coord.start())
 
         def finished() -> bool:
-            evs = _events(tmp_path)
+            evs = worker_events(tmp_path)
             if semantics == "at-least-once":
                 if len({e["b"] for e in evs if e["ev"] == "sent"}) < MESSAGES:
                     return False
@@ -147,7 +117,7 @@ def _run(
         coord.stop()
 
     dlq_count = _count_topic(bootstrap, dlq)
-    return _events(tmp_path), kills, f"dead letters={dlq_count}"
+    return worker_events(tmp_path), kills, f"dead letters={dlq_count}"
 
 
 def _queue_empty(address: str | None, queue: str) -> bool:

@@ -4,9 +4,11 @@ Usage: python tests/fault/worker.py --addr-file F --queue Q --log L --stop-file 
 
 It reads the coordinator's address from ``--addr-file`` (rewritten by the test on each restart),
 reconnects whenever the stream breaks, and exits when ``--stop-file`` exists and it is idle.
-A "got" line is written before the message is processed, "sent" when its ack is handed to the
-client, and "acked" only after the coordinator confirmed the ack (durable). An ack sent just
-before a kill may be durable without its confirmation ever arriving.
+A "got" line is written before the message is processed (with ``dl``, the lease deadline the
+coordinator gave it), "sent" when its ack is handed to the client, and "acked" only after the
+coordinator confirmed the ack (durable). An ack sent just before a kill may be durable without
+its confirmation ever arriving. A stream that breaks ends the subscription; a slow answer (Kafka
+away) does not.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def main() -> int:
             continue
         try:
             with (
-                QueueClient(addr) as client,
+                QueueClient(addr, reconnect=False) as client,
                 client.subscribe(args.queue, max_backlog=args.backlog) as sub,
             ):
                 log(ev="subscribed", addr=addr)
@@ -58,12 +60,22 @@ def main() -> int:
                 while True:
                     msg = sub.next(timeout=0.2)
                     if msg is not None:
-                        log(ev="got", b=msg.bookmark, n=msg.deliveries)
+                        # dl: the lease's deadline, set by the coordinator when it handed the
+                        # message out (deadline - lease period = when it was leased)
+                        log(ev="got", b=msg.bookmark, n=msg.deliveries, dl=msg.lease_deadline)
                         msg.ack()
                         log(ev="sent", b=msg.bookmark)
                         pending.append(msg.bookmark)
                     if pending and (msg is None or len(pending) >= args.backlog):
-                        sub.flush(timeout=10)
+                        # Kafka away: the answers wait for it, however long. Keep the
+                        # subscription (a consumer that gave up here would drop what it was
+                        # handed unread, and the check could not see those deliveries)
+                        while True:
+                            try:
+                                sub.flush(timeout=10)
+                                break
+                            except TimeoutError:
+                                log(ev="slow-flush", pending=len(pending))
                         failed = {f.bookmark for f in sub.ack_failures}
                         for b in pending:
                             if b not in failed:

@@ -43,25 +43,34 @@ class History:
             self.add("publish", t, q="q", b=b)
         return self
 
-    def subscribe(self, w: str, epoch: int = 1, t: float = 0.2) -> History:
-        return self.add("subscribed", t, q="q", w=w, sub=f"{w}-s", epoch=epoch)
+    def subscribe(self, w: str, epoch: int | None = 1, t: float = 0.2,
+                  sub: str | None = None) -> History:  # fmt: skip
+        """``w`` subscribes (``sub``: its id, default ``W-s``); ``epoch`` None: not known to
+        the consumer (derived from ``coordinator_instance``)."""
+        known = {} if epoch is None else {"epoch": epoch}
+        return self.add("subscribed", t, q="q", w=w, sub=sub or f"{w}-s", **known)
 
     def got(self, w: str, b: str, grant: float, *, n: int | None = None, lease: bool = True,
-            durable: bool = True) -> History:  # fmt: skip
-        """``w`` reads ``b``, granted at ``grant`` (read 5 ms later); durable: its lease record."""
+            durable: bool = True, sub: str | None = None,
+            read: float | None = None) -> History:  # fmt: skip
+        """``w`` reads ``b``, granted at ``grant`` (read at ``read``, by default 5 ms later);
+        durable: its lease record."""
         n = n if n is not None else self._counts.get(b, 0) + 1
         self._counts[b] = n
         dl = grant + self.spec.lease_period if lease else None
         if durable and lease:
             self.add("durable", grant, q="q", b=b, kind="LEASED", n=n, c=0, reason=None)
-        return self.add("got", grant + 0.005, q="q", w=w, sub=f"{w}-s", b=b, n=n, c=0, dl=dl)
+        at = read if read is not None else grant + 0.005
+        return self.add("got", at, q="q", w=w, sub=sub or f"{w}-s", b=b, n=n, c=0,
+                        dl=dl)  # fmt: skip
 
     def op(self, w: str, b: str, op: str, t: float, outcome: str | None = "ok",
-           answered: float | None = None, seconds: float = 0.0) -> History:  # fmt: skip
+           answered: float | None = None, seconds: float = 0.0,
+           sub: str | None = None) -> History:  # fmt: skip
         """``w`` sends ``op`` on ``b`` at ``t``; the answer (ok, refused, lost; None: no answer
         at all) comes at ``answered`` (default 10 ms later)."""
         i = next(self._ids)
-        self.add("op", t, q="q", w=w, sub=f"{w}-s", b=b, op=op, id=i, s=seconds)
+        self.add("op", t, q="q", w=w, sub=sub or f"{w}-s", b=b, op=op, id=i, s=seconds)
         if outcome is not None:
             self.add(f"op_{outcome}", answered if answered is not None else t + 0.01, q="q", w=w,
                      id=i, error=None if outcome != "refused" else "not_lease_holder")  # fmt: skip
@@ -237,6 +246,22 @@ def test_a_confirmed_extend_moves_the_deadline() -> None:
     assert run("refused") == []
 
 
+def test_an_extend_answered_after_the_holder_was_granted_the_message_again() -> None:
+    # A sent the extend at 2.0, well in time; the coordinator was paused (or the path stalled)
+    # and applied it only after lease 1 ran out at 11 and lease 2 went to A again at 11.1: its
+    # "ok" may be lease 2's, so lease 1 is not known to have lasted past 11
+    def run(answered: float) -> list[str]:
+        h = History().start(1, 0).publish("t/0/0").subscribe("A")
+        h.got("A", "t/0/0", 1.0)
+        h.op("A", "t/0/0", "extend", 2.0, answered=answered, seconds=20)
+        h.got("A", "t/0/0", 11.1, read=12.0).acked("A", "t/0/0", 12.1)
+        return kinds(h.check())
+
+    assert run(11.5) == []
+    # answered before lease 2 was granted: it extended lease 1, and lease 2 overlapped it
+    assert run(10.5) == ["double_lease"]
+
+
 def test_deadlines_are_compared_within_the_skew() -> None:
     h = History().start(1, 0).publish("t/0/0").subscribe("A").subscribe("B")
     h.got("A", "t/0/0", 1.0).got("B", "t/0/0", 10.999).acked("B", "t/0/0", 12.0)
@@ -348,6 +373,139 @@ def test_stats_must_match_the_history_of_the_last_coordinator() -> None:
     (v,) = h.check()
     assert v.kind == "stats_mismatch"
     assert "leased: stats 1, history 0" in v.detail and "delivered_total: stats 2" in v.detail
+
+
+# --- reconnects through the library, broker and proxy faults ----------------------------------
+
+
+def reconnected(h: History, w: str, lost_at: float, seen: float, new: str) -> History:
+    """``w``'s library re-subscribed at ``seen`` (as ``new``) after the connection it saw
+    drop at ``lost_at``."""
+    h.add("reconnected", seen, q="q", w=w, sub=f"{w}-s", new=new, lost_at=lost_at)
+    return h.subscribe(w, t=seen, sub=new)
+
+
+@pytest.mark.parametrize(("regrant", "expected"), [(2.1, []), (1.9, ["double_lease"])])
+def test_a_library_reconnect_ends_the_old_subscriptions_leases_from_the_fault_on(
+    regrant: float, expected: list[str]
+) -> None:
+    # the proxy reset A's connection at 2.0; A's client saw it at 2.3: the coordinator may
+    # have returned A's lease (and granted it to B) in between, but not before the drop
+    h = History().start(1, 0).publish("t/0/0").subscribe("A").subscribe("B")
+    h.got("A", "t/0/0", 1.0).add("proxy", 2.0, side="client", action="drop")
+    reconnected(h, "A", lost_at=2.3, seen=2.5, new="A-s2")
+    h.got("B", "t/0/0", regrant).acked("B", "t/0/0", 3.0)
+    assert kinds(h.check()) == expected
+
+
+def test_a_stream_alive_after_a_fault_ends_no_earlier_than_its_client_saw_it_end() -> None:
+    # a stall at 2.0 did not end A's stream: the coordinator confirmed an extend A sent at 2.05
+    # (of another message); so with no fault after that, the lease ran until A saw the end
+    h = History().start(1, 0).publish("t/0/0", "t/0/1").subscribe("A").subscribe("B")
+    h.got("A", "t/0/0", 1.0).got("A", "t/0/1", 1.0)
+    h.add("proxy", 2.0, side="client", action="stall").add("proxy", 2.02, side="client",
+                                                           action="heal")  # fmt: skip
+    h.op("A", "t/0/1", "extend", 2.05, seconds=20.0)
+    reconnected(h, "A", lost_at=2.3, seen=2.5, new="A-s2")
+    h.got("B", "t/0/0", 2.1).acked("B", "t/0/0", 3.0)
+    h.got("B", "t/0/1", 2.4).acked("B", "t/0/1", 3.0)
+    assert kinds(h.check()) == ["double_lease"]
+    assert h.check()[0].bookmark == "t/0/0"  # t/0/1 came after A saw the end: fine
+
+
+def test_a_broken_stream_ends_no_later_than_the_fault_that_broke_it() -> None:
+    # without the library's reconnection: the same rule for a stream seen broken
+    h = History().start(1, 0).publish("t/0/0").subscribe("A").subscribe("B")
+    h.got("A", "t/0/0", 1.0).add("broker_stop", 2.0).add("broker_cont", 4.0)
+    h.add("broken", 6.0, q="q", w="A", sub="A-s")
+    h.got("B", "t/0/0", 4.5).acked("B", "t/0/0", 5.0)
+    assert h.check() == []
+
+
+@pytest.mark.parametrize(("proxied", "action", "expected"), [
+    (True, {"action": "drop"}, []),
+    (True, {"action": "refuse", "drop": True}, []),
+    (True, {"action": "refuse", "drop": False}, ["double_lease"]),  # open connections go on
+    (True, {"action": "stall"}, ["double_lease"]),  # a stall need not end a stream
+    (False, {"action": "drop"}, ["double_lease"]),  # not through the proxy
+])  # fmt: skip
+def test_a_client_proxy_reset_ends_every_proxied_subscription_even_unrecorded(
+    proxied: bool, action: dict[str, Any], expected: list[str]
+) -> None:
+    # A's client was closed while reconnecting: it records a voluntary end at 5.0, late
+    h = History().start(1, 0).publish("t/0/0").subscribe("B")
+    h.add("subscribed", 0.2, q="q", w="A", sub="A-s", proxied=proxied)
+    h.got("A", "t/0/0", 1.0).add("proxy", 2.0, side="client", **action)
+    h.add("closing", 5.0, q="q", w="A", sub="A-s")
+    h.got("B", "t/0/0", 2.1).acked("B", "t/0/0", 3.0)
+    assert kinds(h.check()) == expected
+
+
+@pytest.mark.parametrize(("outcome", "expected"), [
+    ("refused", ["lost"]), ("lost", ["lost"]),
+    # recorded as applied, it would hide the lost message: only the new rule catches it
+    ("ok", ["ack_not_durable", "confirmed_after_end"]),
+])  # fmt: skip
+def test_an_operation_on_a_message_of_the_old_subscription_is_not_applied(
+    outcome: str, expected: list[str]
+) -> None:
+    # A acks, after the reconnect, a message it got before: the client does not send it
+    # (LeaseLost, or counted unconfirmed), and the consumer must not record it as applied
+    h = History().start(1, 0).publish("t/0/0").subscribe("A")
+    h.got("A", "t/0/0", 1.0).add("proxy", 2.0, side="client", action="drop")
+    reconnected(h, "A", lost_at=2.01, seen=2.2, new="A-s2")
+    h.op("A", "t/0/0", "ack", 2.5, outcome=outcome)  # on the old subscription
+    assert kinds(h.check()) == expected
+    # the message comes back on the new subscription and is acked there
+    h.got("A", "t/0/0", 2.6, sub="A-s2").op("A", "t/0/0", "ack", 2.7, sub="A-s2")
+    h.done("t/0/0", "acked", 2.705, n=2)
+    again = ["confirmed_after_end", "redelivered_after_ack"] if outcome == "ok" else []
+    assert kinds(h.check()) == again
+
+
+def coordinators_by_instance(regrant: float, instances: bool = True) -> History:
+    """A's subscription ``i1-1`` is coordinator 1's, B's ``i2-1`` coordinator 2's; neither
+    consumer knows which coordinator it reached (one address behind a proxy)."""
+    h = History().start(1, 0).publish("t/0/0")
+    if instances:
+        h.add("coordinator_instance", 0.5, epoch=1, instance="i1")
+    h.subscribe("A", epoch=None, sub="i1-1").got("A", "t/0/0", 1.0, sub="i1-1")
+    h.kill_coordinator(1, 2.0).start(2, 2.5)
+    if instances:
+        h.add("coordinator_instance", 3.0, epoch=2, instance="i2")
+    h.subscribe("B", epoch=None, t=3.0, sub="i2-1").got("B", "t/0/0", regrant, sub="i2-1")
+    h.op("B", "t/0/0", "ack", regrant + 0.5, sub="i2-1").done("t/0/0", "acked", regrant + 0.51)
+    h.add("stats", 9.0, q="q", epoch=2, available=0, leased=0, inactive=0, delivered_total=1,
+          acked_total=1, dead_lettered_total=0)  # fmt: skip
+    return h
+
+
+def test_the_epoch_of_a_subscription_comes_from_its_coordinators_instance() -> None:
+    assert coordinators_by_instance(3.1).check() == []
+    # B's lease granted while coordinator 1 was dead: the instance says it was 2's, so that
+    # is not a double lease with A's (which ended with 1), but a grant while none could grant
+    assert kinds(coordinators_by_instance(2.2).check()) == ["granted_while_down"]
+    # without the instances the epochs are unknown: A's lease outlives the kill, and the last
+    # coordinator's counters do not add up
+    assert kinds(coordinators_by_instance(3.1, instances=False).check()) == [
+        "double_lease", "stats_mismatch"
+    ]  # fmt: skip
+
+
+def test_summary_counts_the_new_faults_and_tells_injected_ones_from_consequences() -> None:
+    h = correct()
+    h.add("broker_stop", 50.0).add("broker_cont", 51.0)
+    for action in ("drop", "stall", "heal", "refuse", "heal"):
+        h.add("proxy", 52.0, side="broker", action=action)
+        h.add("proxy", 53.0, side="client", action=action)
+    reconnected(h, "A", lost_at=53.0, seen=53.2, new="A-s2")
+    s = summarize(h.events, ALO, [])
+    assert s.faults["broker SIGSTOP"] == 1 and s.faults["client reconnect"] == 1
+    for side in ("broker", "client"):
+        for action in ("drop", "stall", "refuse"):
+            assert s.faults[f"{side} proxy {action}"] == 1
+    assert "client reconnect" not in s.injected and "lease timeout" not in s.injected
+    assert sum(s.injected.values()) == 4 + 7  # correct()'s 4, these 7
 
 
 # --- at-most-once -----------------------------------------------------------------------------
