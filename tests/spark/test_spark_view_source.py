@@ -24,9 +24,9 @@ from connectors.spark_kafka import (
     register_view,
     view_schema,
 )
-from layer.coordinator.view import encode_round
 from layer.engine.model import Bookmark, ViewChange, ViewChanges
 from layer.exceptions import ConfigError
+from layer.viewcodec import encode_round
 from spark import live_aggregate, spark_type_of
 from tests.helpers import wait_until
 

@@ -75,7 +75,9 @@ def test_queue_contents_is_what_browse_lists(
                 "name": orders,
                 "underlying_topic": orders_topic,
                 "view_topic": f"{orders}.view",
-                "lease_period": "2s",
+                # long enough to outlast the Spark jobs that run while messages are held: the
+                # lease timeouts below are made on purpose, with extend()
+                "lease_period": "120s",
                 "expiration": "60s",
             },
             {
@@ -124,14 +126,18 @@ def test_queue_contents_is_what_browse_lists(
         view = assert_contents_match_browse(spark, client, orders, config)
         assert len(view) == 25 and not leased & set(view)
 
-        # acks, a cancel and lease timeouts: 2 gone, 1 back with a cancel, 2 back after 2 s
+        # acks, a cancel and lease timeouts: 2 gone, 1 back with a cancel, 2 back when their
+        # leases run out (extended to end in half a second)
         acked, cancelled, timed_out = held[:2], held[2], held[3:]
+        sub.replace(filter="/id < 0")  # takes nothing more; keeps the leases
         for msg in acked:
             assert msg is not None
             msg.ack(wait=True)
-        sub.replace(filter="/id < 0")  # takes nothing more; keeps the leases
         assert cancelled is not None
         cancelled.cancel(wait=True)
+        for msg in timed_out:
+            assert msg is not None
+            msg.extend(0.5, wait=True)
         wait_until(
             lambda: client.stats(orders)[0].leased == 0,
             timeout=15,
