@@ -258,7 +258,14 @@ class _Index:
             elif ev == "coordinator_cont" and int(e["epoch"]) in stopped:
                 self.stops.append((stopped.pop(int(e["epoch"])), t, int(e["epoch"])))
             elif ev == "dead_letter":
-                self.dead_letters[e["b"]].append(e)
+                # A redone changelog commit can leave a byte-identical copy of a letter in the
+                # topic (an outcome-unknown commit, or an aborted attempt on a broker that shows
+                # aborted records: DurableChangelog's docstring); redrive takes one per bookmark.
+                # A copy is one dead-lettering; a letter that differs in anything is another.
+                same = ("reason", "n", "c", "t")
+                letters = self.dead_letters[e["b"]]
+                if not any(all(d.get(k) == e.get(k) for k in same) for d in letters):
+                    letters.append(e)
             elif ev == "durable":
                 self.durable[e["b"]].append(e)
             elif ev == "changelog_read":

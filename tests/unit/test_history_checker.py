@@ -333,6 +333,17 @@ def test_a_message_dead_lettered_twice_or_acked_and_dead_lettered() -> None:
     assert "acked_and_dead_lettered" in kinds(h.check())
 
 
+def test_a_byte_identical_copy_of_a_dead_letter_is_one_dead_lettering() -> None:
+    # a redone changelog commit (its first attempt aborted but visible on Tansu, or its outcome
+    # unknown) writes the same letter again: same reason, counts and time
+    h = History().start(1, 0).publish("t/0/0").subscribe("A")
+    h.got("A", "t/0/0", 1.0).op("A", "t/0/0", "expire", 2.0)
+    h.dead_letter("t/0/0", "consumer_expire", 2.005).dead_letter("t/0/0", "consumer_expire", 2.005)
+    assert kinds(h.check()) == []
+    h.add("dead_letter", 2.005, q="q", b="t/0/0", reason="consumer_expire", n=2, c=0)
+    assert kinds(h.check()) == ["dead_lettered_twice"]
+
+
 def test_dead_letters_and_done_records_go_together() -> None:
     h = History().start(1, 0).publish("t/0/0", "t/0/1").subscribe("A")
     h.got("A", "t/0/0", 1.0).op("A", "t/0/0", "expire", 2.0)
