@@ -19,6 +19,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from layer.engine.index import DONE, Entry
 from layer.engine.model import (
     AckOp,
     Arrival,
@@ -36,7 +37,6 @@ from layer.engine.model import (
     Semantics,
     TopicPartition,
 )
-from layer.engine.index import DONE, Entry
 from layer.engine.queue import QueueEngine
 from layer.engine.runs import Run
 from layer.exceptions import QueueError
