@@ -26,6 +26,7 @@ from layer.engine.index import (
     LeaseIndex,
     PriorityOrder,
 )
+from layer.engine.intake import Intake
 from layer.engine.leases import Leases
 from layer.engine.model import (
     AckError,
@@ -64,7 +65,7 @@ _NOT_HOLDER = AckError.NOT_LEASE_HOLDER
 _NOT_LEASED = AckError.NOT_LEASED
 
 
-class QueueEngine(Queries, Holding, Leases):
+class QueueEngine(Queries, Holding, Leases, Intake):
     """One queue's state machine (see the module docstring for the contract)."""
 
     def __init__(self, name: str, settings: EngineSettings) -> None:

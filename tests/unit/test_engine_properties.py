@@ -144,8 +144,10 @@ class EngineMachine(RuleBasedStateMachine):
         if then == "read and dispatch":
             self.dispatch()
 
-    @rule()
-    def read(self) -> None:
+    @rule(batches=st.booleans())
+    def read(self, batches: bool = False) -> None:
+        """``batches``: as the coordinator's ingest does, consecutive offsets of one priority
+        go in with ``add_run``, the others with ``add``."""
         for p in PARTITIONS:
             tp = TopicPartition(TOPIC, p)
             room = self.engine.room()
@@ -157,11 +159,33 @@ class EngineMachine(RuleBasedStateMachine):
                     arrivals.append(Arrival(b, timestamp, priority, 0, 0))
                     room -= 1
                 offset += 1
-            self.engine.add(arrivals, self.now)
+            if batches:
+                self.add_runs(tp, arrivals)
+            else:
+                self.engine.add(arrivals, self.now)
             self.engine.mark_read(tp, offset)
             self.engine.set_high_watermark(tp, len(self.log[p]))
             self.read_next[p] = offset
         self.check_effects()
+
+    def add_runs(self, tp: TopicPartition, arrivals: list[Arrival]) -> None:
+        i = 0
+        while i < len(arrivals):
+            j = i + 1
+            while (
+                j < len(arrivals)
+                and arrivals[j].bookmark.offset == arrivals[j - 1].bookmark.offset + 1
+                and arrivals[j].priority == arrivals[i].priority
+            ):
+                j += 1
+            if j - i == 1 and i % 2:
+                self.engine.add(arrivals[i:j], self.now)
+            else:
+                times = [a.timestamp for a in arrivals[i:j]]
+                start = arrivals[i].bookmark.offset
+                self.engine.add_run(tp, start, times, self.now, arrivals[i].priority)
+                event("read a run of " + ("one" if j - i == 1 else "several"))
+            i = j
 
     # -- subscriptions ---------------------------------------------------------------------------
 
