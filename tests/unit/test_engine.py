@@ -750,7 +750,9 @@ def test_add_run_is_add_of_plain_arrivals(engine_factory, settings):
     for tp, start, times, priority in batches:
         by_run.add_run(tp, start, times, 5.0, priority)
         offsets = range(start, start + len(times))
-        arrivals = [Arrival(bm(o, tp.partition), t, priority) for o, t in zip(offsets, times)]
+        arrivals = [
+            Arrival(bm(o, tp.partition), t, priority) for o, t in zip(offsets, times, strict=True)
+        ]
         by_add.add(arrivals, 5.0)
         _same(by_run, by_add, 5.0)
     for engine in (by_run, by_add):
