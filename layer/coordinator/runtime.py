@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -109,6 +110,9 @@ class QueueRuntime:
     payload_cache: dict[Bookmark, StoredMessage] = field(default_factory=dict)
     payload_cache_size: int = 20_000
     route: PublishRoute | None = None  # copies publishes to the queue's name (publish_route)
+    # Write a run record (layer.state.base.RunRecord) for every message admitted: the store's
+    # run records cover the queue (set by the restore when they do).
+    record_runs: bool = False
 
     def __post_init__(self) -> None:
         self.exprs = Expressions(self.config)
@@ -186,13 +190,15 @@ class QueueRuntime:
         At most ``limit`` a round: a burst of publishes must not make one round so long that
         deliveries and acks wait behind it. Plain messages (the queue gives them no group,
         conflation or barrier key, and they are not delayed) at consecutive offsets of one
-        partition, of one priority, go in as one run (``QueueEngine.add_run``)."""
+        partition, of one priority, go in as one run (``QueueEngine.add_run``), and are
+        recorded as one (``StoreBatch.put_run``) when ``record_runs``."""
         room = min(self.engine.room(), limit)
         if not self.inbox or room <= 0:
             return 0
         engine = self.engine
         exprs = self.exprs
         plain_queue = exprs.group is None and exprs.conflate is None and exprs.barrier is None
+        record = self.record_runs
         read_to: dict[TopicPartition, int] = {}
         name = self.name
         inbox = self.inbox
@@ -201,6 +207,13 @@ class QueueRuntime:
         run_start = 0
         run_times: list[float] = []
         run_priority: int | None = None
+
+        def flush() -> None:
+            assert run_tp is not None
+            engine.add_run(run_tp, run_start, run_times, now, run_priority)
+            if record:
+                batch.put_run(name, run_tp, run_start, array("d", run_times), run_priority)
+
         while inbox and room > 0:
             msg = inbox.popleft()
             bookmark = bookmark_of(msg)
@@ -227,8 +240,8 @@ class QueueRuntime:
                 ):
                     run_times.append(ts)
                     continue
-                if run_tp is not None and run_times:
-                    engine.add_run(run_tp, run_start, run_times, now, run_priority)
+                if run_times:
+                    flush()
                 run_tp, run_start, run_times, run_priority = (
                     tp,
                     bookmark.offset,
@@ -236,12 +249,16 @@ class QueueRuntime:
                     stored.priority,
                 )
                 continue
-            if run_tp is not None and run_times:
-                engine.add_run(run_tp, run_start, run_times, now, run_priority)
+            if run_times:
+                flush()
                 run_times = []
-            engine.add([self.arrival(bookmark, stored, doc, now)], now)
-        if run_tp is not None and run_times:
-            engine.add_run(run_tp, run_start, run_times, now, run_priority)
+            arrival = self.arrival(bookmark, stored, doc, now)
+            engine.add([arrival], now)
+            if record:
+                times = array("d", (arrival.timestamp,))
+                batch.put_run(name, tp, bookmark.offset, times, stored.priority, whole=True)
+        if run_times:
+            flush()
         self.counters.ingested += admitted
         for tp, position in read_to.items():
             engine.mark_read(tp, position)

@@ -48,14 +48,14 @@ class Intake(EngineBase):
         times = array("d", timestamps)
         expiration = self._expiration
         end = start + n
+        tp = part.tp
         if (
-            self._restored
+            (self._restored and self._restored_within(tp, start, end))
             or self._barriers
             or (part.pending_heap and part.pending_heap[0] < end)
             or (expiration is not None and now - min(times) >= expiration)
             or times != array("d", sorted(times))
         ):
-            tp = part.tp
             self.add(
                 [
                     Arrival(Bookmark(tp.topic, tp.partition, start + i), t, priority)
@@ -70,3 +70,11 @@ class Intake(EngineBase):
         self._seq += n
         part.append(start, run)
         self._close_run(run, times)
+
+    def _restored_within(self, tp: TopicPartition, start: int, end: int) -> bool:
+        """Some message of ``[start, end)`` of ``tp`` has restored counts."""
+        topic, partition = tp
+        return any(
+            bm.partition == partition and start <= bm.offset < end and bm.topic == topic
+            for bm in self._restored
+        )
