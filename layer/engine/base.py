@@ -56,6 +56,8 @@ class EngineBase:
     _conflate: bool
     _latest: dict[object, Entry]
     _restored: dict[Bookmark, tuple[int, int]]
+    # offsets of the restored counts per (topic, partition), sorted; None: to be built
+    _restored_index: dict[tuple[str, int], list[int]] | None
     _topics: dict[str, dict[int, PartitionState]]
     _parts: list[PartitionState]
     _available: int

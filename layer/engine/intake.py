@@ -13,6 +13,7 @@ both ways give the same state.
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
 from collections.abc import Sequence
 
 from layer.engine.base import EngineBase
@@ -72,9 +73,21 @@ class Intake(EngineBase):
         self._close_run(run, times)
 
     def _restored_within(self, tp: TopicPartition, start: int, end: int) -> bool:
-        """Some message of ``[start, end)`` of ``tp`` has restored counts."""
-        topic, partition = tp
-        return any(
-            bm.partition == partition and start <= bm.offset < end and bm.topic == topic
-            for bm in self._restored
-        )
+        """Some message of ``[start, end)`` of ``tp`` still has restored counts."""
+        index = self._restored_index
+        if index is None:
+            index = self._restored_index = {}
+            for bm in self._restored:
+                index.setdefault((bm.topic, bm.partition), []).append(bm.offset)
+            for found in index.values():
+                found.sort()
+        offsets = index.get((tp.topic, tp.partition))
+        if not offsets:
+            return False
+        restored = self._restored
+        i = bisect_left(offsets, start)
+        while i < len(offsets) and offsets[i] < end:
+            if Bookmark(tp.topic, tp.partition, offsets[i]) in restored:
+                return True
+            i += 1
+        return False

@@ -98,6 +98,7 @@ class QueueEngine(Queries, Holding, Leases, Intake):
         self._latest: dict[object, Entry] = {}  # last-value queues: conflate key -> newest
         # Delivery and cancel counts restored from the changelog for messages not read yet
         self._restored: dict[Bookmark, tuple[int, int]] = {}
+        self._restored_index: dict[tuple[str, int], list[int]] | None = None
         self._next_sub = 0
         self._topics: dict[str, dict[int, PartitionState]] = {}
         self._parts: list[PartitionState] = []
@@ -149,6 +150,7 @@ class QueueEngine(Queries, Holding, Leases, Intake):
 
     def restore_counts(self, counts: Mapping[Bookmark, tuple[int, int]]) -> None:
         self._restored.update(counts)
+        self._restored_index = None  # built again when add_run needs it
 
     def restored_pending(self) -> int:
         """How many restored counts still wait for their message to be read (or acked)."""
