@@ -15,6 +15,8 @@ Steps 1 and 3 read Kafka through a ``ChangelogSource``; step 2 is pure over the 
 from __future__ import annotations
 
 import time
+from array import array
+from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
@@ -26,7 +28,7 @@ from layer.coordinator.runtime import QueueRuntime
 from layer.coordinator.view import read_view, reconcile, view_record
 from layer.engine.model import Arrival, Bookmark, TopicPartition, ViewChange, ViewChanges
 from layer.engine.queue import QueueEngine
-from layer.state.base import Store, StoreBatch
+from layer.state.base import RunRecord, Store, StoreBatch
 from layer.state.recovery import Progress, RestoreResult, restore
 
 __all__ = ["ChangelogSource", "KafkaSource", "Restore"]
@@ -117,7 +119,13 @@ class Restore:
         return rt
 
     def load(self, q: QueueConfig) -> QueueRuntime:
-        """Step 2: a queue's engine from the store (itself just restored from the changelog)."""
+        """Step 2: a queue's engine from the store (itself just restored from the changelog).
+
+        A queue whose expressions give its messages nothing of their own (no group, conflation
+        or barrier key) keeps run records (``layer.state.base.RunRecord``): when they cover its
+        messages, the engine's runs are rebuilt from them and no message is read but the
+        singled-out ones; otherwise every stored message is scanned (and run records are
+        written for what was found, so the next restart has them)."""
         name = q.name
         store = self._store
         engine = QueueEngine(name, q.engine_settings())
@@ -145,40 +153,152 @@ class Restore:
             if e.kind is ChangeKind.RETURNED and e.lease_deadline_ms is not None
         }
         engine.restore_done(sorted(done))
+        exprs = rt.exprs
+        plain_queue = exprs.group is None and exprs.conflate is None and exprs.barrier is None
         batch = StoreBatch()
-        arrivals = []
+        records = store.runs(name) if plain_queue else None
+        if records is not None:
+            loaded = self._load_runs(rt, records, entries, done, batch, now)
+        else:
+            loaded = self._scan(rt, done, batch, now, plain_queue)
+        for tp, pos in positions.items():
+            if pos.read_position is not None and pos.read_position > engine.low_water(tp):
+                engine.mark_read(tp, pos.read_position)
+        rt.restored_done = done
+        rt.record_runs = plain_queue
+        if batch:
+            store.write(batch)
+        self._progress(
+            f"loaded queue={name}: {loaded} messages from local state"
+            f" ({'run records' if records is not None else 'scanned'}),"
+            f" {engine.restored_pending()} to re-read, {len(done)} done above the low-water marks"
+        )
+        return rt
+
+    def _scan(
+        self, rt: QueueRuntime, done: set[Bookmark], batch: StoreBatch, now: float, plain: bool
+    ) -> int:
+        """Every stored message into the engine; a plain queue gets run records for them."""
+        name = rt.name
+        store = self._store
+        engine = rt.engine
         exprs = rt.exprs
         # Group, conflation and barrier keys are not stored: evaluate them again from payloads.
-        whole = exprs.group is not None or exprs.conflate is not None or exprs.barrier is not None
+        whole = not plain
+        arrivals = []
+        lows: dict[TopicPartition, int] = {}
+        runs: list[tuple[TopicPartition, int, list[float], int | None, bool]] = []
         for bm, timestamp_ms, priority, maybe_delayed in store.message_meta(name):
+            tp = TopicPartition(bm.topic, bm.partition)
+            low = lows.get(tp)
+            if low is None:
+                low = lows[tp] = engine.low_water(tp)
             # Done, or below a low-water mark replayed from the changelog: the crash came after
             # the commit but before the local copy was deleted.
-            if bm in done or bm.offset < engine.low_water(TopicPartition(bm.topic, bm.partition)):
+            if bm in done or bm.offset < low:
                 batch.delete_message(name, bm)
                 continue
             if whole or maybe_delayed:
                 stored = store.get_messages(name, [bm])[0]
                 if stored is not None:
                     doc = exprs.reader.read(stored.value)[0] if exprs.reader else None
-                    arrivals.append(rt.arrival(bm, stored, doc, now))
+                    arrival = rt.arrival(bm, stored, doc, now)
+                    arrivals.append(arrival)
+                    runs.append((tp, bm.offset, [arrival.timestamp], stored.priority, True))
                     continue
             ts = timestamp_ms / 1000.0 if timestamp_ms else now
             not_before = rt.restored_delays.pop(bm, None)
             # counts: the engine's restored ones (restore_counts above)
             arrivals.append(Arrival(bm, ts, priority, 0, 0, not_before=not_before))
+            last = runs[-1] if runs else None
+            if (
+                last is not None
+                and not last[4]
+                and last[0] == tp
+                and last[1] + len(last[2]) == bm.offset
+                and last[3] == priority
+            ):
+                last[2].append(ts)
+            else:
+                runs.append((tp, bm.offset, [ts], priority, False))
         if arrivals:
             engine.add(arrivals, now)
-        for tp, pos in positions.items():
-            if pos.read_position is not None and pos.read_position > engine.low_water(tp):
-                engine.mark_read(tp, pos.read_position)
-        rt.restored_done = done - {a.bookmark for a in arrivals}
-        if batch:
-            store.write(batch)
-        self._progress(
-            f"loaded queue={name}: {len(arrivals)} messages from local state,"
-            f" {engine.restored_pending()} to re-read, {len(done)} done above the low-water marks"
-        )
-        return rt
+        batch.delete_runs(name)
+        if plain:
+            for tp, start, times, priority, singled in runs:
+                batch.put_run(name, tp, start, array("d", times), priority, singled)
+            batch.put_runs_complete(name)
+        return len(arrivals)
+
+    def _load_runs(
+        self,
+        rt: QueueRuntime,
+        records: list[RunRecord],
+        entries: Mapping[Bookmark, Any],
+        done: set[Bookmark],
+        batch: StoreBatch,
+        now: float,
+    ) -> int:
+        """The engine's runs from run records: what is done or below a low-water mark is left
+        out, and a message with a durable state of its own (a delivery count, a delay) or
+        that is not plain is added alone."""
+        name = rt.name
+        engine = rt.engine
+        lows: dict[TopicPartition, int] = {}
+        # offsets to leave out of runs, per partition: done ones, and those with an entry
+        apart: dict[TopicPartition, list[int]] = {}
+        for bm in entries:
+            apart.setdefault(TopicPartition(bm.topic, bm.partition), []).append(bm.offset)
+        for offsets in apart.values():
+            offsets.sort()
+        for tp in engine.partitions():
+            lows[tp] = engine.low_water(tp)
+            batch.delete_messages_below(name, tp, lows[tp])  # a crash after the commit left them
+        loaded = 0
+        for record in records:
+            tp, start, times = record.partition, record.start, record.times
+            if tp not in lows:
+                continue  # a partition no position or entry knows of: nothing of it is live
+            low = lows[tp]
+            end = start + len(times)
+            if end <= low:
+                continue
+            i = max(low - start, 0)
+            offsets = apart.get(tp, [])
+            k = bisect_left(offsets, start + i)
+            while i < len(times):
+                stop = offsets[k] - start if k < len(offsets) and offsets[k] < end else len(times)
+                if stop > i and not record.whole:
+                    engine.add_run(tp, start + i, times[i:stop], now, record.priority)
+                    loaded += stop - i
+                elif stop > i:
+                    for o in range(start + i, start + stop):
+                        loaded += self._add_whole(rt, Bookmark(tp.topic, tp.partition, o), now)
+                if stop >= len(times):
+                    break
+                bm = Bookmark(tp.topic, tp.partition, start + stop)
+                if bm in done:
+                    batch.delete_message(name, bm)
+                elif record.whole:
+                    loaded += self._add_whole(rt, bm, now)
+                else:
+                    not_before = rt.restored_delays.pop(bm, None)
+                    arrival = Arrival(bm, times[stop], record.priority, not_before=not_before)
+                    engine.add([arrival], now)
+                    loaded += 1
+                i = stop + 1
+                k += 1
+        return loaded
+
+    def _add_whole(self, rt: QueueRuntime, bm: Bookmark, now: float) -> int:
+        """A message that is not plain, read whole (its keys and delay are evaluated again)."""
+        stored = self._store.get_messages(rt.name, [bm])[0]
+        if stored is None:
+            return 0
+        exprs = rt.exprs
+        doc = exprs.reader.read(stored.value)[0] if exprs.reader else None
+        rt.engine.add([rt.arrival(bm, stored, doc, now)], now)
+        return 1
 
     async def reconcile_view(self, rt: QueueRuntime) -> None:
         """Step 3: bring the view topic to what this restart rebuilt."""

@@ -392,6 +392,7 @@ def mirror(
                 return dead_letter(rt.name, topic, change, payloads.get(change.bookmark))
     elif isinstance(change, LowWater):
         batch.put_low_water(name, change.partition, change.offset)
+        batch.delete_runs_below(name, change.partition, change.offset)
     elif isinstance(change, Forget):
         batch.delete_entry(name, change.bookmark)
     return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -109,6 +110,9 @@ class QueueRuntime:
     payload_cache: dict[Bookmark, StoredMessage] = field(default_factory=dict)
     payload_cache_size: int = 20_000
     route: PublishRoute | None = None  # copies publishes to the queue's name (publish_route)
+    # Write a run record (layer.state.base.RunRecord) for every message admitted: the store's
+    # run records cover the queue (set by the restore when they do).
+    record_runs: bool = False
 
     def __post_init__(self) -> None:
         self.exprs = Expressions(self.config)
@@ -184,18 +188,37 @@ class QueueRuntime:
         """Move fetched messages from the inbox into the engine, as far as its room allows.
 
         At most ``limit`` a round: a burst of publishes must not make one round so long that
-        deliveries and acks wait behind it."""
+        deliveries and acks wait behind it. Plain messages (the queue gives them no group,
+        conflation or barrier key, and they are not delayed) at consecutive offsets of one
+        partition, of one priority, go in as one run (``QueueEngine.add_run``), and are
+        recorded as one (``StoreBatch.put_run``) when ``record_runs``."""
         room = min(self.engine.room(), limit)
         if not self.inbox or room <= 0:
             return 0
-        arrivals: list[Arrival] = []
+        engine = self.engine
+        exprs = self.exprs
+        plain_queue = exprs.group is None and exprs.conflate is None and exprs.barrier is None
+        record = self.record_runs
         read_to: dict[TopicPartition, int] = {}
         name = self.name
         inbox = self.inbox
+        admitted = 0
+        run_tp: TopicPartition | None = None
+        run_start = 0
+        run_times: list[float] = []
+        run_priority: int | None = None
+
+        def flush() -> None:
+            assert run_tp is not None
+            engine.add_run(run_tp, run_start, run_times, now, run_priority)
+            if record:
+                batch.put_run(name, run_tp, run_start, array("d", run_times), run_priority)
+
         while inbox and room > 0:
             msg = inbox.popleft()
             bookmark = bookmark_of(msg)
-            read_to[TopicPartition(bookmark.topic, bookmark.partition)] = bookmark.offset + 1
+            tp = TopicPartition(bookmark.topic, bookmark.partition)
+            read_to[tp] = bookmark.offset + 1
             if bookmark in self.restored_done:
                 self.restored_done.discard(bookmark)
                 continue
@@ -205,15 +228,42 @@ class QueueRuntime:
             batch.put_message(name, bookmark, stored)
             if len(self.payload_cache) < self.payload_cache_size:
                 self.payload_cache[bookmark] = stored
-            arrivals.append(self.arrival(bookmark, stored, doc, now))
             room -= 1
-        if arrivals:
-            self.engine.add(arrivals, now)
-            self.counters.ingested += len(arrivals)
+            admitted += 1
+            if plain_queue and not self.restored_delays and deliver_after(stored.headers) is None:
+                ts = stored.timestamp_ms / 1000.0 if stored.timestamp_ms else now
+                if (
+                    run_times
+                    and tp == run_tp
+                    and bookmark.offset == run_start + len(run_times)
+                    and stored.priority == run_priority
+                ):
+                    run_times.append(ts)
+                    continue
+                if run_times:
+                    flush()
+                run_tp, run_start, run_times, run_priority = (
+                    tp,
+                    bookmark.offset,
+                    [ts],
+                    stored.priority,
+                )
+                continue
+            if run_times:
+                flush()
+                run_times = []
+            arrival = self.arrival(bookmark, stored, doc, now)
+            engine.add([arrival], now)
+            if record:
+                times = array("d", (arrival.timestamp,))
+                batch.put_run(name, tp, bookmark.offset, times, stored.priority, whole=True)
+        if run_times:
+            flush()
+        self.counters.ingested += admitted
         for tp, position in read_to.items():
-            self.engine.mark_read(tp, position)
+            engine.mark_read(tp, position)
             batch.put_read_position(name, tp, position)
-        return len(arrivals)
+        return admitted
 
     def stats(self, now: float, rounds: int, fetch_wait_ms: float) -> QueueStats:
         """The queue's figures now (``rounds``: the coordinator's rounds so far;

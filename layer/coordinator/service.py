@@ -75,6 +75,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+
 class Coordinator:
     """Implements ``layer.api.service.QueueService`` over Kafka topics."""
 

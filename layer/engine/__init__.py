@@ -8,6 +8,10 @@ Events in (each takes ``now``, the caller's clock, seconds):
   acked while not yet read (a *remembered ack*, see ``ack``) are skipped and counted done.
   A message whose restored ``deliveries``/``cancels`` already reach the limits is done at once
   (dead-lettered with MAX_DELIVERIES / MAX_CANCELS).
+- ``add_run(partition, start, timestamps, now, priority=None)``: the same as ``add`` of one
+  plain ``Arrival`` (no group, conflation key, barrier or delay) per timestamp, at the offsets
+  ``start, start + 1, ...`` of ``partition``: how the coordinator hands over a fetched batch.
+  The engine keeps such messages as a run (``layer.engine.runs``) until one is singled out.
 - ``room()``: how many more arrivals ``add`` may take now. Unlimited (a large int) without
   target_queue_depth; with it, ``target_queue_depth -`` the messages in the queue (never < 0). The
   coordinator does not read further than ``room()`` allows ("not read into state").

@@ -8,22 +8,27 @@ the fields declared here, which ``QueueEngine.__init__`` sets.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
 from layer.engine.fairness import Subscriber
 from layer.engine.index import AgeIndex, DelayIndex, Entry, FifoOrder, LeaseIndex, PriorityOrder
 from layer.engine.model import (
+    Arrival,
     Bookmark,
     Change,
     Delivery,
     DoneReason,
     EngineSettings,
     ReturnReason,
+    TopicPartition,
     ViewChange,
 )
 from layer.engine.partition import PartitionState
 from layer.engine.routing import Router
+from layer.engine.runs import Run
 
 
 class EngineBase:
@@ -51,6 +56,8 @@ class EngineBase:
     _conflate: bool
     _latest: dict[object, Entry]
     _restored: dict[Bookmark, tuple[int, int]]
+    # offsets of the restored counts per (topic, partition), sorted; None: to be built
+    _restored_index: dict[tuple[str, int], list[int]] | None
     _topics: dict[str, dict[int, PartitionState]]
     _parts: list[PartitionState]
     _available: int
@@ -61,6 +68,7 @@ class EngineBase:
     _changes: list[Change]
     _deliveries: list[Delivery]
     _view: dict[Bookmark, list[Any]] | None
+    _seq: int
 
     # steps of the core (QueueEngine) that the mixins call
     def _deliver(self, entry: Entry, sub: Subscriber, now: float) -> None:
@@ -78,6 +86,15 @@ class EngineBase:
         raise NotImplementedError
 
     def _limit_reason(self, deliveries: int, cancels: int) -> DoneReason | None:
+        raise NotImplementedError
+
+    def add(self, arrivals: Iterable[Arrival], now: float) -> None:
+        raise NotImplementedError
+
+    def _close_run(self, run: Run, times: array[float]) -> None:
+        raise NotImplementedError
+
+    def _partition(self, partition: TopicPartition) -> PartitionState:
         raise NotImplementedError
 
     # steps of one mixin that another calls

@@ -31,6 +31,7 @@ class Holding(EngineBase):
             self._view[entry.bookmark] = [sign, sign, entry]  # type: ignore[index]
         else:
             found[1] = sign
+            found[2] = entry  # a run's message: the entry it became replaces the one made for it
 
     def _delay(self, entry: Entry, until: float) -> None:
         entry.state = DELAYED
@@ -95,9 +96,10 @@ class Holding(EngineBase):
                 item = router.head(sub)
                 if item is not None and (best is None or item[0] < best[0]):
                     best, best_sub = item, sub
-            head = order.peek()
-            if head is not None and (best is None or head.key < best[0]):
-                order.pop()
+            key = order.peek_key()
+            if key is not None and (best is None or key < best[0]):
+                head = order.pop()
+                assert head is not None
                 if expiration is not None and now - head.timestamp >= expiration:
                     self._finish(head, DoneReason.EXPIRATION, now)
                     continue

@@ -9,7 +9,7 @@ so memory stays proportional to the live messages and the cost stays amortized O
 from __future__ import annotations
 
 from collections import deque
-from heapq import heapify, heappop, heappush, merge
+from heapq import heapify, heappop, heappush, heapreplace, merge
 from itertools import islice
 from operator import attrgetter
 from typing import Any
@@ -24,6 +24,7 @@ DELAYED = 4  # waiting for its delayed (re)delivery time
 
 # Compaction slack: small indexes are never worth rebuilding.
 _SLACK = 1024
+_INF = float("inf")
 
 
 class Entry:
@@ -64,104 +65,169 @@ class Entry:
         self.ckey: Any = None
         self.gen = 0
 
+    def __lt__(self, other: object) -> bool:
+        # heaps hold entries and runs side by side: equal keys must not raise
+        return False
+
     def __repr__(self) -> str:
         state = ("available", "leased", "done", "held", "delayed")[self.state]
         return f"Entry({self.bookmark}, {state}, deliveries={self.deliveries})"
 
 
+def _live(item: Any) -> bool:
+    """An index item (an entry, or a run of plain messages) still has something available."""
+    if type(item) is Entry:
+        return item.state == AVAILABLE
+    return bool(item.lo < item.hi)
+
+
+def _expand(item: Any) -> list[Entry]:
+    """The available messages of an index item, as entries (a run's are made, not kept)."""
+    if type(item) is Entry:
+        return [item] if item.state == AVAILABLE else []
+    return [item.make(i) for i in range(item.lo, item.hi)]
+
+
+def _take(heap: list[tuple[Any, Any]]) -> Entry:
+    """Pop the message at the top of a heap of ``(key, entry or run)`` (settled: see
+    ``_settle``): an entry leaves the heap; a run gives its front and stays while it has more."""
+    item = heap[0][1]
+    if type(item) is Entry:
+        heappop(heap)
+        return item
+    entry: Entry = item.take_front()
+    if item.lo < item.hi:
+        heapreplace(heap, (item.front_key(), item))
+    else:
+        heappop(heap)
+    return entry
+
+
+def _settle(heap: list[tuple[Any, Any]]) -> None:
+    """Drop the dead items at the top of a ``(key, entry or run)`` heap and bring a run whose
+    front moved on (taken by another index) back to its current key."""
+    while heap:
+        key, item = heap[0]
+        if type(item) is Entry:
+            if item.state == AVAILABLE:
+                return
+            heappop(heap)
+        elif item.lo >= item.hi:
+            heappop(heap)
+        else:
+            front = item.front_key()
+            if front == key:
+                return
+            heapreplace(heap, (front, item))
+
+
 class FifoOrder:
     """Available messages in arrival order.
 
-    New arrivals come in key order, so they sit in a deque; only returned messages (whose key is
-    older than the newest arrival) need the heap. The common path is therefore O(1) and costs one
-    deque slot per message.
+    New arrivals come in key order, so they sit in a deque (an entry, or a run of plain messages
+    whose keys are consecutive); only returned messages (whose key is older than the newest
+    arrival) and the back halves of split runs need the heap. The common path is therefore O(1)
+    and costs one deque slot per run.
     """
 
     __slots__ = ("_fresh", "_returned")
 
     def __init__(self) -> None:
-        self._fresh: deque[Entry] = deque()
-        self._returned: list[tuple[Any, Entry]] = []
+        self._fresh: deque[Any] = deque()
+        self._returned: list[tuple[Any, Any]] = []
 
     def __len__(self) -> int:
         return len(self._fresh) + len(self._returned)
 
-    def push_new(self, entry: Entry) -> None:
-        self._fresh.append(entry)
+    def push_new(self, item: Any) -> None:
+        """An entry or a run, with keys above every one pushed before."""
+        self._fresh.append(item)
 
-    def push_returned(self, entry: Entry) -> None:
-        heappush(self._returned, (entry.key, entry))
+    def push_returned(self, item: Any) -> None:
+        key = item.key if type(item) is Entry else item.front_key()
+        heappush(self._returned, (key, item))
 
-    def peek(self) -> Entry | None:
-        """The next available entry, left in place, or None."""
-        fresh, returned = self._fresh, self._returned
-        while fresh and fresh[0].state != AVAILABLE:
+    def _front(self) -> Any:
+        fresh = self._fresh
+        while fresh and not _live(fresh[0]):
             fresh.popleft()
-        while returned and returned[0][1].state != AVAILABLE:
-            heappop(returned)
-        if returned and (not fresh or returned[0][0] < fresh[0].key):
-            return returned[0][1]
-        return fresh[0] if fresh else None
+        _settle(self._returned)
+        if not fresh:
+            return None
+        item = fresh[0]
+        return item.key if type(item) is Entry else item.front_key()
+
+    def peek_key(self) -> Any:
+        """The key of the next available message, or None."""
+        fresh_key = self._front()
+        returned = self._returned
+        if returned and (fresh_key is None or returned[0][0] < fresh_key):
+            return returned[0][0]
+        return fresh_key
 
     def pop(self) -> Entry | None:
-        """Remove and return the next available entry, or None."""
-        fresh, returned = self._fresh, self._returned
-        while fresh and fresh[0].state != AVAILABLE:
+        """Remove and return the next available message (materialized), or None."""
+        fresh_key = self._front()
+        returned = self._returned
+        if returned and (fresh_key is None or returned[0][0] < fresh_key):
+            return _take(returned)
+        if fresh_key is None:
+            return None
+        fresh = self._fresh
+        item = fresh[0]
+        if type(item) is Entry:
+            return fresh.popleft()  # type: ignore[no-any-return]
+        entry: Entry = item.take_front()
+        if item.lo >= item.hi:
             fresh.popleft()
-        while returned and returned[0][1].state != AVAILABLE:
-            heappop(returned)
-        if returned and (not fresh or returned[0][0] < fresh[0].key):
-            return heappop(returned)[1]
-        if fresh:
-            return fresh.popleft()
-        return None
+        return entry
 
     def browse(self, limit: int | None) -> list[Entry]:
-        returned = sorted(item for item in self._returned if item[1].state == AVAILABLE)
-        fresh = (e for e in self._fresh if e.state == AVAILABLE)
+        returned = sorted(
+            (e.key, e) for _, item in self._returned if _live(item) for e in _expand(item)
+        )
+        fresh = (e for item in self._fresh for e in _expand(item))
         merged = merge((e for _, e in returned), fresh, key=attrgetter("key"))
         return list(islice(merged, limit))
 
     def compact(self, live: int) -> None:
         if len(self._fresh) + len(self._returned) <= 2 * live + _SLACK:
             return
-        self._fresh = deque(e for e in self._fresh if e.state == AVAILABLE)
-        self._returned = [item for item in self._returned if item[1].state == AVAILABLE]
+        self._fresh = deque(item for item in self._fresh if _live(item))
+        self._returned = [pair for pair in self._returned if _live(pair[1])]
         heapify(self._returned)
 
 
 class PriorityOrder:
-    """Available messages by priority (highest first), then arrival order: one heap."""
+    """Available messages by priority (highest first), then arrival order: one heap of entries
+    and runs (a run's messages share a priority)."""
 
     __slots__ = ("_heap",)
 
     def __init__(self) -> None:
-        self._heap: list[tuple[Any, Entry]] = []
+        self._heap: list[tuple[Any, Any]] = []
 
     def __len__(self) -> int:
         return len(self._heap)
 
-    def push_new(self, entry: Entry) -> None:
-        heappush(self._heap, (entry.key, entry))
+    def push_new(self, item: Any) -> None:
+        key = item.key if type(item) is Entry else item.front_key()
+        heappush(self._heap, (key, item))
 
     push_returned = push_new
 
-    def peek(self) -> Entry | None:
+    def peek_key(self) -> Any:
         heap = self._heap
-        while heap and heap[0][1].state != AVAILABLE:
-            heappop(heap)
-        return heap[0][1] if heap else None
+        _settle(heap)
+        return heap[0][0] if heap else None
 
     def pop(self) -> Entry | None:
         heap = self._heap
-        while heap:
-            entry = heappop(heap)[1]
-            if entry.state == AVAILABLE:
-                return entry
-        return None
+        _settle(heap)
+        return _take(heap) if heap else None
 
     def browse(self, limit: int | None) -> list[Entry]:
-        items = sorted(item for item in self._heap if item[1].state == AVAILABLE)
+        items = sorted((e.key, e) for _, item in self._heap for e in _expand(item))
         if limit is not None:
             items = items[:limit]
         return [entry for _, entry in items]
@@ -169,74 +235,124 @@ class PriorityOrder:
     def compact(self, live: int) -> None:
         if len(self._heap) <= 2 * live + _SLACK:
             return
-        self._heap = [item for item in self._heap if item[1].state == AVAILABLE]
+        self._heap = [pair for pair in self._heap if _live(pair[1])]
         heapify(self._heap)
 
 
 class AgeIndex:
     """Queued messages by enqueue timestamp: for expiration and the oldest available message.
 
-    Timestamps mostly arrive in order, so those go to a deque; an out-of-order arrival or a returned
+    Timestamps mostly arrive in order, so those go to a deque (entries, and runs: a run's
+    timestamps do not go down, so its front is its oldest); an out-of-order arrival or a returned
     message goes to the heap. Leased messages are dropped when they reach the front (they cannot
     expire while leased); the engine pushes a message again whenever its lease ends.
     """
 
-    __slots__ = ("_fifo", "_heap")
+    __slots__ = ("_fifo", "_heap", "_last")
 
     def __init__(self) -> None:
-        self._fifo: deque[Entry] = deque()
-        self._heap: list[tuple[float, Any, Entry]] = []
+        self._fifo: deque[Any] = deque()
+        self._heap: list[tuple[float, Any, Any]] = []
+        self._last = -_INF  # the newest timestamp in the deque
 
     def __len__(self) -> int:
         return len(self._fifo) + len(self._heap)
 
-    def push(self, entry: Entry) -> None:
-        fifo = self._fifo
-        if not fifo or entry.timestamp >= fifo[-1].timestamp:
-            fifo.append(entry)
+    def push(self, item: Any) -> None:
+        if type(item) is Entry:
+            first = last = item.timestamp
+            key = item.key
         else:
-            heappush(self._heap, (entry.timestamp, entry.key, entry))
+            first, last = item.front_time(), item.times[-1]
+            key = item.front_key()
+        if not self._fifo or first >= self._last:
+            self._fifo.append(item)
+            self._last = last
+        else:
+            heappush(self._heap, (first, key, item))
 
     def _clean(self) -> None:
         fifo, heap = self._fifo, self._heap
-        while fifo and fifo[0].state != AVAILABLE:
+        while fifo and not _live(fifo[0]):
             fifo.popleft()
-        while heap and heap[0][2].state != AVAILABLE:
-            heappop(heap)
+        while heap:
+            item = heap[0][2]
+            if type(item) is Entry:
+                if item.state == AVAILABLE:
+                    return
+                heappop(heap)
+            elif item.lo >= item.hi:
+                heappop(heap)
+            elif item.front_time() == heap[0][0] and item.front_key() == heap[0][1]:
+                return
+            else:
+                heapreplace(heap, (item.front_time(), item.front_key(), item))
 
-    def oldest(self) -> Entry | None:
-        """The available entry with the smallest timestamp, left in place."""
+    def _oldest(self) -> tuple[float, bool] | None:
+        """The oldest available timestamp, and whether it is at the top of the heap."""
         self._clean()
         fifo, heap = self._fifo, self._heap
-        if heap and (not fifo or heap[0][0] < fifo[0].timestamp):
-            return heap[0][2]
-        return fifo[0] if fifo else None
+        first = None
+        if fifo:
+            item = fifo[0]
+            first = item.timestamp if type(item) is Entry else item.front_time()
+        if heap and (first is None or heap[0][0] < first):
+            return heap[0][0], True
+        return None if first is None else (first, False)
+
+    def oldest_time(self) -> float | None:
+        """The smallest timestamp of an available message."""
+        found = self._oldest()
+        return None if found is None else found[0]
 
     def pop_expired(self, cutoff: float) -> Entry | None:
-        """Remove and return an available entry with ``timestamp <= cutoff``, or None."""
-        entry = self.oldest()
-        if entry is None or entry.timestamp > cutoff:
+        """Remove and return (materialized) an available message with ``timestamp <= cutoff``,
+        or None."""
+        found = self._oldest()
+        if found is None or found[0] > cutoff:
             return None
+        if found[1]:
+            heap = self._heap
+            item = heap[0][2]
+            if type(item) is Entry:
+                heappop(heap)
+                return item
+            entry: Entry = item.take_front()
+            if item.lo < item.hi:
+                heapreplace(heap, (item.front_time(), item.front_key(), item))
+            else:
+                heappop(heap)
+            return entry
         fifo = self._fifo
-        if fifo and fifo[0] is entry:
+        item = fifo[0]
+        if type(item) is Entry:
             fifo.popleft()
-        else:
-            heappop(self._heap)
+            return item
+        entry = item.take_front()
+        if item.lo >= item.hi:
+            fifo.popleft()
         return entry
 
     def compact(self, live: int) -> None:
         if len(self._fifo) + len(self._heap) <= 2 * live + _SLACK:
             return
-        self._fifo = deque(e for e in self._fifo if e.state != DONE)
+        self._fifo = deque(e for e in self._fifo if _kept(e))
         seen = {id(e) for e in self._fifo}
         heap = []
         for item in self._heap:
             entry = item[2]
-            if entry.state != DONE and id(entry) not in seen:
+            if _kept(entry) and id(entry) not in seen:
                 seen.add(id(entry))
                 heap.append(item)
         heapify(heap)
         self._heap = heap
+
+
+def _kept(item: Any) -> bool:
+    """Whether the age index keeps an item when it compacts (leased entries may come back)."""
+    if type(item) is Entry:
+        return item.state != DONE
+    return bool(item.lo < item.hi)
 
 
 class LeaseIndex:

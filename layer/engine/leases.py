@@ -13,6 +13,8 @@ from layer.engine.model import (
     Returned,
     ReturnReason,
 )
+from layer.engine.partition import PartitionState
+from layer.engine.runs import Run
 
 _UNKNOWN = AckError.UNKNOWN_BOOKMARK
 _NOT_HOLDER = AckError.NOT_LEASE_HOLDER
@@ -59,6 +61,15 @@ class Leases(EngineBase):
             Returned(entry.bookmark, reason, entry.deliveries, entry.cancels, not_before)
         )
 
+    def _take(self, part: PartitionState, run: Run, offset: int) -> Entry:
+        """Single out the plain message at ``offset`` (to finish it at once: it is not put in
+        the indexes); the back half of a split run is indexed."""
+        entry, tail = part.take(run, offset)
+        if tail is not None and tail.lo < tail.hi:
+            self._order.push_returned(tail)
+            self._ages.push(tail)
+        return entry
+
     def _ack_one(
         self, sub: Subscriber | None, bm: Bookmark, op: AckOp, now: float, seconds: float
     ) -> AckError | None:
@@ -67,6 +78,13 @@ class Leases(EngineBase):
             return _UNKNOWN
         offset = bm.offset
         entry = part.entry(offset)
+        if entry is None and (run := part.plain_run(offset)) is not None:
+            # available, never singled out: nobody holds it
+            if op is not AckOp.ACK and op is not AckOp.EXPIRE:
+                return _NOT_LEASED
+            if self._strict and sub is not None:
+                return _NOT_HOLDER
+            entry = self._take(part, run, offset)
         if entry is None:
             if (
                 op is AckOp.ACK
@@ -110,6 +128,10 @@ class Leases(EngineBase):
         """At-most-once, on behalf of no subscription (ack by filter): finish a queued message."""
         part = self._lookup(bm)
         entry = None if part is None else part.entry(bm.offset)
+        if entry is None and part is not None and op in (AckOp.ACK, AckOp.EXPIRE):
+            run = part.plain_run(bm.offset)
+            if run is not None:
+                entry = self._take(part, run, bm.offset)
         if entry is None or op not in (AckOp.ACK, AckOp.EXPIRE):
             return _UNKNOWN
         reason = DoneReason.ACKED if op is AckOp.ACK else DoneReason.CONSUMER_EXPIRE

@@ -1,10 +1,12 @@
 """Per-partition bookkeeping: read position, low-water mark, and the messages in between.
 
 The messages read from a partition are kept in offset order in two parallel lists: ``offsets``
-(for a C-speed bisect) and ``items``, where a live message is its ``Entry`` and a done one is just
-its ``Bookmark`` (the entry is released; the bookmark is kept until the low-water mark passes it and
-a Forget is due). Arrivals come in increasing offset order, so both lists only ever grow at the
-end and shrink at the front: the low-water mark is the first live item, found in amortized O(1).
+(for a C-speed bisect) and ``items``. An item is a ``Run`` (``layer.engine.runs``: the plain
+messages of one arrival batch, keyed by its first offset), or one message: its ``Entry`` while it
+lives, just its ``Bookmark`` once done (kept until the low-water mark passes it and a Forget is
+due). Arrivals come in increasing offset order, so both lists grow at the end (only a run split by
+an ack inside it inserts) and shrink at the front: the low-water mark is in the first live item,
+found in amortized O(1).
 
 Done records for offsets not read yet (remembered acks, restored done records) wait in ``pending``
 until the read position passes them; then they join the lists as done items.
@@ -12,11 +14,13 @@ until the read position passes them; then they join the lists as done items.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_right
 from heapq import heappop, heappush
+from typing import Any
 
 from layer.engine.index import Entry
 from layer.engine.model import Bookmark, TopicPartition
+from layer.engine.runs import Run
 
 # Trim the consumed front of the lists once it is this long and more than half of them.
 _TRIM = 4096
@@ -41,7 +45,7 @@ class PartitionState:
     def __init__(self, tp: TopicPartition, low_water: int) -> None:
         self.tp = tp
         self.offsets: list[int] = []
-        self.items: list[Entry | Bookmark] = []
+        self.items: list[Entry | Bookmark | Run] = []
         self.head = 0  # items before head are forgotten
         self.read_pos = low_water
         self.high_watermark = low_water
@@ -72,32 +76,87 @@ class PartitionState:
             self.read_pos = offset
 
     def find(self, offset: int) -> int:
-        """The index of ``offset`` in the lists, or -1."""
+        """The index of the item holding ``offset`` in the lists, or -1."""
         offsets = self.offsets
-        i = bisect_left(offsets, offset, self.head)
-        if i < len(offsets) and offsets[i] == offset:
-            return i
-        return -1
+        i = bisect_right(offsets, offset, self.head) - 1
+        if i < self.head:
+            return -1
+        item = self.items[i]
+        if type(item) is Run:
+            return i if offset < item.start + item.count else -1
+        return i if offsets[i] == offset else -1
 
     def entry(self, offset: int) -> Entry | None:
-        """The live entry at ``offset``, or None."""
+        """The live, materialized entry at ``offset``, or None."""
         i = self.find(offset)
         if i < 0:
             return None
         item = self.items[i]
-        return item if type(item) is Entry else None
+        if type(item) is Entry:
+            return item
+        if type(item) is Run:
+            return item.detail.get(offset)
+        return None
+
+    def plain_run(self, offset: int) -> Run | None:
+        """The run in which ``offset`` is a plain (available, never singled out) message."""
+        i = self.find(offset)
+        if i < 0:
+            return None
+        item = self.items[i]
+        return item if type(item) is Run and item.is_plain(offset) else None
+
+    def take(self, run: Run, offset: int) -> tuple[Entry, Run | None]:
+        """Materialize the plain message at ``offset`` of ``run``; a split's back half joins
+        the lists and is returned (for the caller's indexes)."""
+        entry, tail = run.take(offset)
+        if tail is not None:
+            i = self.find(offset)
+            self.offsets.insert(i + 1, tail.start)
+            self.items.insert(i + 1, tail)
+        return entry, tail
+
+    def done(self, bm: Bookmark) -> None:
+        """The live entry of ``bm`` is done."""
+        i = self.find(bm.offset)
+        item = self.items[i]
+        if type(item) is Run:
+            del item.detail[bm.offset]
+        else:
+            self.items[i] = bm
+
+    def append(self, offset: int, item: Any) -> None:
+        self.offsets.append(offset)
+        self.items.append(item)
 
     def advance(self) -> None:
         """Move the low-water mark past the done items at the front (buffering their Forgets)."""
         items, head = self.items, self.head
         n = len(items)
+        low = None
         while head < n:
             item = items[head]
-            if type(item) is Entry:
+            kind = type(item)
+            if kind is Entry:
+                low = self.offsets[head]
                 break
-            self.forgets.append(item)  # type: ignore[arg-type]
+            if kind is Run:
+                run: Run = item  # type: ignore[assignment]
+                low = run.low()
+                passed = run.start + run.count if low is None else low
+                if run.start + run.forgotten < passed:
+                    tp = self.tp
+                    self.forgets.extend(
+                        Bookmark(tp.topic, tp.partition, o)
+                        for o in range(run.start + run.forgotten, passed)
+                    )
+                    run.forgotten = passed - run.start
+                if low is not None:
+                    break
+            else:
+                self.forgets.append(item)  # type: ignore[arg-type]
             head += 1
-        self.low_water = self.offsets[head] if head < n else self.read_pos
+        self.low_water = low if low is not None else self.read_pos
         if head >= _TRIM and 2 * head > n:
             del self.offsets[:head]
             del self.items[:head]

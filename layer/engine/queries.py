@@ -10,6 +10,7 @@ from layer.engine.fairness import Subscriber
 from layer.engine.index import AVAILABLE, HELD, LEASED, Entry
 from layer.engine.model import Bookmark, EngineStats, TopicPartition, ViewChange
 from layer.engine.partition import PartitionState
+from layer.engine.runs import Run
 from layer.exceptions import QueueError
 
 
@@ -24,14 +25,14 @@ class Lease(NamedTuple):
 
 class Queries(EngineBase):
     def stats(self, now: float) -> EngineStats:
-        oldest = self._ages.oldest()
+        oldest = self._ages.oldest_time()
         unread = sum(p.inactive() for p in self._parts)
         return EngineStats(
             available=self._available,
             leased=self._leased,
             inactive=unread if self._depth else 0,
             subscriptions=len(self._subs),
-            oldest_available_at=None if oldest is None else oldest.timestamp,
+            oldest_available_at=oldest,
             done_total=self._done_total,
             dead_lettered_total=self._dead_total,
             delivered_total=self._delivered_total,
@@ -97,12 +98,17 @@ class Queries(EngineBase):
         return None if owner is None else owner.name
 
     def _entries(self, state: int) -> Iterable[Entry]:
+        """The messages in ``state``, in offset order per partition (a run's plain messages
+        as entries made for the answer)."""
         for part in self._parts:
             items = part.items
             for i in range(part.head, len(items)):
                 item = items[i]
-                if type(item) is Entry and item.state == state:
-                    yield item
+                if type(item) is Entry:
+                    if item.state == state:
+                        yield item
+                elif type(item) is Run:
+                    yield from item.entries(state)
 
     def _lookup(self, bm: Bookmark) -> PartitionState | None:
         by_partition = self._topics.get(bm.topic)

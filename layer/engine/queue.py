@@ -6,6 +6,7 @@ The contract the coordinator is written against is the docstring of ``layer.engi
 from __future__ import annotations
 
 import sys
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -25,6 +26,7 @@ from layer.engine.index import (
     LeaseIndex,
     PriorityOrder,
 )
+from layer.engine.intake import Intake
 from layer.engine.leases import Leases
 from layer.engine.model import (
     AckError,
@@ -50,6 +52,7 @@ from layer.engine.model import (
 from layer.engine.partition import PartitionState
 from layer.engine.queries import Queries
 from layer.engine.routing import Router
+from layer.engine.runs import Run
 from layer.exceptions import QueueError
 
 UNLIMITED = sys.maxsize  # room() without target_queue_depth
@@ -62,7 +65,7 @@ _NOT_HOLDER = AckError.NOT_LEASE_HOLDER
 _NOT_LEASED = AckError.NOT_LEASED
 
 
-class QueueEngine(Queries, Holding, Leases):
+class QueueEngine(Queries, Holding, Leases, Intake):
     """One queue's state machine (see the module docstring for the contract)."""
 
     def __init__(self, name: str, settings: EngineSettings) -> None:
@@ -95,6 +98,7 @@ class QueueEngine(Queries, Holding, Leases):
         self._latest: dict[object, Entry] = {}  # last-value queues: conflate key -> newest
         # Delivery and cancel counts restored from the changelog for messages not read yet
         self._restored: dict[Bookmark, tuple[int, int]] = {}
+        self._restored_index: dict[tuple[str, int], list[int]] | None = None
         self._next_sub = 0
         self._topics: dict[str, dict[int, PartitionState]] = {}
         self._parts: list[PartitionState] = []
@@ -146,6 +150,7 @@ class QueueEngine(Queries, Holding, Leases):
 
     def restore_counts(self, counts: Mapping[Bookmark, tuple[int, int]]) -> None:
         self._restored.update(counts)
+        self._restored_index = None  # built again when add_run needs it
 
     def restored_pending(self) -> int:
         """How many restored counts still wait for their message to be read (or acked)."""
@@ -168,7 +173,12 @@ class QueueEngine(Queries, Holding, Leases):
     # -- events ------------------------------------------------------------------------------
 
     def add(self, arrivals: Iterable[Arrival], now: float) -> None:
+        """Arrivals in offset order per partition. The plain ones (see ``layer.engine.runs``)
+        that come one after another, from consecutive offsets, join one run."""
         expiration = self._expiration
+        priority_queue = self._priority
+        run: Run | None = None  # the run being built
+        times: array[float] = array("d")
         for arrival in arrivals:
             bm = arrival.bookmark
             part = self._require(bm)
@@ -191,25 +201,58 @@ class QueueEngine(Queries, Holding, Leases):
             deliveries, cancels = arrival.deliveries, arrival.cancels
             if self._restored:
                 deliveries, cancels = self._restored.pop(bm, (deliveries, cancels))
-            reason = self._limit_reason(deliveries, cancels)
-            if reason is None and expiration is not None and now - arrival.timestamp >= expiration:
+            reason = self._limit_reason(deliveries, cancels) if deliveries or cancels else None
+            timestamp = arrival.timestamp
+            if reason is None and expiration is not None and now - timestamp >= expiration:
                 reason = DoneReason.EXPIRATION
             if reason is not None:
-                part.offsets.append(offset)
-                part.items.append(bm)
+                if run is not None:
+                    self._close_run(run, times)
+                    run = None
+                part.append(offset, bm)
                 self._touch(part)
                 self._emit_done(bm, reason, deliveries, cancels, now)
                 continue
+            if priority_queue:
+                priority = arrival.priority
+                rank: float | None = _INF if priority is None else -priority
+            else:
+                rank = None
+            not_before = arrival.not_before
+            if (
+                not (deliveries or cancels)
+                and arrival.group is None
+                and (arrival.conflate_key is None or not self._conflate)
+                and not arrival.barrier
+                and not self._barriers
+                and (not_before is None or not_before <= now)
+            ):
+                # plain: one more message of the run being built, or the first of a new one
+                if (
+                    run is not None
+                    and run.tp is part.tp
+                    and offset == run.start + len(times)
+                    and rank == run.rank
+                    and timestamp >= times[-1]
+                ):
+                    times.append(timestamp)
+                    self._seq += 1
+                    continue
+                if run is not None:
+                    self._close_run(run, times)
+                times = array("d", (timestamp,))
+                run = Run(part.tp, offset, self._seq, rank, times)
+                self._seq += 1
+                part.append(offset, run)
+                continue
+            if run is not None:
+                self._close_run(run, times)
+                run = None
             seq = self._seq
             self._seq = seq + 1
-            if self._priority:
-                priority = arrival.priority
-                key: object = (_INF if priority is None else -priority, seq)
-            else:
-                key = seq
-            entry = Entry(bm, key, arrival.timestamp, deliveries, cancels)
-            part.offsets.append(offset)
-            part.items.append(entry)
+            key: object = seq if rank is None else (rank, seq)
+            entry = Entry(bm, key, timestamp, deliveries, cancels)
+            part.append(offset, entry)
             if not part.dirty:
                 self._touch(part)
             if arrival.group is not None:
@@ -224,14 +267,27 @@ class QueueEngine(Queries, Holding, Leases):
                     self._barriers.append(entry)
                 if self._view is not None:
                     self._viewed(entry, 1)
-            elif arrival.not_before is not None and arrival.not_before > now:
-                self._delay(entry, arrival.not_before)
+            elif not_before is not None and not_before > now:
+                self._delay(entry, not_before)
             else:
                 self._order.push_new(entry)
                 self._ages.push(entry)
                 self._available += 1
                 if self._view is not None:
                     self._viewed(entry, 1)
+        if run is not None:
+            self._close_run(run, times)
+
+    def _close_run(self, run: Run, times: array[float]) -> None:
+        """A run is built: its messages are available."""
+        run.count = run.hi = len(times)
+        self._order.push_new(run)
+        self._ages.push(run)
+        self._available += run.count
+        self._touch(self._partition(run.tp))
+        if self._view is not None:
+            for entry in run.entries():
+                self._viewed(entry, 1)
 
     def subscribe(
         self,
@@ -523,6 +579,6 @@ class QueueEngine(Queries, Holding, Leases):
             del self._latest[entry.ckey]
         bm = entry.bookmark
         part = self._require(bm)
-        part.items[part.find(bm.offset)] = bm
+        part.done(bm)
         self._touch(part)
         self._emit_done(bm, reason, entry.deliveries, entry.cancels, now)

@@ -7,11 +7,15 @@ A store holds, for every queue of one coordinator:
 - **positions**: per underlying partition, the low-water mark (from changelog POSITION records)
   and, separately, the local read position (next offset to read; never in the changelog);
 - **messages**: per message, the local copy of the underlying message while it is in the queue;
+- **runs**: per queue whose messages are kept as runs (``layer.engine.runs``), the offsets,
+  timestamps and priority of every batch of messages admitted (a run record, keyed by its last
+  offset), so a restart rebuilds the runs without reading every message; and a marker saying
+  the records cover every stored message of the queue (without it, a restart scans them);
 - **meta**: per changelog topic-partition, the next changelog offset to replay from, and the id of
   the Kafka cluster the state was built from (so a state directory that meets another cluster, or
   a broker that lost its changelog, is recognised: ``layer.state.ownership``).
 
-Engines keep these as four column families of binary keys that sort like the data:
+Engines keep these as five column families of binary keys that sort like the data:
 ``queue utf8, 0x00, topic utf8, 0x00, partition u32 BE, offset u64 BE``, so one queue, and one
 partition of it, iterate in offset order. Values are the codec's bytes (entries are changelog
 values exactly as produced, messages are ``StoredMessage`` records).
@@ -23,6 +27,7 @@ Everything one coordinator step changes goes into one ``StoreBatch`` and is appl
 from __future__ import annotations
 
 import struct
+from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -38,6 +43,8 @@ __all__ = [
     "MESSAGES",
     "META",
     "POSITIONS",
+    "RUNS",
+    "RunRecord",
     "EntryState",
     "PartitionPosition",
     "Store",
@@ -50,7 +57,8 @@ ENTRIES = "entries"
 POSITIONS = "positions"
 MESSAGES = "messages"
 META = "meta"
-COLUMN_FAMILIES = (ENTRIES, POSITIONS, MESSAGES, META)
+RUNS = "runs"
+COLUMN_FAMILIES = (ENTRIES, POSITIONS, MESSAGES, META, RUNS)
 
 # Suffix of a positions key: which of the two positions of a partition it holds.
 _LOW_WATER = b"L"
@@ -63,6 +71,31 @@ _PARTITION = struct.Struct(">I")
 _OFFSET = struct.Struct(">Q")
 _SIGNED = struct.Struct(">q")
 _PARTITION_OFFSET = struct.Struct(">IQ")
+_RUN_HEAD = struct.Struct(">QBBq")  # start offset, whole, has priority, priority
+
+
+class RunRecord(NamedTuple):
+    """Messages admitted together at consecutive offsets of one partition: their timestamps
+    (engine clock seconds) and priority. ``whole``: they are not plain (delayed, keyed): a
+    restart reads them whole."""
+
+    partition: TopicPartition
+    start: int
+    times: array[float]
+    priority: int | None
+    whole: bool
+
+
+def encode_run(start: int, times: array[float], priority: int | None, whole: bool) -> bytes:
+    head = _RUN_HEAD.pack(start, whole, priority is not None, priority or 0)
+    return head + times.tobytes()
+
+
+def decode_run(partition: TopicPartition, value: bytes) -> RunRecord:
+    start, whole, has_priority, priority = _RUN_HEAD.unpack_from(value)
+    times = array("d")
+    times.frombytes(value[_RUN_HEAD.size :])
+    return RunRecord(partition, start, times, priority if has_priority else None, bool(whole))
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +305,39 @@ class StoreBatch:
     def delete_message(self, queue: str, bookmark: Bookmark) -> None:
         self.ops.append((MESSAGES, message_key(queue, bookmark), None))
 
+    def delete_messages_below(self, queue: str, partition: TopicPartition, offset: int) -> None:
+        """Delete the local copies of one partition's messages below ``offset``."""
+        prefix = partition_prefix(queue, partition.topic, partition.partition)
+        self.ops.append((MESSAGES, prefix, _Range(prefix + _OFFSET.pack(max(offset, 0)))))
+
+    def put_run(
+        self,
+        queue: str,
+        partition: TopicPartition,
+        start: int,
+        times: array[float],
+        priority: int | None,
+        whole: bool = False,
+    ) -> None:
+        """A run record (see ``RunRecord``) for the offsets ``start .. start + len(times) - 1``."""
+        last = message_key(queue, Bookmark(partition.topic, partition.partition, start))
+        last = last[: -_OFFSET.size] + _OFFSET.pack(start + len(times) - 1)
+        self.ops.append((RUNS, last, encode_run(start, times, priority, whole)))
+
+    def delete_runs_below(self, queue: str, partition: TopicPartition, offset: int) -> None:
+        """Delete the run records of one partition whose offsets are all below ``offset``."""
+        prefix = partition_prefix(queue, partition.topic, partition.partition)
+        self.ops.append((RUNS, prefix, _Range(prefix + _OFFSET.pack(max(offset, 0)))))
+
+    def put_runs_complete(self, queue: str) -> None:
+        """The run records of ``queue`` cover every message stored for it."""
+        self.ops.append((RUNS, queue_prefix(queue) + b"\x00", b""))
+
+    def delete_runs(self, queue: str) -> None:
+        """Drop every run record of ``queue`` (and the marker)."""
+        prefix = queue_prefix(queue)
+        self.ops.append((RUNS, prefix, _Range(prefix_end(prefix))))
+
     def set_changelog_offset(self, topic: str, partition: int, offset: int) -> None:
         """Record that the changelog partition is applied up to ``offset`` (the next to read)."""
         self.ops.append((META, changelog_offset_key(topic, partition), pack_int(offset)))
@@ -307,6 +373,11 @@ class Store(Protocol):
     def get_messages(
         self, queue: str, bookmarks: Sequence[Bookmark]
     ) -> list[StoredMessage | None]: ...
+
+    def runs(self, queue: str) -> list[RunRecord] | None:
+        """The run records of ``queue`` in offset order per partition; None when they do not
+        cover every stored message (no marker: see ``StoreBatch.put_runs_complete``)."""
+        ...
 
     def changelog_offset(self, topic: str, partition: int) -> int | None: ...
 
@@ -429,6 +500,25 @@ class KeyValueStore:
         found = self._multi_get(MESSAGES, [message_key(queue, bm) for bm in bookmarks])
         return [None if data is None else StoredMessage.decode(data) for data in found]
 
+    def runs(self, queue: str) -> list[RunRecord] | None:
+        self._check_open()
+        prefix = queue_prefix(queue)
+        marker = prefix + b"\x00"
+        if self._get(RUNS, marker) is None:
+            return None
+        n = len(prefix)
+        found = []
+        tps: dict[bytes, TopicPartition] = {}
+        for key, value in self._iterate(RUNS, marker + b"\x00", prefix_end(prefix)):
+            head = key[: -_OFFSET.size]
+            tp = tps.get(head)
+            if tp is None:
+                end = key.index(b"\x00", n)
+                tp = TopicPartition(key[n:end].decode(), _PARTITION.unpack_from(key, end + 1)[0])
+                tps[head] = tp
+            found.append(decode_run(tp, value))
+        return found
+
     def changelog_offset(self, topic: str, partition: int) -> int | None:
         self._check_open()
         data = self._get(META, changelog_offset_key(topic, partition))
@@ -466,7 +556,7 @@ class KeyValueStore:
         self._check_open()
         prefix = queue_prefix(queue)
         end = _Range(prefix_end(prefix))
-        self._apply([(cf, prefix, end) for cf in (ENTRIES, POSITIONS, MESSAGES)])
+        self._apply([(cf, prefix, end) for cf in (ENTRIES, POSITIONS, MESSAGES, RUNS)])
 
     def close(self) -> None:
         if not self._closed:

@@ -10,6 +10,7 @@ from layer.engine import UNLIMITED, Lease, QueueEngine
 from layer.engine.model import (
     AckError,
     AckOp,
+    AckOutcome,
     Arrival,
     Bookmark,
     Delivery,
@@ -703,3 +704,93 @@ def test_lazy_indexes_stay_proportional_to_live_messages(engine_factory):
     assert len(engine._order) <= 1 + 1024 and len(engine._leases) <= 1 + 1024
     assert len(engine._ages) <= 2 * 1 + 1024
     assert engine.available() == [bm(0)]
+
+
+# -- runs: a batch of plain messages kept as one run --------------------------------------------
+
+
+def _twins(engine_factory, **settings: object) -> tuple[QueueEngine, QueueEngine]:
+    return engine_factory(partitions=2, **settings), engine_factory(partitions=2, **settings)
+
+
+def _same(a: QueueEngine, b: QueueEngine, now: float) -> None:
+    ea, eb = a.drain(), b.drain()
+    assert ea.changes == eb.changes
+    assert ea.deliveries == eb.deliveries
+    assert list(ea.view) == list(eb.view)
+    assert a.available() == b.available()
+    assert a.stats(now) == b.stats(now)
+    assert a.view_contents() == b.view_contents()
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        {"priority": True},
+        {"expiration": 5.0},
+        {"track_view": True, "priority": True},
+        {"leasing": Leasing.LENIENT},
+        {"semantics": Semantics.AT_MOST_ONCE, "fairness": Fairness.ROUND_ROBIN},
+    ],
+)
+def test_add_run_is_add_of_plain_arrivals(engine_factory, settings):
+    by_run, by_add = _twins(engine_factory, **settings)
+    for engine in (by_run, by_add):
+        engine.set_high_watermark(TP0, 100)
+        engine.restore_counts({bm(9): (1, 0)})
+        engine.ack(None, [bm(4)], ACK, 0.0)  # remembered: done before it is read
+    batches = [
+        (TP0, 0, [0.0, 0.5, 1.0, 1.0, 2.0, 2.0], 7),  # offset 4 is done already
+        (TP1, 0, [1.0, 2.0, 3.0], None),
+        (TP0, 6, [3.0, 3.0, 2.5, 4.0], 7),  # a timestamp goes back; 9 has a restored count
+        (TP0, 10, [-9.0, 4.0], None),  # an expired one where expiration is set
+        (TP0, 12, [4.0, 4.5, 5.0, 5.0], 2),
+    ]
+    for tp, start, times, priority in batches:
+        by_run.add_run(tp, start, times, 5.0, priority)
+        offsets = range(start, start + len(times))
+        arrivals = [
+            Arrival(bm(o, tp.partition), t, priority) for o, t in zip(offsets, times, strict=True)
+        ]
+        by_add.add(arrivals, 5.0)
+        _same(by_run, by_add, 5.0)
+    for engine in (by_run, by_add):
+        engine.subscribe("a", 3, 5.0)
+        engine.dispatch(5.0)
+    _same(by_run, by_add, 5.0)
+    for engine in (by_run, by_add):
+        # an ack by filter inside a run splits it; then everything is delivered and acked
+        engine.ack(None, [bm(13), bm(7), bm(1, 1)], ACK, 5.5)
+    _same(by_run, by_add, 5.5)
+    for step in range(12):
+        now = 6.0 + step
+        for engine in (by_run, by_add):
+            engine.tick(now)
+            engine.ack("a", engine.outstanding("a"), ACK, now)
+            engine.dispatch(now)
+        _same(by_run, by_add, now)
+    assert by_run.stats(20.0).available == 0
+    for tp in (TP0, TP1):
+        assert by_run.low_water(tp) == by_add.low_water(tp)
+
+
+def test_add_run_below_the_read_position_is_refused(engine_factory):
+    engine = engine_factory()
+    engine.add_run(TP0, 0, [0.0, 0.0], 0.0)
+    with pytest.raises(QueueError, match="below the read position"):
+        engine.add_run(TP0, 1, [0.0], 0.0)
+    assert engine.stats(0.0).available == 2
+
+
+def test_a_run_materializes_only_what_is_singled_out(engine_factory):
+    engine = engine_factory(leasing=Leasing.LENIENT)
+    engine.add_run(TP0, 0, [float(i) for i in range(1000)], 0.0)
+    engine.subscribe("a", 2, 0.0)
+    assert delivered(engine) == [("a", 0), ("a", 1)]
+    assert engine.ack("a", [bm(500)], ACK, 0.0) == [AckOutcome(bm(500))]
+    (run, tail) = [item for item in engine._parts[0].items if not isinstance(item, Bookmark)]
+    assert (run.start, run.lo, run.hi, sorted(run.detail)) == (0, 2, 500, [0, 1])
+    assert (tail.start, tail.lo, tail.hi, tail.detail) == (501, 0, 499, {})
+    assert engine.stats(0.0).available == 997
+    assert engine.available(3) == [bm(2), bm(3), bm(4)]

@@ -19,6 +19,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from layer.engine.index import DONE, Entry
 from layer.engine.model import (
     AckOp,
     Arrival,
@@ -37,6 +38,7 @@ from layer.engine.model import (
     TopicPartition,
 )
 from layer.engine.queue import QueueEngine
+from layer.engine.runs import Run
 from layer.exceptions import QueueError
 
 TOPIC = "t"
@@ -142,8 +144,10 @@ class EngineMachine(RuleBasedStateMachine):
         if then == "read and dispatch":
             self.dispatch()
 
-    @rule()
-    def read(self) -> None:
+    @rule(batches=st.booleans())
+    def read(self, batches: bool = False) -> None:
+        """``batches``: as the coordinator's ingest does, consecutive offsets of one priority
+        go in with ``add_run``, the others with ``add``."""
         for p in PARTITIONS:
             tp = TopicPartition(TOPIC, p)
             room = self.engine.room()
@@ -155,11 +159,33 @@ class EngineMachine(RuleBasedStateMachine):
                     arrivals.append(Arrival(b, timestamp, priority, 0, 0))
                     room -= 1
                 offset += 1
-            self.engine.add(arrivals, self.now)
+            if batches:
+                self.add_runs(tp, arrivals)
+            else:
+                self.engine.add(arrivals, self.now)
             self.engine.mark_read(tp, offset)
             self.engine.set_high_watermark(tp, len(self.log[p]))
             self.read_next[p] = offset
         self.check_effects()
+
+    def add_runs(self, tp: TopicPartition, arrivals: list[Arrival]) -> None:
+        i = 0
+        while i < len(arrivals):
+            j = i + 1
+            while (
+                j < len(arrivals)
+                and arrivals[j].bookmark.offset == arrivals[j - 1].bookmark.offset + 1
+                and arrivals[j].priority == arrivals[i].priority
+            ):
+                j += 1
+            if j - i == 1 and i % 2:
+                self.engine.add(arrivals[i:j], self.now)
+            else:
+                times = [a.timestamp for a in arrivals[i:j]]
+                start = arrivals[i].bookmark.offset
+                self.engine.add_run(tp, start, times, self.now, arrivals[i].priority)
+                event("read a run of " + ("one" if j - i == 1 else "several"))
+            i = j
 
     # -- subscriptions ---------------------------------------------------------------------------
 
@@ -263,6 +289,39 @@ class EngineMachine(RuleBasedStateMachine):
                     assert c.reason is DoneReason.CONSUMER_EXPIRE
             if isinstance(c, Leased):
                 raise AssertionError("an ack leased a message")
+
+    @precondition(lambda self: self.alo)
+    @rule(data=st.data(), op=st.sampled_from([AckOp.ACK, AckOp.EXPIRE]))
+    def ack_by_filter(self, data: st.DataObject, op: AckOp) -> None:
+        """An ack on behalf of no subscription (the API's ack by filter): it finishes available
+        messages wherever they sit in their run (splitting it), and under strict leasing never
+        a held one."""
+        candidates = [Bookmark(TOPIC, p, o) for p in PARTITIONS for o in range(len(self.log[p]))]
+        if not candidates:
+            return
+        bookmarks = data.draw(
+            st.lists(st.sampled_from(candidates), min_size=1, max_size=4, unique=True)
+        )
+        holders = dict(self.holders)
+        available = set(self.engine.available())
+        outcomes = self.engine.ack(None, bookmarks, op, self.now)
+        accepted = set()
+        for outcome in outcomes:
+            b = outcome.bookmark
+            event(f"by filter {op} {outcome.error or 'accepted'}")
+            if b in available:
+                assert outcome.error is None, f"{op} by filter of available {b} refused"
+            if outcome.error is None:
+                accepted.add(b)
+                if self.config.leasing is Leasing.STRICT and self.is_read(b):
+                    assert b not in holders, f"strict leasing let an ack by filter take {b}"
+        for c in self.check_effects():
+            if isinstance(c, Done):
+                assert c.bookmark in accepted
+                assert c.reason is (
+                    DoneReason.ACKED if op is AckOp.ACK else DoneReason.CONSUMER_EXPIRE
+                )
+            assert not isinstance(c, (Leased, Returned)), f"an ack by filter made {c}"
 
     def is_read(self, b: Bookmark) -> bool:
         return b.topic == TOPIC and b.offset < self.read_next[b.partition]
@@ -383,6 +442,48 @@ class EngineMachine(RuleBasedStateMachine):
         if self.config.target_queue_depth:
             active = len(available_set) + len(leased)
             assert engine.room() == max(0, self.config.target_queue_depth - active)
+
+    @invariant()
+    def runs_are_sound(self) -> None:
+        """The representation: per partition, items in offset order; a run's plain region, its
+        materialized messages and its done ones partition its offsets; every live message is
+        in exactly one place."""
+        live: dict[Bookmark, str] = {}
+        for part in self.engine._parts:
+            offsets, items = part.offsets, part.items
+            assert offsets == sorted(set(offsets)), "partition items out of offset order"
+            end = -1
+            for i in range(part.head, len(items)):
+                item, offset = items[i], offsets[i]
+                assert offset > end, "partition items overlap"
+                if isinstance(item, Run):
+                    assert item.start == offset
+                    assert 0 <= item.lo <= item.hi <= item.count == len(item.times)
+                    assert list(item.times) == sorted(item.times), "run times go down"
+                    assert item.forgotten <= (item.low() or item.end) - item.start
+                    for o, entry in item.detail.items():
+                        assert item.start <= o < item.end and not item.is_plain(o)
+                        assert entry.bookmark.offset == o and entry.state != DONE
+                        live[entry.bookmark] = "materialized"
+                    for j in range(item.lo, item.hi):
+                        live[Bookmark(TOPIC, part.tp.partition, item.start + j)] = "plain"
+                    if item.detail and item.lo < item.hi:
+                        event("run with plain and materialized messages")
+                    if item.hi < item.count and item.lo < item.hi:
+                        event("run trimmed at the back")
+                    if 0 < item.forgotten < item.count:
+                        event("run partly forgotten")
+                    end = item.end - 1
+                elif isinstance(item, Entry):
+                    assert item.state != DONE
+                    live[item.bookmark] = "entry"
+                    end = offset
+                else:
+                    end = offset
+        expected = set(self.engine.available()) | set(self.holders)
+        assert set(live) == expected, "live messages and the representation disagree"
+        if any(kind == "plain" for kind in live.values()):
+            event("plain messages in runs")
 
     @invariant()
     def low_water_is_sound(self) -> None:

@@ -7,6 +7,8 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
+from confluent_kafka import Message
+
 from layer.codec import encode_change
 from layer.coordinator.health import Health
 from layer.coordinator.restore import Restore
@@ -16,13 +18,15 @@ from layer.engine.model import (
     DoneReason,
     Leased,
     LowWater,
+    Returned,
+    ReturnReason,
     ViewChange,
 )
 from layer.state.base import EntryState, Store, StoreBatch, StoredMessage
 from layer.state.memory import MemoryStore
 from layer.state.recovery import Progress, RestoreResult
 from layer.viewcodec import decode_round
-from tests.unit.ports import TOPIC, TP, Clock, MemoryChangelog, queue_config
+from tests.unit.ports import TOPIC, TP, Clock, MemoryChangelog, fetch, queue_config
 
 T = TypeVar("T")
 NOW = 1_700_000_000.0
@@ -170,3 +174,93 @@ def test_entry_state_round_trip_is_what_load_reads() -> None:
     store.write(batch)
     [(found, entry)] = list(store.entries("q"))
     assert found == bm(1) and isinstance(entry, EntryState) and entry.deliveries == 2
+
+
+# -- run records: a restart rebuilds the runs without reading every message ---------------------
+
+
+def _state(rt) -> tuple:
+    engine = rt.engine
+    return (
+        engine.available(),
+        engine.stats(NOW),
+        [engine.counts(bm(o)) for o in range(12)],
+        engine.low_water(TP),
+        sorted(rt.restored_done),
+        dict(rt.restored_delays),
+    )
+
+
+def test_a_restart_from_run_records_is_the_restart_that_scans() -> None:
+    store = MemoryStore()
+    lines: list[str] = []
+    restore, _ = restorer(store, ReplaySource([]), MemoryChangelog(), lines)
+    rt = restore.load(queue_config(filter="/n <> 5"))  # nothing stored yet: records from now on
+    assert rt.record_runs
+    values = [b'{"n": %d}' % n for n in range(12)]
+    fetch(rt, values)
+    batch = StoreBatch()
+    assert rt.admit(NOW, batch) == 11  # offset 5 is filtered out: a gap between two runs
+    # a delayed message (its header) is recorded alone, to be read whole
+    rt.inbox.append(
+        Message(TOPIC, 0, 12, b"k", b'{"n": 12}', [("deliver_after", b"%d" % (NOW + 60))])
+    )
+    rt.engine.set_high_watermark(TP, 13)
+    assert rt.admit(NOW, batch) == 1
+    store.write(batch)
+    records = store.runs("q")
+    assert records is not None
+    assert [(r.start, len(r.times), r.whole) for r in records] == [
+        (0, 5, False),
+        (6, 6, False),
+        (12, 1, True),
+    ]
+    # what the changelog then says: 0 and 1 acked (the mark passed them), 3 done, 7 leased
+    # twice and returned with a delay, 9 leased once
+    changes = [
+        LowWater(TP, 2),
+        Done(bm(3), DoneReason.ACKED, 1, 0, NOW),
+        Returned(bm(7), ReturnReason.CANCEL, 2, 1, NOW + 30),
+        Leased(bm(9), "gone", NOW + 30, 1, 0),
+    ]
+    source = ReplaySource(changes)  # type: ignore[arg-type]
+
+    def restart(scan: bool) -> tuple:
+        if scan:  # as a state directory written before run records
+            wipe = StoreBatch()
+            wipe.delete_runs("q")
+            store.write(wipe)
+        restore, _ = restorer(store, source, MemoryChangelog(), lines)
+        rt = asyncio.run(restore.queue(queue_config(filter="/n <> 5"), starting=True))
+        return _state(rt)
+
+    scanned = restart(scan=True)
+    assert "(scanned)" in lines[-1]
+    from_records = restart(scan=False)
+    assert "(run records)" in lines[-1]
+    assert from_records == scanned
+    available, stats, counts, low, done, delays = from_records
+    assert available == [bm(2), bm(4), bm(6), bm(8), bm(9), bm(10), bm(11)]
+    assert stats.delayed == 2  # 7 (its restored delay) and 12 (its header)
+    assert counts[7] == (2, 1) and counts[9] == (1, 0)
+    assert (low, done) == (2, [bm(3)])
+    # the copies the changelog says are gone are deleted, the others kept
+    assert store.get_messages("q", [bm(1), bm(3), bm(4)])[:2] == [None, None]
+    assert store.get_messages("q", [bm(4)])[0] is not None
+
+
+def test_a_keyed_queue_drops_run_records_and_scans() -> None:
+    store = MemoryStore()
+    restore, _ = restorer(store, ReplaySource([]), MemoryChangelog(), [])
+    rt = restore.load(queue_config())
+    fetch(rt, [b'{"n": 1}', b'{"n": 2}'])
+    batch = StoreBatch()
+    rt.admit(NOW, batch)
+    store.write(batch)
+    assert store.runs("q") is not None
+    keyed = restore.load(queue_config(group_key="/n"))
+    assert not keyed.record_runs and store.runs("q") is None
+    assert keyed.engine.available() == [bm(0), bm(1)]
+    # back to plain: the scan finds them and writes records again
+    assert restore.load(queue_config()).engine.available() == [bm(0), bm(1)]
+    assert store.runs("q") is not None
