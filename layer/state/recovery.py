@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +41,7 @@ from layer.exceptions import RecoveryError, SerializationError, StateError
 from layer.state.base import ENTRIES, Store, StoreBatch, pack_offset, partition_prefix
 from layer.state.snapshot import Subject, decode_confirm, decode_part
 
-__all__ = ["RestoreResult", "restore"]
+__all__ = ["RestoreResult", "replay", "restore"]
 
 logger = logging.getLogger(__name__)
 
@@ -221,6 +221,39 @@ def restore(
     return result
 
 
+def replay(
+    store: Store,
+    topic: str,
+    records: Sequence[tuple[bytes | None, bytes | None]],
+    *,
+    from_snapshot: bool,
+) -> int:
+    """Apply one changelog partition's records (key, value; offset = index) to ``store``, as
+    ``restore`` does from Kafka: from the last usable snapshot when ``from_snapshot`` and there
+    is one, else from the first record. Returns the records applied. (No I/O but the store's.)"""
+    restorer = _Restorer(store, topic, None)
+    start = 0
+    if from_snapshot:
+        candidates = _Candidates()
+        for offset, (key, value) in enumerate(records):
+            if key is not None and _maybe_mark(key):
+                try:
+                    candidates.see(key, value, offset)
+                except (SerializationError, StateError) as exc:
+                    where = f"{topic}/0/{offset}"
+                    raise RecoveryError(f"changelog record {where} cannot be read: {exc}") from exc
+        found = candidates.usable()
+        if found is not None:
+            start, restorer.chosen = found[0], dict(found[1])
+    batch = StoreBatch()
+    for offset in range(start, len(records)):
+        key, value = records[offset]
+        restorer.apply(batch, key, value, 0, offset)
+    batch.set_changelog_offset(topic, 0, len(records))
+    store.write(batch)
+    return len(records) - start
+
+
 def _partitions(consumer: Consumer, topic: str, timeout: float) -> list[int]:
     try:
         metadata = consumer.list_topics(topic, timeout=timeout)
@@ -313,10 +346,11 @@ class _Candidates:
 
     def see(self, key: bytes, value: bytes | None, offset: int) -> None:
         ck = decode_key(key)
-        if ck.offset >= POSITION_OFFSET or value is None:
-            if ck.offset == CONFIRM_OFFSET and value is not None:
-                snapshot_id, _parts = decode_confirm(value)
-                self.confirmed.add(((ck.queue, ck.topic_partition), snapshot_id))
+        if ck.offset == CONFIRM_OFFSET and value is not None:
+            snapshot_id, _parts = decode_confirm(value)
+            self.confirmed.add(((ck.queue, ck.topic_partition), snapshot_id))
+            return
+        if ck.offset >= CONFIRM_OFFSET or value is None:
             return
         part = decode_part(value)
         subject = (ck.queue, ck.topic_partition)
