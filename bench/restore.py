@@ -41,8 +41,12 @@ log = logging.getLogger(__name__)
 RESTORED = re.compile(rb"restored queue=\S+: (\d+) changelog records")
 
 
-def changelog_size(bootstrap: str, topic: str) -> tuple[int, int]:
-    """(records, key + value bytes) of the changelog topic, read to its end."""
+def changelog_size(bootstrap: str, topic: str) -> tuple[int, int, dict[str, list[int]]]:
+    """(records, key + value bytes, {kind: [records, messages]}) of the changelog topic, read
+    to its end."""
+    from layer.codec import CHANGELOG_VALUE, decode, decode_key
+
+    kinds: dict[str, list[int]] = {}
     c = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -66,8 +70,18 @@ def changelog_size(bootstrap: str, topic: str) -> tuple[int, int]:
                     continue
                 records += 1
                 size += len(m.key() or b"") + len(m.value() or b"")
+                ck = decode_key(m.key())
+                if ck.offset < -1:
+                    kind = "SNAPSHOT" if ck.offset <= -3 else "CONFIRM"
+                elif m.value() is None:
+                    kind = "TOMBSTONE"
+                else:
+                    kind = decode(CHANGELOG_VALUE, m.value())["kind"]
+                counts = kinds.setdefault(kind, [0, 0])
+                counts[0] += 1
+                counts[1] += ck.length
             if eof:
-                return records, size
+                return records, size, kinds
         raise RuntimeError(f"changelog {topic} not read to its end in 300 s")
     finally:
         c.close()
@@ -123,8 +137,9 @@ def restore_history(
 
         coord.kill()
         cid = re.search(r'id = "([^"]+)"', coord.config.read_text())[1]  # type: ignore[index]
-        records, size = changelog_size(bootstrap, f"qlayer.changelog.{cid}.{QUEUE}")
+        records, size, kinds = changelog_size(bootstrap, f"qlayer.changelog.{cid}.{QUEUE}")
         out["changelog_records"] = records
+        out["changelog_records_by_kind"] = kinds  # kind: [records, messages]
         out["changelog_bytes_per_ack"] = round(size / max(acked, 1), 1)
         restart("state_intact")
         coord.kill()
@@ -132,6 +147,8 @@ def restore_history(
         restart("from_changelog")
     finally:
         coord.stop()
+        if coord.log.exists():  # kept for a look when the run failed
+            shutil.copy(coord.log, workdir.parent / f"{workdir.name}-coordinator.log")
         shutil.rmtree(coord.workdir, ignore_errors=True)
     out["loadavg_after"] = loadavg()
     return out
