@@ -108,7 +108,7 @@ class Snapshots:
         records[start:start] = built
         state.sent = (snapshot_id, parts_of)
         self.taken += 1
-        log.debug(
+        log.info(
             "snapshot queue=%s id=%s partitions=%d runs=%d records=%d",
             queue,
             snapshot_id,
