@@ -8,6 +8,10 @@ records of the round, so it is the state as of its place in the changelog
 (``layer.state.snapshot``). Once the round has committed, the next round writes its
 confirmations (that round commits for them alone if it has nothing else).
 
+A queue's companion states (its redrive marks, ``~redrive``, and its publish route's positions,
+``~route``) are in its changelog too: they are snapshotted with it, so a restore that starts at
+the snapshot loses none of them.
+
 A redrive commits outside the rounds and writes the store after: while one is under way
 (``hold``), the queue is not snapshotted, so no snapshot can miss a record that precedes it.
 """
@@ -20,12 +24,16 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from layer.coordinator.publish_route import ROUTE_SUFFIX
 from layer.coordinator.redrive import REDRIVE_SUFFIX
 from layer.state.base import Store
 from layer.state.changelog import ChangelogRecord
 from layer.state.snapshot import Subject, build_snapshot, confirm_records
 
-__all__ = ["Snapshots"]
+__all__ = ["COMPANIONS", "Snapshots"]
+
+#: the states a queue keeps in its changelog under other names: snapshotted with it
+COMPANIONS = (REDRIVE_SUFFIX, ROUTE_SUFFIX)
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +106,7 @@ class Snapshots:
             return
         snapshot_id = self._ids()
         built, parts_of, runs = build_snapshot(
-            self._store, topic, [queue, queue + REDRIVE_SUFFIX], snapshot_id, at_ms
+            self._store, topic, [queue, *(queue + c for c in COMPANIONS)], snapshot_id, at_ms
         )
         state.updates = 0
         state.last_at = self._clock()

@@ -319,3 +319,32 @@ def test_snapshots_are_due_by_count_and_by_time_and_confirmed_in_the_next_round(
         assert tx_of[1] == tx_of[0] + 1
 
     asyncio.run(scenario())
+
+
+def test_a_queue_is_snapshotted_with_its_redrive_marks_and_route_positions() -> None:
+    """Companion states live in the queue's changelog under other names: a restore that starts
+    at the snapshot must not lose them."""
+    store = MemoryStore()
+    batch = StoreBatch()
+    done = encode_change("q", Done(Bookmark("t", 0, 3), DoneReason.ACKED, 1, 0, 1.0))[1]
+    assert done is not None
+    batch.put_entry_value("q", Bookmark("t", 0, 3), done)
+    batch.put_entry_value("q~redrive", Bookmark("dlq", 0, 7), done)
+    batch.put_low_water("q~route", TopicPartition("q", 0), 42)
+    store.write(batch)
+    old = [(CL, *encode_change("q~route", LowWater(TopicPartition("q", 0), 42), at_ms=1))]
+    snapshots = Snapshots(store, every=1, interval=0.0, clock=Clock())
+    records: list[Any] = [
+        (CL, *encode_change("q", Done(Bookmark("t", 0, 4), DoneReason.ACKED, 1, 0, 1.0)))
+    ]
+    snapshots.add("q", CL, records, 0, 5)
+    snapshots.committed()
+    confirms: list[Any] = []
+    snapshots.add("q", CL, confirms, 0, 6)
+    assert len(confirms) == 3  # q, q~redrive, q~route
+    fresh = MemoryStore()
+    log = _records(old, records, confirms)
+    assert replay(fresh, CL, log, from_snapshot=True) < len(log)
+    assert fresh.positions("q~route")[TopicPartition("q", 0)].low_water == 42
+    assert [bm for bm, _v in fresh.entry_values("q~redrive")] == [Bookmark("dlq", 0, 7)]
+    assert [bm.offset for bm, _v in fresh.entry_values("q")] == [3, 4]
