@@ -303,7 +303,9 @@ def test_one_percent_malformed_json_is_dead_lettered_and_the_rest_acked(
     assert_nothing_lost(c, consumer, q, good, bad, letters)
     # the parse error travels with the dead letter (a null value is not JSON either, but has no
     # payload to parse)
-    undetailed = [b for b in bad - null_values if "unparseable" not in (letters[b]["detail"] or "")]
+    undetailed = [
+        b for b in bad - null_values if "unparseable" not in (letters[b]["detail"] or "")
+    ]
     assert not undetailed, f"dead letters without the parse error: {undetailed[:5]}"
     with QueueClient(c.address or "", timeout=10) as client:
         s = client.stats(q)[0]

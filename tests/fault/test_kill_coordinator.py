@@ -42,6 +42,7 @@ def _publish(bootstrap: str, topic: str, n: int) -> None:
     assert producer.flush(30) == 0
 
 
+
 def _run(
     tmp_path: Path, bootstrap: str, semantics: str, wipe_on: set[int]
 ) -> tuple[list[dict], list[float], str]:

@@ -218,3 +218,4 @@ def test_the_view_topic_keeps_every_round_and_a_compacted_one_is_refused(
     )  # fmt: skip
     assert r.returncode == 2, r.stderr
     assert f"topic {compacted!r} has cleanup.policy=compact" in r.stderr, r.stderr
+
