@@ -238,7 +238,6 @@ class Round:
         payloads = rt.payloads(self._store, need) if need else {}
         topic = rt.changelog_topic
         records = self.records
-        forgotten: set[Bookmark] = set()
         if len(changes) > 1:
             # By partition and offset, so runs form (acks and leases of several partitions come
             # interleaved); stable, so the changes of one message keep their order. A partition's
@@ -246,7 +245,6 @@ class Round:
             # of it follows) and its low-water mark go after its messages: restore drops what is
             # below the mark either way.
             changes.sort(key=_change_order)
-            forgotten = {c.bookmark for c in changes if isinstance(c, Forget)}
         # Consecutive changes of consecutive offsets of one partition with the same value go
         # to the changelog as one record: the run (first bookmark, count, value).
         run: Bookmark | None = None
@@ -254,12 +252,7 @@ class Round:
         count = 0
         for change in changes:
             key, value = encode_change(name, change, self.now_ms)
-            if forgotten and isinstance(change, Done) and change.bookmark in forgotten:
-                # done and tombstoned in this very round: its record would be dropped at once
-                if run is not None:
-                    records.append(_run_record(topic, name, run, count, run_key, run_value))
-                    run = None
-            elif value is not None and isinstance(change, Leased | Returned | Done):
+            if value is not None and isinstance(change, Leased | Returned | Done):
                 bm = change.bookmark
                 if (
                     run is not None
