@@ -44,7 +44,11 @@ __all__ = [
     "CHANGELOG_VALUE",
     "DEAD_LETTER",
     "DEFAULT_SCHEMA_DIR",
+    "CHANGELOG_CONFIRM",
+    "CHANGELOG_SNAPSHOT",
+    "CONFIRM_OFFSET",
     "POSITION_OFFSET",
+    "SNAPSHOT_OFFSET",
     "STORED_MESSAGE",
     "ChangeKind",
     "ChangelogKey",
@@ -56,6 +60,7 @@ __all__ = [
     "encode",
     "encode_change",
     "encode_key",
+    "encode_run",
     "encode_value",
 ]
 
@@ -68,6 +73,12 @@ STORED_MESSAGE = "stored_message"
 
 #: ``ChangelogKey.offset`` of a partition's position (low-water) record.
 POSITION_OFFSET = -1
+#: ``ChangelogKey.offset`` of a partition's snapshot confirmation.
+CONFIRM_OFFSET = -2
+#: ``ChangelogKey.offset`` of part 0 of a partition's snapshot (part N: ``SNAPSHOT_OFFSET - N``).
+SNAPSHOT_OFFSET = -3
+CHANGELOG_SNAPSHOT = "changelog_snapshot"
+CHANGELOG_CONFIRM = "changelog_confirm"
 
 _HISTORY_NAME = re.compile(r"^(?P<name>[A-Za-z0-9_]+)\.v(?P<version>[0-9]+)\.avsc$")
 
@@ -82,12 +93,23 @@ class ChangeKind(StrEnum):
 
 
 class ChangelogKey(NamedTuple):
-    """A decoded changelog key: one message of one queue, or (offset -1) a partition's position."""
+    """A decoded changelog key: the run of ``length`` messages from ``offset`` of one queue, or
+    (offset -1) a partition's position, (-2) its snapshot confirmation, (-3 - N) part N of its
+    snapshot. Format-1 keys have no ``count``: they read as 1."""
 
     queue: str
     topic: str
     partition: int
     offset: int
+    length: int = 1  # the key's ``count``: messages in the run
+
+    @property
+    def is_snapshot(self) -> bool:
+        return self.offset <= SNAPSHOT_OFFSET
+
+    @property
+    def snapshot_part(self) -> int:
+        return SNAPSHOT_OFFSET - self.offset
 
     @property
     def is_position(self) -> bool:
@@ -243,19 +265,40 @@ def decode(name: str, data: bytes) -> Any:
 
 @lru_cache(maxsize=65536)
 def _key_prefix(queue: str, topic: str, partition: int) -> bytes:
-    # An Avro record is the concatenation of its fields, and offset 0 encodes as the single byte
-    # 0x00: the key of offset 0 without its last byte is the prefix shared by every key of this
-    # partition (format byte included). Cached: a coordinator has few (queue, partition) pairs.
+    # An Avro record is the concatenation of its fields; offset 0 encodes as the single byte 0x00
+    # and count 1 as 0x02: the key of offset 0 without its last two bytes is the prefix shared by
+    # every key of this partition (format byte included). Cached: a coordinator has few
+    # (queue, partition) pairs.
     full = encode(
-        CHANGELOG_KEY, {"queue": queue, "topic": topic, "partition": partition, "offset": 0}
+        CHANGELOG_KEY,
+        {"queue": queue, "topic": topic, "partition": partition, "offset": 0, "count": 1},
     )
-    return full[:-1]
+    return full[:-2]
+
+
+#: the last bytes of a key whose count is 1 (the zig-zag varint of 1)
+_ONE = b"\x02"
 
 
 def encode_key(key: ChangelogKey) -> bytes:
-    if key.offset < POSITION_OFFSET:
-        raise SerializationError(f"schema {CHANGELOG_KEY!r}: negative offset in {key}")
-    return _key_prefix(key.queue, key.topic, key.partition) + avro_fast.long(key.offset)
+    if key.offset < 0 and key.length != 1:
+        raise SerializationError(f"schema {CHANGELOG_KEY!r}: a run at a negative offset: {key}")
+    if key.length < 1:
+        raise SerializationError(f"schema {CHANGELOG_KEY!r}: a run of no message: {key}")
+    return (
+        _key_prefix(key.queue, key.topic, key.partition)
+        + avro_fast.long(key.offset)
+        + avro_fast.long(key.length)
+    )
+
+
+def encode_run(queue: str, bookmark: Bookmark, count: int) -> bytes:
+    """The key of the run of ``count`` messages from ``bookmark`` (count 1: one message)."""
+    return (
+        _key_prefix(queue, bookmark.topic, bookmark.partition)
+        + avro_fast.long(bookmark.offset)
+        + avro_fast.long(count)
+    )
 
 
 def decode_key(data: bytes) -> ChangelogKey:
@@ -263,7 +306,10 @@ def decode_key(data: bytes) -> ChangelogKey:
     if fast is not None:
         return fast
     obj = decode(CHANGELOG_KEY, data)
-    return ChangelogKey(obj["queue"], obj["topic"], obj["partition"], obj["offset"])
+    key = ChangelogKey(obj["queue"], obj["topic"], obj["partition"], obj["offset"], obj["count"])
+    if key.length < 1 or (key.offset < 0 and key.length != 1):
+        raise SerializationError(f"schema {CHANGELOG_KEY!r}: not a key: {key}")
+    return key
 
 
 def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -300,28 +346,46 @@ def _parse_key_prefix(prefix: bytes) -> tuple[str, str, int, int] | None:
     return queue, topic, partition, pos
 
 
-def _decode_key_fast(data: bytes) -> ChangelogKey | None:
-    # Restore decodes one key per record: parse the current version by hand (the fields are two
-    # strings and two varints) and cache the (queue, topic, partition) prefix. Anything unusual
-    # (another version, malformed, trailing bytes) falls back to fastavro and its errors.
-    if not data or data[0] != _key_version():
-        return None
-    # The offset is the last varint: its bytes are those after the last byte with the high bit
-    # clear that precedes the final byte.
-    end = len(data) - 1
-    start = end
+def _varint_start(data: bytes, end: int) -> int:
+    """Where the varint that ends at ``end`` (exclusive) begins: after the last byte before its
+    final one with the high bit clear."""
+    start = end - 1
     while start > 1 and data[start - 1] & 0x80:
         start -= 1
+    return start
+
+
+def _decode_key_fast(data: bytes) -> ChangelogKey | None:
+    # Restore decodes one key per record: parse the current version (two strings and three
+    # varints) and format 1 (no count) by hand and cache the (queue, topic, partition) prefix.
+    # Anything unusual (another version, malformed, trailing bytes) falls back to fastavro and
+    # its errors.
+    if not data:
+        return None
+    version = data[0]
+    if version == _key_version():
+        count_start = _varint_start(data, len(data))
+        start = _varint_start(data, count_start)
+    elif version == 1:
+        count_start = len(data)
+        start = _varint_start(data, count_start)
+    else:
+        return None
     parsed = _parse_key_prefix(data[:start])
     if parsed is None or parsed[3] != start:
         return None
     try:
         offset, pos = _read_varint(data, start)
+        count = 1
+        if pos != count_start:
+            return None
+        if count_start != len(data):
+            count, pos = _read_varint(data, count_start)
     except (IndexError, ValueError):
         return None
-    if pos != len(data):
+    if pos != len(data) or count < 1 or (offset < 0 and count != 1):
         return None
-    return ChangelogKey(parsed[0], parsed[1], parsed[2], offset)
+    return ChangelogKey(parsed[0], parsed[1], parsed[2], offset, count)
 
 
 @cache
@@ -365,7 +429,7 @@ def encode_change(
         at_ms = _ms(change.at) if isinstance(change, Done) else time.time_ns() // 1_000_000
     if isinstance(change, Leased):
         bm = change.bookmark
-        key = _key_prefix(queue, bm.topic, bm.partition) + avro_fast.long(bm.offset)
+        key = _key_prefix(queue, bm.topic, bm.partition) + avro_fast.long(bm.offset) + _ONE
         return key, encode_value(
             ChangeKind.LEASED,
             deliveries=change.deliveries,
@@ -376,7 +440,7 @@ def encode_change(
         )
     if isinstance(change, Returned | Done):
         bm = change.bookmark
-        key = _key_prefix(queue, bm.topic, bm.partition) + avro_fast.long(bm.offset)
+        key = _key_prefix(queue, bm.topic, bm.partition) + avro_fast.long(bm.offset) + _ONE
         if isinstance(change, Returned):
             # a RETURNED record's lease_deadline_ms is when a delayed message is available again
             not_before = None if change.not_before is None else _ms(change.not_before)
@@ -397,11 +461,12 @@ def encode_change(
         )
     if isinstance(change, LowWater):
         tp = change.partition
-        key = _key_prefix(queue, tp.topic, tp.partition) + avro_fast.long(POSITION_OFFSET)
+        key = _key_prefix(queue, tp.topic, tp.partition) + avro_fast.long(POSITION_OFFSET) + _ONE
         return key, encode_value(ChangeKind.POSITION, at_ms=at_ms, low_water=change.offset)
     if isinstance(change, Forget):
         bm = change.bookmark
-        return _key_prefix(queue, bm.topic, bm.partition) + avro_fast.long(bm.offset), None
+        key = _key_prefix(queue, bm.topic, bm.partition) + avro_fast.long(bm.offset) + _ONE
+        return key, None
     raise SerializationError(f"schema {CHANGELOG_VALUE!r}: not a change: {change!r}")
 
 

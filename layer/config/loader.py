@@ -382,6 +382,8 @@ _COORDINATOR_KEYS = (
     "tls_cert",
     "tls_key",
     "http",
+    "snapshot_every",
+    "snapshot_interval",
 )
 
 
@@ -456,6 +458,10 @@ def _coordinator(
         tls_cert=section.get("tls_cert", None, _path(base_dir)),
         tls_key=section.get("tls_key", None, _path(base_dir)),
         http=section.get("http", None, _listen),
+        snapshot_every=section.get("snapshot_every", default.snapshot_every, _integer(0)),
+        snapshot_interval=section.get(
+            "snapshot_interval", default.snapshot_interval, _duration(allow_zero=True)
+        ),
     )
     if config.admin_token is not None and config.admin_token == config.auth_token:
         raise section.error(

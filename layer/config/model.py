@@ -126,6 +126,11 @@ class CoordinatorConfig:
     tls_key: Path | None = None  # PEM private key of the API
     # host:port of the HTTP listener (/healthz, /readyz); None = no HTTP listener
     http: str | None = None
+    # a queue's partitions are snapshotted in its changelog after this many changelog records
+    # (or as many as the last snapshot had runs, if more), 0 = not by count ...
+    snapshot_every: int = 1000
+    # ... and after this many seconds with any record since the last snapshot, 0 = not by time
+    snapshot_interval: float = 30.0
 
     def __repr__(self) -> str:
         token = None if self.auth_token is None else _MASK
@@ -136,7 +141,9 @@ class CoordinatorConfig:
             f"changelog_topic_prefix={self.changelog_topic_prefix!r}, auth_token={token!r}, "
             f"admin_token={admin!r}, "
             f"topic_refresh_interval={self.topic_refresh_interval!r}, "
-            f"tls_cert={self.tls_cert!r}, tls_key={self.tls_key!r}, http={self.http!r})"
+            f"tls_cert={self.tls_cert!r}, tls_key={self.tls_key!r}, http={self.http!r}, "
+            f"snapshot_every={self.snapshot_every!r}, "
+            f"snapshot_interval={self.snapshot_interval!r})"
         )
 
     @property

@@ -35,10 +35,10 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from layer.api.service import DeliveredMessage
-from layer.codec import encode, encode_change
+from layer.codec import encode, encode_change, encode_run
 from layer.coordinator.runtime import QueueRuntime
 from layer.coordinator.view import view_record
 from layer.engine.model import (
@@ -57,6 +57,9 @@ from layer.engine.model import (
 from layer.exceptions import BrokerError, QLayerError, StateError
 from layer.state.base import Store, StoreBatch, StoredMessage
 from layer.state.changelog import ChangelogRecord, ExtraRecord
+
+if TYPE_CHECKING:
+    from layer.coordinator.snapshots import Snapshots
 
 __all__ = [
     "Changelog",
@@ -233,12 +236,46 @@ class Round:
         need = [d.bookmark for d in effects.deliveries]
         need.extend(c.bookmark for c in changes if isinstance(c, Done) and c.reason.dead_letter)
         payloads = rt.payloads(self._store, need) if need else {}
+        topic = rt.changelog_topic
+        records = self.records
+        if len(changes) > 1:
+            # By partition and offset, so runs form (acks and leases of several partitions come
+            # interleaved); stable, so the changes of one message keep their order. A partition's
+            # tombstones (Forget: the low-water mark passed a done message, so no other change
+            # of it follows) and its low-water mark go after its messages: restore drops what is
+            # below the mark either way.
+            changes.sort(key=_change_order)
+        # Consecutive changes of consecutive offsets of one partition with the same value go
+        # to the changelog as one record: the run (first bookmark, count, value).
+        run: Bookmark | None = None
+        run_key = run_value = b""
+        count = 0
         for change in changes:
             key, value = encode_change(name, change, self.now_ms)
-            self.records.append((rt.changelog_topic, key, value))
+            if value is not None and isinstance(change, Leased | Returned | Done):
+                bm = change.bookmark
+                if (
+                    run is not None
+                    and value == run_value
+                    and bm.offset == run.offset + count
+                    and bm.partition == run.partition
+                    and bm.topic == run.topic
+                ):
+                    count += 1
+                else:
+                    if run is not None:
+                        records.append(_run_record(topic, name, run, count, run_key, run_value))
+                    run, run_key, run_value, count = bm, key, value, 1
+            else:
+                if run is not None:
+                    records.append(_run_record(topic, name, run, count, run_key, run_value))
+                    run = None
+                records.append((topic, key, value))
             letter = mirror(rt, change, value, self.batch, payloads)
             if letter is not None:
                 self.extra.append(letter)
+        if run is not None:
+            records.append(_run_record(topic, name, run, count, run_key, run_value))
         if effects.view:
             assert rt.config.view_topic is not None  # the engine tracks views for it only
             self.views.append(view_record(rt.config.view_topic, name, effects.view, self.now_ms))
@@ -302,6 +339,7 @@ class Rounds:
         readers: Callable[[], Iterable[Reader]],
         commit_interval: float,
         interrupt: threading.Event,
+        snapshots: Snapshots | None = None,
     ) -> None:
         self._runtimes = runtimes
         self._store = store
@@ -312,6 +350,7 @@ class Rounds:
         self._readers = readers
         self._commit_interval = commit_interval
         self._interrupt = interrupt  # set when stopping: a commit waiting on Kafka gives up
+        self._snapshots = snapshots
         self._stopping = False
         self._last_commit = 0.0  # monotonic start of the last changelog commit
         self.count = 0  # rounds completed
@@ -352,16 +391,41 @@ class Rounds:
         runtimes = list(self._runtimes.values())
         if r.admit(runtimes):
             self._signal.wake()  # more to admit: go round again at once
+        snapshots = self._snapshots
         for rt in runtimes:
+            start = len(r.records)
             if r.decide(rt, self._before_dispatch):
                 self._signal.wake()
+            if snapshots is not None:
+                snapshots.add(rt.name, rt.changelog_topic, r.records, start, r.now_ms)
         self._signal.seal()
         if r.for_changelog:
             self._last_commit = time.monotonic()
-        await r.commit()
+        try:
+            await r.commit()
+        except BaseException:
+            if snapshots is not None:
+                snapshots.failed()
+            raise
+        if snapshots is not None:
+            snapshots.committed()
         self.count += 1
         r.hand_out()
         self._signal.answer()
+
+
+def _change_order(change: Change) -> tuple[str, int, int, int]:
+    if isinstance(change, LowWater):
+        return change.partition.topic, change.partition.partition, 2, 0
+    bm = change.bookmark
+    return bm.topic, bm.partition, isinstance(change, Forget), bm.offset
+
+
+def _run_record(
+    topic: str, queue: str, first: Bookmark, count: int, key: bytes, value: bytes
+) -> ChangelogRecord:
+    """The record of ``count`` messages from ``first`` (``key``: the first one's own key)."""
+    return (topic, key if count == 1 else encode_run(queue, first, count), value)
 
 
 def mirror(

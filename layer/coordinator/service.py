@@ -56,6 +56,7 @@ from layer.coordinator.reload import ReloadPlan, plan
 from layer.coordinator.restore import KafkaSource, Restore
 from layer.coordinator.round import CommitPool, Offsets, Round, Rounds, RoundSignal
 from layer.coordinator.runtime import QueueRuntime, lookup
+from layer.coordinator.snapshots import Snapshots
 from layer.coordinator.subscriptions import SubscriptionHandle, Subscriptions
 from layer.coordinator.topics import check_view_topic, needed_topics
 from layer.documents import DocumentReader
@@ -114,6 +115,12 @@ class Coordinator:
         self._readers: dict[str, IngestReader] = {}
         self._stopping = False
         self._signal = RoundSignal()
+        self._snapshots = Snapshots(
+            store,
+            every=config.coordinator.snapshot_every,
+            interval=config.coordinator.snapshot_interval,
+            clock=time.monotonic,
+        )
         self._subscriptions = Subscriptions(
             self._runtimes,
             store,
@@ -133,6 +140,7 @@ class Coordinator:
             readers=self._all_readers,
             commit_interval=config.coordinator.commit_interval,
             interrupt=self._interrupt,
+            snapshots=self._snapshots,
         )
         self._restore = Restore(
             store,
@@ -402,17 +410,18 @@ class Coordinator:
             letters = await asyncio.to_thread(
                 read_dead_letters, settings, q.dead_letter_topic, queue
             )
-            result = await move(
-                letters,
-                queue=queue,
-                changelog_topic=rt.changelog_topic,
-                target=target,
-                matches=matches,
-                limit=limit,
-                store=self._store,
-                changelog=self._changelog,
-                now_ms=int(self._clock() * 1000),
-            )
+            with self._snapshots.hold(queue):
+                result = await move(
+                    letters,
+                    queue=queue,
+                    changelog_topic=rt.changelog_topic,
+                    target=target,
+                    matches=matches,
+                    limit=limit,
+                    store=self._store,
+                    changelog=self._changelog,
+                    now_ms=int(self._clock() * 1000),
+                )
         log.info(
             "queue=%s redrive filter=%r: moved=%d already=%d unmatched=%d",
             queue,
@@ -541,6 +550,7 @@ class Coordinator:
         queue resumes from it when added again. Returns what finishes the removal (the last
         commit, the readers stopping)."""
         rt = self._runtimes.pop(name)
+        self._snapshots.forget(name)
         error = QueueRemoved(f"queue {name!r} was removed by reload of {source}")
         now = self._clock()
         for other in self._runtimes.values():

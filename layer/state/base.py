@@ -357,6 +357,8 @@ class Store(Protocol):
 
     def entries(self, queue: str) -> Iterator[tuple[Bookmark, EntryState]]: ...
 
+    def entry_values(self, queue: str) -> Iterator[tuple[Bookmark, bytes]]: ...
+
     def positions(self, queue: str) -> dict[TopicPartition, PartitionPosition]: ...
 
     def messages(
@@ -449,6 +451,15 @@ class KeyValueStore:
             if len(page) < self._PAGE:
                 return
             start = page[-1][0] + b"\x00"
+
+    def entry_values(self, queue: str) -> Iterator[tuple[Bookmark, bytes]]:
+        """The queue's entries as stored: their changelog value bytes, in key order (by topic,
+        partition and offset)."""
+        self._check_open()
+        prefix = queue_prefix(queue)
+        n = len(prefix)
+        for key, value in self._iterate(ENTRIES, prefix, prefix_end(prefix)):
+            yield parse_message_key(key, n), value
 
     def entries(self, queue: str) -> Iterator[tuple[Bookmark, EntryState]]:
         self._check_open()

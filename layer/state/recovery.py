@@ -21,19 +21,27 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaPartition
 
-from layer.codec import CHANGELOG_VALUE, POSITION_OFFSET, decode, decode_key, default_codec
+from layer.codec import (
+    CHANGELOG_VALUE,
+    CONFIRM_OFFSET,
+    POSITION_OFFSET,
+    decode,
+    decode_key,
+    default_codec,
+)
 from layer.engine.model import TopicPartition
 from layer.exceptions import RecoveryError, SerializationError, StateError
 from layer.state.base import ENTRIES, Store, StoreBatch, pack_offset, partition_prefix
+from layer.state.snapshot import Subject, decode_confirm, decode_part
 
-__all__ = ["RestoreResult", "restore"]
+__all__ = ["RestoreResult", "replay", "restore"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +71,9 @@ def _settings(consumer_settings: Mapping[str, Any]) -> dict[str, Any]:
     return settings
 
 
+_ALL = 1 << 63  # above every offset: delete_entries_below(..., _ALL) empties a partition
+
+
 class _Restorer:
     def __init__(self, store: Store, changelog_topic: str, progress: Progress | None) -> None:
         self.store = store
@@ -71,6 +82,9 @@ class _Restorer:
         self.low_water: dict[tuple[str, TopicPartition], int] = {}
         self.loaded_queues: set[str] = set()
         self.readable_versions = frozenset(default_codec().schema(CHANGELOG_VALUE).readers)
+        # the snapshot (id) each subject starts from, when the restore began at a snapshot;
+        # every other snapshot record is passed over
+        self.chosen: dict[Subject, str] = {}
 
     def _low_water(self, queue: str, tp: TopicPartition) -> int | None:
         if queue not in self.loaded_queues:
@@ -88,23 +102,61 @@ class _Restorer:
                 raise SerializationError("no key")
             ck = decode_key(key)
             tp = TopicPartition(ck.topic, ck.partition)
-            if ck.offset == POSITION_OFFSET:
-                self._apply_position(batch, ck.queue, tp, value)
+            if ck.offset < 0:
+                if ck.offset == POSITION_OFFSET:
+                    self._apply_position(batch, ck.queue, tp, value)
+                elif ck.offset == CONFIRM_OFFSET:
+                    if value is not None:
+                        decode_confirm(value)  # a malformed one is an error, not skipped
+                elif value is not None and self.chosen.get((ck.queue, tp)) is not None:
+                    self._apply_snapshot(batch, ck.queue, tp, value)
                 return
             known = self._low_water(ck.queue, tp)
-            if known is not None and ck.offset < known:
-                return  # done and below the low-water mark: nothing to keep
-            store_key = partition_prefix(ck.queue, ck.topic, ck.partition) + pack_offset(ck.offset)
+            first = ck.offset
+            end = first + ck.length
+            if known is not None:
+                if end <= known:
+                    return  # done and below the low-water mark: nothing to keep
+                first = max(first, known)
+            prefix = partition_prefix(ck.queue, ck.topic, ck.partition)
             if value is None:
-                batch.ops.append((ENTRIES, store_key, None))
+                if ck.length != 1:
+                    raise SerializationError("a tombstone for a run")
+                batch.ops.append((ENTRIES, prefix + pack_offset(first), None))
             elif value and value[0] in self.readable_versions:
                 # Kept as the changelog's bytes: the store decodes entries when they are read.
-                batch.ops.append((ENTRIES, store_key, value))
+                ops = batch.ops
+                for offset in range(first, end):
+                    ops.append((ENTRIES, prefix + pack_offset(offset), value))
             else:
                 raise SerializationError("unknown value format")
         except (SerializationError, StateError) as exc:
             where = f"{self.topic}/{partition}/{offset}"
             raise RecoveryError(f"changelog record {where} cannot be applied: {exc}") from exc
+
+    def _apply_snapshot(
+        self, batch: StoreBatch, queue: str, tp: TopicPartition, value: bytes
+    ) -> None:
+        part = decode_part(value)
+        if part.id != self.chosen.get((queue, tp)):
+            return  # not the snapshot this restore starts from (an older or unconfirmed one)
+        if part.part == 0:
+            # the partition's state is the snapshot's: whatever was applied before goes
+            batch.delete_entries_below(queue, tp, _ALL)
+            self._low_water(queue, tp)
+            if part.low_water is None:
+                batch.delete_low_water(queue, tp)
+                self.low_water.pop((queue, tp), None)
+            else:
+                batch.put_low_water(queue, tp, part.low_water)
+                self.low_water[(queue, tp)] = part.low_water
+        prefix = partition_prefix(queue, tp.topic, tp.partition)
+        ops = batch.ops
+        for first, count, run_value in part.runs:
+            if not run_value or run_value[0] not in self.readable_versions:
+                raise SerializationError("a snapshot run of an unknown value format")
+            for offset in range(first, first + count):
+                ops.append((ENTRIES, prefix + pack_offset(offset), run_value))
 
     def _apply_position(
         self, batch: StoreBatch, queue: str, tp: TopicPartition, value: bytes | None
@@ -152,6 +204,12 @@ def restore(
         applied = _run(consumer, restorer, queue, batch_size, idle_timeout)
     finally:
         consumer.close()
+    if restorer.chosen:
+        logger.info(
+            "changelog restore started at snapshots topic=%s subjects=%d",
+            changelog_topic,
+            len(restorer.chosen),
+        )
     result = RestoreResult(applied, time.monotonic() - started)
     logger.info(
         "changelog restored topic=%s queue=%s records=%d seconds=%.3f",
@@ -161,6 +219,39 @@ def restore(
         result.seconds,
     )
     return result
+
+
+def replay(
+    store: Store,
+    topic: str,
+    records: Sequence[tuple[bytes | None, bytes | None]],
+    *,
+    from_snapshot: bool,
+) -> int:
+    """Apply one changelog partition's records (key, value; offset = index) to ``store``, as
+    ``restore`` does from Kafka: from the last usable snapshot when ``from_snapshot`` and there
+    is one, else from the first record. Returns the records applied. (No I/O but the store's.)"""
+    restorer = _Restorer(store, topic, None)
+    start = 0
+    if from_snapshot:
+        candidates = _Candidates()
+        for offset, (key, value) in enumerate(records):
+            if key is not None and _maybe_mark(key):
+                try:
+                    candidates.see(key, value, offset)
+                except (SerializationError, StateError) as exc:
+                    where = f"{topic}/0/{offset}"
+                    raise RecoveryError(f"changelog record {where} cannot be read: {exc}") from exc
+        found = candidates.usable()
+        if found is not None:
+            start, restorer.chosen = found[0], dict(found[1])
+    batch = StoreBatch()
+    for offset in range(start, len(records)):
+        key, value = records[offset]
+        restorer.apply(batch, key, value, 0, offset)
+    batch.set_changelog_offset(topic, 0, len(records))
+    store.write(batch)
+    return len(records) - start
 
 
 def _partitions(consumer: Consumer, topic: str, timeout: float) -> list[int]:
@@ -181,6 +272,13 @@ def _run(
     topic, store = restorer.topic, restorer.store
     partitions = _partitions(consumer, topic, idle_timeout)
     starts: dict[int, int | None] = {p: store.changelog_offset(topic, p) for p in partitions}
+    for p, start in starts.items():
+        if start is None:
+            # nothing applied yet: start at the last usable snapshot, when there is one
+            found = _last_snapshot(consumer, topic, p, idle_timeout)
+            if found is not None:
+                starts[p], chosen = found
+                restorer.chosen.update(chosen)
     consumer.assign(
         [KafkaPartition(topic, p, OFFSET_BEGINNING if s is None else s) for p, s in starts.items()]
     )
@@ -229,6 +327,146 @@ def _run(
                 f"(partitions {sorted(pending)} not caught up)"
             )
     return applied
+
+
+#: records read per step of the backward search for a snapshot (doubled at each step)
+SEARCH_CHUNK = 4_096
+
+
+class _Candidates:
+    """What the backward search has seen so far, from some offset to the partition's end."""
+
+    def __init__(self) -> None:
+        self.confirmed: set[tuple[Subject, str]] = set()
+        # (subject, id) -> {part: offset of its last occurrence}
+        self.parts: dict[tuple[Subject, str], dict[int, int]] = {}
+        self.parts_count: dict[tuple[Subject, str], int] = {}
+        # id -> (offset of its last part 0, siblings)
+        self.ids: dict[str, tuple[int, tuple[Subject, ...]]] = {}
+
+    def see(self, key: bytes, value: bytes | None, offset: int) -> None:
+        ck = decode_key(key)
+        if ck.offset == CONFIRM_OFFSET and value is not None:
+            snapshot_id, _parts = decode_confirm(value)
+            self.confirmed.add(((ck.queue, ck.topic_partition), snapshot_id))
+            return
+        if ck.offset >= CONFIRM_OFFSET or value is None:
+            return
+        part = decode_part(value)
+        subject = (ck.queue, ck.topic_partition)
+        found = self.parts.setdefault((subject, part.id), {})
+        found.setdefault(part.part, offset)  # scanned backwards: the first seen is the last
+        found[part.part] = max(found[part.part], offset)
+        self.parts_count[(subject, part.id)] = part.parts
+        if part.part == 0 and part.siblings:
+            last = self.ids.get(part.id)
+            if last is None or offset > last[0]:
+                self.ids[part.id] = (offset, part.siblings)
+
+    def usable(self) -> tuple[int, dict[Subject, str]] | None:
+        """(offset to start from, subject -> id) of the latest usable snapshot, if any."""
+        for snapshot_id, (_offset, siblings) in sorted(
+            self.ids.items(), key=lambda item: item[1][0], reverse=True
+        ):
+            start: int | None = None
+            for subject in siblings:
+                key = (subject, snapshot_id)
+                found = self.parts.get(key, {})
+                parts = self.parts_count.get(key)
+                if key not in self.confirmed or parts is None or len(found) != parts:
+                    break
+                first = found[0]
+                if any(found[p] < first for p in range(parts)):
+                    break  # a later part 0 without its other parts after it
+                start = first if start is None else min(start, first)
+            else:
+                if start is not None:
+                    return start, {subject: snapshot_id for subject in siblings}
+        return None
+
+
+def _last_snapshot(
+    consumer: Consumer, topic: str, partition: int, idle_timeout: float
+) -> tuple[int, dict[Subject, str]] | None:
+    """The latest usable snapshot of one changelog partition: searched backwards from its end,
+    in growing steps, reading each step forwards. None when the partition has none."""
+    try:
+        low, high = consumer.get_watermark_offsets(
+            KafkaPartition(topic, partition), timeout=idle_timeout, cached=False
+        )
+    except KafkaException as exc:
+        raise RecoveryError(
+            f"cannot read the offsets of changelog {topic}/{partition}: {exc}"
+        ) from exc
+    # ``high`` may be short of the end on some brokers (Tansu): the first step reads to the end
+    candidates = _Candidates()
+    chunk = SEARCH_CHUNK
+    hi: int | None = None
+    lo = max(low, high - chunk)
+    while True:
+        _read_range(consumer, topic, partition, lo, hi, candidates, idle_timeout)
+        found = candidates.usable()
+        if found is not None or lo <= low:
+            consumer.unassign()
+            return found
+        chunk *= 2
+        hi, lo = lo, max(low, lo - chunk)
+
+
+def _read_range(
+    consumer: Consumer,
+    topic: str,
+    partition: int,
+    lo: int,
+    hi: int | None,
+    candidates: _Candidates,
+    idle_timeout: float,
+) -> None:
+    """Show ``candidates`` the records from ``lo`` to ``hi`` (None: the partition's end)."""
+    consumer.assign([KafkaPartition(topic, partition, lo)])
+    last_activity = time.monotonic()
+    while True:
+        messages = consumer.consume(num_messages=10_000, timeout=0.2)
+        for msg in messages:
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    if hi is None:
+                        return
+                    continue
+                raise RecoveryError(f"reading changelog {topic}/{partition} failed: {err}")
+            offset = msg.offset()
+            if offset is None or (hi is not None and offset >= hi):
+                continue
+            key = msg.key()
+            if key is not None and _maybe_mark(key):
+                try:
+                    candidates.see(key, msg.value(), offset)
+                except (SerializationError, StateError) as exc:
+                    where = f"{topic}/{partition}/{offset}"
+                    raise RecoveryError(f"changelog record {where} cannot be read: {exc}") from exc
+        if messages:
+            last_activity = time.monotonic()
+        position = consumer.position([KafkaPartition(topic, partition)])[0].offset
+        if position >= 0:
+            if hi is not None and position >= hi:
+                return
+            _low, high = consumer.get_watermark_offsets(
+                KafkaPartition(topic, partition), cached=True
+            )
+            if hi is None and high is not None and 0 <= high <= position:
+                return
+        if time.monotonic() - last_activity > idle_timeout:
+            raise RecoveryError(
+                f"changelog {topic}/{partition}: nothing read for {idle_timeout:.0f}s"
+                f" while searching for a snapshot"
+            )
+
+
+def _maybe_mark(key: bytes) -> bool:
+    """Whether a key may be a snapshot's or a confirmation's (their offsets are negative: the
+    key's last bytes are a varint of 1 after an odd zig-zag varint), without decoding it."""
+    return len(key) >= 2 and key[-1] == 0x02 and key[-2] & 0x01 == 1 and key[-2] >= 0x03
 
 
 def _is_reset(err: KafkaError) -> bool:

@@ -55,7 +55,7 @@ from connectors import (
     client_settings,
 )
 from layer.client import QueueClient
-from layer.codec import ChangeKind, decode, decode_change
+from layer.codec import ChangeKind, decode, decode_change, decode_key
 from layer.exceptions import QLayerError
 from tests.fault.history import QueueSpec, check, read_history, summarize, write_history
 from tests.fault.proxied_broker import Tansu, free_port
@@ -435,9 +435,9 @@ class Run:
             while batch := tail.consume(1000, 0.2):
                 for m in batch:
                     if m.error() is None:
-                        key, value = decode_change(m.key(), m.value())
-                        if value is not None and value["kind"] == ChangeKind.DONE.value:
-                            self.done.add(str(key.bookmark))
+                        for key, value in _changes(m.key(), m.value()):
+                            if value is not None and value["kind"] == ChangeKind.DONE.value:
+                                self.done.add(str(key.bookmark))
         with self.lock:
             published = {e["b"] for e in self.events if e["ev"] == "publish"}
         return published <= self.done
@@ -523,16 +523,26 @@ class Run:
                 )  # fmt: skip
             topic = f"qlayer.changelog.{self.coordinator_id}.{queue}"
             for m in self.read_topic(topic, profile):
-                key, value = decode_change(m.key(), m.value())
-                if value is None or key.is_position:
-                    continue
-                events.append(
-                    {"ev": "durable", "q": queue, "b": str(key.bookmark), "kind": value["kind"],
-                     "n": value["deliveries"], "c": value["cancels"], "reason": value["reason"],
-                     "t": value["at_ms"] / 1000}
-                )  # fmt: skip
+                for key, value in _changes(m.key(), m.value()):
+                    if value is None or key.is_position:
+                        continue
+                    events.append(
+                        {"ev": "durable", "q": queue, "b": str(key.bookmark),
+                         "kind": value["kind"], "n": value["deliveries"], "c": value["cancels"],
+                         "reason": value["reason"], "t": value["at_ms"] / 1000}
+                    )  # fmt: skip
             events.append({"ev": "changelog_read", "q": queue, "t": time.time()})
         return events
+
+
+def _changes(key: bytes | None, value: bytes | None) -> list[tuple[Any, Any]]:
+    """A changelog record as per-message changes: a run record gives one per message of its
+    run; snapshots and their confirmations give none (format 2)."""
+    ck = decode_key(key or b"")
+    if ck.offset < -1:
+        return []
+    decoded = decode_change(key or b"", value)[1]
+    return [(ck._replace(offset=ck.offset + i, length=1), decoded) for i in range(ck.length)]
 
 
 def _seed() -> int:

@@ -374,3 +374,103 @@ def test_changelog_values_decode_as_entry_states(topic_factory: Callable[..., st
     assert value is not None
     state = EntryState.from_value(decode(CHANGELOG_VALUE, value))
     assert (state.holder, state.lease_deadline_ms, state.deliveries) == ("s", 1500, 2)
+
+
+def _live_state(store: KeyValueStore, queue: str) -> tuple[dict[Any, bytes], dict[Any, int]]:
+    lows = {
+        tp: pos.low_water for tp, pos in store.positions(queue).items() if pos.low_water is not None
+    }
+    entries = {
+        bm: value
+        for bm, value in store.entry_values(queue)
+        if bm.offset >= lows.get(TopicPartition(bm.topic, bm.partition), 0)
+    }
+    return entries, lows
+
+
+def test_restore_starts_at_the_last_confirmed_snapshot_and_agrees_with_the_whole_history(
+    writer_factory: Callable[[str], ChangelogWriter],
+    topic_factory: Callable[..., str],
+    kafka_settings: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A changelog of format-1 records, then format-2 runs and snapshots (each confirmed in the
+    next transaction), ending with a snapshot never confirmed: a fresh store restores from the
+    last confirmed snapshot and the tail (found searching backwards, in several steps) to the
+    state a store that applied every record has."""
+    from layer.codec import default_codec, encode_run
+    from layer.state import recovery
+    from layer.state.snapshot import build_snapshot, confirm_records
+
+    monkeypatch.setattr(recovery, "SEARCH_CHUNK", 64)  # several steps back
+    topic = topic_factory(partitions=1, config={"cleanup.policy": "compact"})
+    writer = writer_factory(f"tx-{topic}")
+    live = MemoryStore()  # every record applied, as a coordinator's store
+    rng = random.Random(5)
+    low: dict[int, int] = {}
+    codec = default_codec()
+
+    def v1(record: tuple[str, bytes, bytes | None]) -> tuple[str, bytes, bytes | None]:
+        ck = recovery.decode_key(record[1])
+        key = {"queue": ck.queue, "topic": ck.topic, "partition": ck.partition, "offset": ck.offset}
+        return record[0], codec.encode_version("changelog_key", 1, key), record[2]
+
+    old = [v1(r) for r in to_records(topic, "q", random_changes(rng, 300, low=low))]
+    writer.commit(old)  # as today's coordinators write them
+    restore(live, kafka_settings, topic, "q")
+    total = len(old)
+    pending: list[tuple[str, bytes, bytes | None]] = []
+    taken = 0
+    for i in range(24):
+        records = to_records(topic, "q", random_changes(rng, 40, low=low))
+        p = rng.randrange(3)
+        first = low[p] + 50
+        _k, done = encode_change("q", Done(Bookmark("under", p, 0), DoneReason.ACKED, 1, 0, 9.0))
+        records.append((topic, encode_run("q", Bookmark("under", p, first), 30), done))
+        records += pending
+        pending = []
+        if i % 5 == 4:
+            snapshot, parts_of, _runs = build_snapshot(live, topic, ["q"], f"s{i}", i)
+            records = snapshot + records
+            pending = confirm_records(topic, f"s{i}", parts_of, i)
+            taken += 1
+        writer.commit(records)
+        total += len(records)
+        restore(live, kafka_settings, topic, "q")
+    # the last snapshot's confirmation never written (the coordinator was killed before)
+    snapshot, _parts, _runs = build_snapshot(live, topic, ["q"], "unconfirmed", 99)
+    writer.commit(snapshot)
+    total += len(snapshot)
+    restore(live, kafka_settings, topic, "q")
+    assert taken == 4
+
+    fresh = MemoryStore()
+    result = restore(fresh, kafka_settings, topic, "q")
+    assert _live_state(fresh, "q") == _live_state(live, "q")
+    assert 0 < result.records_applied < total // 4  # from snapshot s19 on, not the history
+    assert fresh.changelog_offset(topic, 0) == live.changelog_offset(topic, 0)
+
+
+def test_a_format_1_changelog_restores_from_kafka(
+    writer_factory: Callable[[str], ChangelogWriter],
+    topic_factory: Callable[..., str],
+    kafka_settings: dict[str, Any],
+) -> None:
+    """Records written by today's (format-1) coordinators: keys without a count."""
+    from layer.codec import decode_key, default_codec
+
+    topic = topic_factory(partitions=2)
+    codec = default_codec()
+    changes = random_changes(random.Random(2), 400)
+    records = []
+    for t, key, value in to_records(topic, "q", changes):
+        ck = decode_key(key)
+        obj = {"queue": ck.queue, "topic": ck.topic, "partition": ck.partition, "offset": ck.offset}
+        records.append((t, codec.encode_version("changelog_key", 1, obj), value))
+    assert all(key[0] == 1 for _t, key, _v in records)
+    writer_factory(f"tx-{topic}").commit(records)
+    expected = Expected()
+    expected.apply(to_records(topic, "q", changes))
+    store = MemoryStore()
+    assert restore(store, kafka_settings, topic, "q").records_applied == 400
+    expected.check(store)

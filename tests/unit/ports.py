@@ -12,7 +12,7 @@ from typing import Any
 from confluent_kafka import Message
 
 from layer.api.service import DeliveredMessage
-from layer.codec import ChangelogKey, decode_change
+from layer.codec import ChangelogKey, decode_change, decode_key
 from layer.config import QueueConfig
 from layer.coordinator.ingest import Fetched, PartitionStarted
 from layer.coordinator.round import Offsets, RoundSignal
@@ -35,7 +35,24 @@ class Transaction:
     views: list[ExtraRecord]
 
     def changes(self) -> list[tuple[ChangelogKey, dict[str, Any] | None]]:
-        return [decode_change(key, value) for _topic, key, value in self.records]
+        """The changes, one per message (a run record gives one per message of its run);
+        snapshots and their confirmations are left out (``snapshot_records``)."""
+        out = []
+        for _topic, key, value in self.records:
+            ck, decoded = decode_change(key, value) if decode_key(key).offset >= -1 else (None, 0)
+            if ck is None:
+                continue
+            for i in range(ck.length):
+                out.append((ck._replace(offset=ck.offset + i, length=1) if i else ck, decoded))
+        return out
+
+    def snapshot_records(self) -> list[tuple[ChangelogKey, bytes | None]]:
+        """The snapshot parts and confirmations (keys at offsets below -1)."""
+        return [
+            (decode_key(key), value)
+            for _topic, key, value in self.records
+            if decode_key(key).offset < -1
+        ]
 
 
 class MemoryChangelog:
