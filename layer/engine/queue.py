@@ -179,104 +179,106 @@ class QueueEngine(Queries, Holding, Leases, Intake):
         priority_queue = self._priority
         run: Run | None = None  # the run being built
         times: array[float] = array("d")
-        for arrival in arrivals:
-            bm = arrival.bookmark
-            part = self._require(bm)
-            offset = bm.offset
-            if offset < part.read_pos:
-                raise QueueError(
-                    f"queue {self.name!r}: arrival {bm} is below the read position "
-                    f"{part.read_pos} of its partition"
-                )
-            if part.pending_heap:
-                part.read_to(offset)
-                if offset in part.pending:
-                    # Acked before it was read (or restored done): it only counts for the mark.
-                    part.take_pending(offset, bm)
+        try:
+            for arrival in arrivals:
+                bm = arrival.bookmark
+                part = self._require(bm)
+                offset = bm.offset
+                if offset < part.read_pos:
+                    raise QueueError(
+                        f"queue {self.name!r}: arrival {bm} is below the read position "
+                        f"{part.read_pos} of its partition"
+                    )
+                if part.pending_heap:
+                    part.read_to(offset)
+                    if offset in part.pending:
+                        # Acked before it was read (or restored done): it only counts for the mark.
+                        part.take_pending(offset, bm)
+                        self._touch(part)
+                        if self._restored:
+                            self._restored.pop(bm, None)
+                        continue
+                part.read_pos = offset + 1
+                deliveries, cancels = arrival.deliveries, arrival.cancels
+                if self._restored:
+                    deliveries, cancels = self._restored.pop(bm, (deliveries, cancels))
+                reason = self._limit_reason(deliveries, cancels) if deliveries or cancels else None
+                timestamp = arrival.timestamp
+                if reason is None and expiration is not None and now - timestamp >= expiration:
+                    reason = DoneReason.EXPIRATION
+                if reason is not None:
+                    if run is not None:
+                        self._close_run(run, times)
+                        run = None
+                    part.append(offset, bm)
                     self._touch(part)
-                    if self._restored:
-                        self._restored.pop(bm, None)
+                    self._emit_done(bm, reason, deliveries, cancels, now)
                     continue
-            part.read_pos = offset + 1
-            deliveries, cancels = arrival.deliveries, arrival.cancels
-            if self._restored:
-                deliveries, cancels = self._restored.pop(bm, (deliveries, cancels))
-            reason = self._limit_reason(deliveries, cancels) if deliveries or cancels else None
-            timestamp = arrival.timestamp
-            if reason is None and expiration is not None and now - timestamp >= expiration:
-                reason = DoneReason.EXPIRATION
-            if reason is not None:
+                if priority_queue:
+                    priority = arrival.priority
+                    rank: float | None = _INF if priority is None else -priority
+                else:
+                    rank = None
+                not_before = arrival.not_before
+                if (
+                    not (deliveries or cancels)
+                    and arrival.group is None
+                    and (arrival.conflate_key is None or not self._conflate)
+                    and not arrival.barrier
+                    and not self._barriers
+                    and (not_before is None or not_before <= now)
+                ):
+                    # plain: one more message of the run being built, or the first of a new one
+                    if (
+                        run is not None
+                        and run.tp is part.tp
+                        and offset == run.start + len(times)
+                        and rank == run.rank
+                        and timestamp >= times[-1]
+                    ):
+                        times.append(timestamp)
+                        self._seq += 1
+                        continue
+                    if run is not None:
+                        self._close_run(run, times)
+                    times = array("d", (timestamp,))
+                    run = Run(part.tp, offset, self._seq, rank, times)
+                    self._seq += 1
+                    part.append(offset, run)
+                    continue
                 if run is not None:
                     self._close_run(run, times)
                     run = None
-                part.append(offset, bm)
-                self._touch(part)
-                self._emit_done(bm, reason, deliveries, cancels, now)
-                continue
-            if priority_queue:
-                priority = arrival.priority
-                rank: float | None = _INF if priority is None else -priority
-            else:
-                rank = None
-            not_before = arrival.not_before
-            if (
-                not (deliveries or cancels)
-                and arrival.group is None
-                and (arrival.conflate_key is None or not self._conflate)
-                and not arrival.barrier
-                and not self._barriers
-                and (not_before is None or not_before <= now)
-            ):
-                # plain: one more message of the run being built, or the first of a new one
-                if (
-                    run is not None
-                    and run.tp is part.tp
-                    and offset == run.start + len(times)
-                    and rank == run.rank
-                    and timestamp >= times[-1]
-                ):
-                    times.append(timestamp)
-                    self._seq += 1
-                    continue
-                if run is not None:
-                    self._close_run(run, times)
-                times = array("d", (timestamp,))
-                run = Run(part.tp, offset, self._seq, rank, times)
-                self._seq += 1
-                part.append(offset, run)
-                continue
-            if run is not None:
+                seq = self._seq
+                self._seq = seq + 1
+                key: object = seq if rank is None else (rank, seq)
+                entry = Entry(bm, key, timestamp, deliveries, cancels)
+                part.append(offset, entry)
+                if not part.dirty:
+                    self._touch(part)
+                if arrival.group is not None:
+                    entry.group = arrival.group
+                if arrival.conflate_key is not None and self._conflate:
+                    self._conflate_older(entry, arrival.conflate_key, now)
+                if arrival.barrier or self._barriers:
+                    entry.state = HELD
+                    self._held.append(entry)
+                    self._held_count += 1
+                    if arrival.barrier:
+                        self._barriers.append(entry)
+                    if self._view is not None:
+                        self._viewed(entry, 1)
+                elif not_before is not None and not_before > now:
+                    self._delay(entry, not_before)
+                else:
+                    self._order.push_new(entry)
+                    self._ages.push(entry)
+                    self._available += 1
+                    if self._view is not None:
+                        self._viewed(entry, 1)
+        finally:
+            if run is not None:  # also when an arrival is refused: what came before it stays
                 self._close_run(run, times)
-                run = None
-            seq = self._seq
-            self._seq = seq + 1
-            key: object = seq if rank is None else (rank, seq)
-            entry = Entry(bm, key, timestamp, deliveries, cancels)
-            part.append(offset, entry)
-            if not part.dirty:
-                self._touch(part)
-            if arrival.group is not None:
-                entry.group = arrival.group
-            if arrival.conflate_key is not None and self._conflate:
-                self._conflate_older(entry, arrival.conflate_key, now)
-            if arrival.barrier or self._barriers:
-                entry.state = HELD
-                self._held.append(entry)
-                self._held_count += 1
-                if arrival.barrier:
-                    self._barriers.append(entry)
-                if self._view is not None:
-                    self._viewed(entry, 1)
-            elif not_before is not None and not_before > now:
-                self._delay(entry, not_before)
-            else:
-                self._order.push_new(entry)
-                self._ages.push(entry)
-                self._available += 1
-                if self._view is not None:
-                    self._viewed(entry, 1)
-        if run is not None:
-            self._close_run(run, times)
 
     def _close_run(self, run: Run, times: array[float]) -> None:
         """A run is built: its messages are available."""

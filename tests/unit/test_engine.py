@@ -794,3 +794,13 @@ def test_a_run_materializes_only_what_is_singled_out(engine_factory):
     assert (tail.start, tail.lo, tail.hi, tail.detail) == (501, 0, 499, {})
     assert engine.stats(0.0).available == 997
     assert engine.available(3) == [bm(2), bm(3), bm(4)]
+
+
+def test_a_refused_arrival_keeps_the_run_built_before_it(engine_factory):
+    engine = engine_factory()
+    arrivals = [Arrival(bm(o), 0.0) for o in (0, 1, 2, 1)]
+    with pytest.raises(QueueError, match="below the read position"):
+        engine.add(arrivals, 0.0)
+    assert engine.available() == [bm(0), bm(1), bm(2)]
+    engine.subscribe("a", 5, 0.0)
+    assert delivered(engine) == [("a", 0), ("a", 1), ("a", 2)]
