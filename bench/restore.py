@@ -33,7 +33,7 @@ from confluent_kafka import TopicPartition as KafkaPartition
 
 from bench.harness import loadavg
 from bench.kafka_systems import QUEUE, Coordinator, kafka_publish
-from bench.memory import _wait
+from bench.memory import _wait, available
 from connectors.admin import TopicAdmin, TopicSpec
 
 log = logging.getLogger(__name__)
@@ -87,17 +87,6 @@ def changelog_size(bootstrap: str, topic: str) -> tuple[int, int, dict[str, list
         c.close()
 
 
-def _available(coord: Coordinator) -> int:
-    """The queue's available count; -1 while the coordinator does not answer (busy reading a
-    large backlog, it can miss a connection's deadline)."""
-    from layer.exceptions import QLayerError
-
-    try:
-        return int(coord.stats().available)
-    except QLayerError:
-        return -1
-
-
 def restore_history(
     bootstrap: str, workdir: Path, acked: int, queued: int, extra: dict[str, Any]
 ) -> dict[str, Any]:
@@ -120,7 +109,7 @@ def restore_history(
     try:
         coord.start()
         kafka_publish(bootstrap, topic, total, 200)
-        _wait("ingest", lambda: _available(coord) >= total, limit, every=0.25)
+        _wait("ingest", lambda: available(coord) >= total, limit, every=0.25)
         t0 = time.monotonic()
         with QueueClient(coord.address) as c, c.subscribe(QUEUE, max_backlog=2000) as sub:
             for _ in range(acked):
@@ -130,13 +119,13 @@ def restore_history(
                 m.ack()
             sub.flush(timeout=60)
         out["ack_s"] = round(time.monotonic() - t0, 2)
-        _wait("leases back", lambda: _available(coord) >= queued, limit)
+        _wait("leases back", lambda: available(coord) >= queued, limit)
 
         def restart(label: str) -> None:
             mark = coord.log.stat().st_size if coord.log.exists() else 0
             serving = coord.start(timeout=limit)
             waited = _wait(f"{label}: all available",
-                           lambda: _available(coord) >= queued, limit)  # fmt: skip
+                           lambda: available(coord) >= queued, limit)  # fmt: skip
             out[f"restart_{label}_serving_s"] = round(serving, 2)
             out[f"restart_{label}_all_available_s"] = round(serving + waited, 2)
             with open(coord.log, "rb") as f:
