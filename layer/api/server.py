@@ -13,9 +13,14 @@ reflection (``grpc.reflection.v1alpha``, so ``grpcurl`` can list and call it):
   Acks arrive as runs of offsets per partition; they are expanded here, at the edge, into the
   bookmarks ``Subscription.ack`` takes.
 - ``Publish``, ``Stats``, ``ListQueues``, ``Browse``, ``AckWhere``, ``Redrive`` (unary).
-- ``Reload`` (unary, admin): read the config file again and apply it (``ReloadReply``); a file
-  that does not load is INVALID_ARGUMENT. With an ``admin_token`` it needs that token; with only
-  an ``auth_token`` it is refused (PERMISSION_DENIED): the operator sends SIGHUP instead.
+- ``Reload`` (unary, admin): read the config file (and the tokens file) again and apply it
+  (``ReloadReply``); a file that does not load is INVALID_ARGUMENT.
+
+Access (``layer.api.access``): every call is first authenticated (a bearer token, or with
+mutual TLS the client certificate's subject; UNAUTHENTICATED otherwise), then checked in one
+place, ``_check``, against ``RPC_RIGHTS`` on the queue the request names (PERMISSION_DENIED
+``permission_denied`` naming the principal, the right and the queue). A Replace on a stream is
+checked like a Subscribe and refused with an Error frame.
 
 A subscription whose queue a reload removes ends with NOT_FOUND, its message naming the queue.
 
@@ -29,8 +34,8 @@ a refused Replace gets an Error frame with the code of the exception that refuse
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
@@ -39,6 +44,7 @@ import grpc
 from grpc_health.v1 import health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from layer.api.access import RPC_RIGHTS, Access, Principal, Right
 from layer.api.errors import CODE_METADATA_KEY, ErrorCode, code_of, status_of
 from layer.api.frames import (
     ACK_WHERE_CODEC,
@@ -84,7 +90,13 @@ from layer.api.frames import (
     Subscribed,
 )
 from layer.api.service import AckFailure, DeliveredMessage, QueueService, Subscription
-from layer.exceptions import ConfigError, QLayerError, SerializationError
+from layer.exceptions import (
+    ConfigError,
+    PermissionDenied,
+    QLayerError,
+    SerializationError,
+    Unauthenticated,
+)
 
 __all__ = ["SERVICE_NAME", "ApiServer"]
 
@@ -198,6 +210,21 @@ async def _refuse(context: grpc.aio.ServicerContext, exc: QLayerError) -> NoRetu
     raise AssertionError("context.abort returned")  # it always raises
 
 
+def _credentials(context: grpc.aio.ServicerContext) -> tuple[str | None, str | None]:
+    """(the ``authorization`` metadata value, the verified client certificate's subject), each
+    None when absent. Two authorization values are refused rather than one picked."""
+    values = [v for k, v in context.invocation_metadata() or () if k == "authorization"]
+    if len(values) > 1:
+        raise Unauthenticated("more than one authorization metadata value")
+    authorization = None
+    if values:
+        value = values[0]
+        authorization = value.decode("latin-1") if isinstance(value, bytes) else str(value)
+    subjects = (context.auth_context() or {}).get("x509_subject") or []
+    subject = subjects[0].decode("utf-8", "replace") if subjects else None
+    return authorization, subject
+
+
 async def _abort(
     context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str
 ) -> NoReturn:
@@ -235,12 +262,15 @@ class _Closer:
 class ApiServer:
     """Serves a ``QueueService`` over gRPC.
 
-    ``listen`` is ``host:port`` (port 0 picks a free one; ``start`` returns it). With
-    ``auth_token`` every call needs metadata ``authorization: Bearer <token>``; with
-    ``admin_token``, admin calls (Reload) need that token instead. ``tls`` is
-    ``(certificate_chain_pem, private_key_pem)``. The keepalive settings make a vanished peer
-    (crashed host, cut network) end its streams within ``keepalive_time_s + keepalive_timeout_s``;
-    a killed process is noticed at once through its closed socket.
+    ``listen`` is ``host:port`` (port 0 picks a free one; ``start`` returns it). ``access``
+    decides who may call what (``layer.api.access``); without it, one is made of ``auth_token``
+    (every call needs metadata ``authorization: Bearer <token>``) and ``admin_token`` (admin
+    calls such as Reload need that one). ``tls`` is ``(certificate_chain_pem,
+    private_key_pem)``; with ``tls_client_ca`` (PEM) too, clients must present a certificate
+    signed by it, whose subject identifies callers without a token. The keepalive settings
+    make a vanished peer (crashed host, cut network) end its streams within
+    ``keepalive_time_s + keepalive_timeout_s``; a killed process is noticed at once through
+    its closed socket.
     """
 
     def __init__(
@@ -251,6 +281,8 @@ class ApiServer:
         tls: tuple[bytes, bytes] | None = None,
         *,
         admin_token: str | None = None,
+        access: Access | None = None,
+        tls_client_ca: bytes | None = None,
         keepalive_time_s: float = 5.0,
         keepalive_timeout_s: float = 5.0,
         health: health_pb2_grpc.HealthServicer | None = None,
@@ -258,10 +290,13 @@ class ApiServer:
         self._service = service
         self._health = health  # grpc.health.v1, registered beside ours (no token needed)
         self._listen = listen
-        self._expected_auth = f"Bearer {auth_token}".encode() if auth_token else None
-        # admin calls (Reload) need this one; it is good for every other call too
-        self._admin_auth = f"Bearer {admin_token}".encode() if admin_token else None
+        if tls_client_ca is not None and tls is None:
+            raise ConfigError("a client CA (mutual TLS) needs tls_cert and tls_key too")
+        self._access = access or Access(
+            auth_token=auth_token, admin_token=admin_token, mutual_tls=tls_client_ca is not None
+        )
         self._tls = tls
+        self._client_ca = tls_client_ca
         self._options = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -297,7 +332,11 @@ class ApiServer:
                 port = server.add_insecure_port(self._listen)
             else:
                 cert, key = self._tls
-                creds = grpc.ssl_server_credentials([(key, cert)])
+                creds = grpc.ssl_server_credentials(
+                    [(key, cert)],
+                    root_certificates=self._client_ca,
+                    require_client_auth=self._client_ca is not None,
+                )
                 port = server.add_secure_port(self._listen, creds)
         except RuntimeError as exc:
             raise ConfigError(f"cannot listen on {self._listen}: {exc}") from exc
@@ -306,7 +345,11 @@ class ApiServer:
         await server.start()
         self._server, self.port = server, port
         log.info(
-            "api server listening address=%s port=%d tls=%s", self._listen, port, bool(self._tls)
+            "api server listening address=%s port=%d tls=%s mutual_tls=%s",
+            self._listen,
+            port,
+            bool(self._tls),
+            self._client_ca is not None,
         )
         return port
 
@@ -377,51 +420,44 @@ class ApiServer:
 
     # --- helpers ------------------------------------------------------------------------------
 
-    @staticmethod
-    def _presented(context: grpc.aio.ServicerContext) -> bytes:
-        presented = b""
-        for key, value in context.invocation_metadata() or ():
-            if key == "authorization":
-                presented = value.encode() if isinstance(value, str) else value
-        return presented
+    @property
+    def access(self) -> Access:
+        return self._access
 
-    async def _authorize(self, context: grpc.aio.ServicerContext) -> None:
-        if self._expected_auth is None:
-            return
-        presented = self._presented(context)
-        admin = self._admin_auth is not None and hmac.compare_digest(presented, self._admin_auth)
-        if not admin and not hmac.compare_digest(presented, self._expected_auth):
-            await _abort(
-                context,
-                grpc.StatusCode.UNAUTHENTICATED,
-                "missing or wrong bearer token (metadata authorization: Bearer <token>)",
-            )
+    async def _caller(self, context: grpc.aio.ServicerContext) -> Principal:
+        """Who is calling (UNAUTHENTICATED, with a message that never repeats the token, for a
+        missing, malformed or unknown credential)."""
+        try:
+            return self._access.authenticate(*_credentials(context))
+        except Unauthenticated as exc:
+            await _abort(context, grpc.StatusCode.UNAUTHENTICATED, str(exc))
 
-    async def _authorize_admin(self, context: grpc.aio.ServicerContext) -> None:
-        """An admin call: open only where the API has no auth at all."""
-        if self._admin_auth is None:
-            if self._expected_auth is None:
-                return
-            await _abort(
-                context,
-                grpc.StatusCode.PERMISSION_DENIED,
-                "reload is an admin call: set [coordinator] admin_token (or QLAYER_ADMIN_TOKEN)"
-                " and call with that token, or send the coordinator SIGHUP",
-            )
-        presented = self._presented(context)
-        if hmac.compare_digest(presented, self._admin_auth):
-            return
-        if self._expected_auth is not None and hmac.compare_digest(presented, self._expected_auth):
-            await _abort(
-                context,
-                grpc.StatusCode.PERMISSION_DENIED,
-                "reload is an admin call: it needs the admin token, not the API token",
-            )
-        await _abort(
-            context,
-            grpc.StatusCode.UNAUTHENTICATED,
-            "missing or wrong admin token (metadata authorization: Bearer <admin_token>)",
-        )
+    async def _check(
+        self, context: grpc.aio.ServicerContext, principal: Principal, rpc: str, queue: str | None
+    ) -> None:
+        """The one check of every call: ``RPC_RIGHTS[rpc]`` on the queue the request names.
+        ``queue`` None (Stats of all queues, ListQueues) is checked per queue by the call
+        itself: it answers only the queues the principal may browse."""
+        right = RPC_RIGHTS[rpc]
+        try:
+            if rpc == "Reload":
+                self._access.authorize_everywhere(principal, right, "reload")
+            elif queue is not None:
+                for name in self._queues_named(queue):
+                    self._access.authorize(principal, right, name)
+        except PermissionDenied as exc:
+            await _refuse(context, exc)
+
+    def _queues_named(self, queue: str) -> list[str]:
+        """The queues a request's ``queue`` names: itself, or for a regex (``^...``, as
+        Subscribe and Replace take) every configured queue it matches."""
+        if not queue.startswith("^"):
+            return [queue]
+        try:
+            pattern = re.compile(queue)
+        except re.error:
+            return []  # the service refuses it with INVALID_ARGUMENT
+        return [q.name for q in self._service.queues() if pattern.search(q.name)]
 
     @staticmethod
     async def _request(context: grpc.aio.ServicerContext, request: object, kind: type[T]) -> T:
@@ -442,8 +478,9 @@ class ApiServer:
     # --- unary calls --------------------------------------------------------------------------
 
     async def _publish(self, request: object, context: grpc.aio.ServicerContext) -> Published:
-        await self._authorize(context)
+        principal = await self._caller(context)
         req = await self._request(context, request, Publish)
+        await self._check(context, principal, "Publish", req.queue)
         try:
             bookmark = await self._service.publish(req.queue, req.value, req.key, req.headers)
         except QLayerError as exc:
@@ -451,26 +488,31 @@ class ApiServer:
         return Published(bookmark)
 
     async def _stats(self, request: object, context: grpc.aio.ServicerContext) -> StatsReply:
-        await self._authorize(context)
+        principal = await self._caller(context)
         req = await self._request(context, request, Stats)
+        await self._check(context, principal, "Stats", req.queue)
         try:
             stats = await self._service.stats(req.queue)
         except QLayerError as exc:
             await _refuse(context, exc)
+        if req.queue is None:
+            stats = [s for s in stats if principal.allows(Right.BROWSE, s.queue)]
         return StatsReply(list(stats))
 
     async def _list_queues(self, request: object, context: grpc.aio.ServicerContext) -> QueueList:
-        await self._authorize(context)
+        principal = await self._caller(context)
         await self._request(context, request, ListQueues)
+        await self._check(context, principal, "ListQueues", None)
         try:
             queues = self._service.queues()
         except QLayerError as exc:
             await _refuse(context, exc)
-        return QueueList(list(queues))
+        return QueueList([q for q in queues if principal.allows(Right.BROWSE, q.name)])
 
     async def _browse(self, request: object, context: grpc.aio.ServicerContext) -> BrowseReply:
-        await self._authorize(context)
+        principal = await self._caller(context)
         req = await self._request(context, request, Browse)
+        await self._check(context, principal, "Browse", req.queue)
         try:
             messages = await self._service.browse(req.queue, req.filter, req.limit)
         except QLayerError as exc:
@@ -478,8 +520,9 @@ class ApiServer:
         return BrowseReply(list(messages))
 
     async def _ack_where(self, request: object, context: grpc.aio.ServicerContext) -> AckWhereReply:
-        await self._authorize(context)
+        principal = await self._caller(context)
         req = await self._request(context, request, AckWhere)
+        await self._check(context, principal, "AckWhere", req.queue)
         try:
             result = await self._service.ack_where(req.queue, req.filter, req.expire)
         except QLayerError as exc:
@@ -487,8 +530,9 @@ class ApiServer:
         return AckWhereReply(result.acked, result.skipped)
 
     async def _redrive(self, request: object, context: grpc.aio.ServicerContext) -> RedriveReply:
-        await self._authorize(context)
+        principal = await self._caller(context)
         req = await self._request(context, request, Redrive)
+        await self._check(context, principal, "Redrive", req.queue)
         if req.limit is not None and req.limit < 0:
             await _abort(
                 context, grpc.StatusCode.INVALID_ARGUMENT, f"limit must be >= 0, got {req.limit}"
@@ -500,11 +544,16 @@ class ApiServer:
         return RedriveReply(result.moved, result.already, result.unmatched)
 
     async def _reload(self, request: object, context: grpc.aio.ServicerContext) -> ReloadReply:
-        await self._authorize_admin(context)
+        principal = await self._caller(context)
         await self._request(context, request, Reload)
+        await self._check(context, principal, "Reload", None)
         try:
+            # the tokens file first, applied only once the config reload went through: a
+            # file that does not load refuses the reload and nothing changes
+            policy = self._access.read()
             # shielded: a caller that hangs up does not stop a reload half way
             result = await asyncio.shield(self._service.reload())
+            self._access.apply(policy)
         except QLayerError as exc:  # a file that does not load: ConfigError, INVALID_ARGUMENT
             await _refuse(context, exc)
         return ReloadReply(result)
@@ -515,7 +564,7 @@ class ApiServer:
         # Read the first frame before refusing anything: failing the call while the client's
         # first write is in flight makes grpc report INTERNAL to it instead of our status.
         first = await context.read()
-        await self._authorize(context)
+        principal = await self._caller(context)
         if first is grpc.aio.EOF:
             return
         if isinstance(first, _Malformed):
@@ -526,6 +575,7 @@ class ApiServer:
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"the first frame must be Subscribe, got {type(first).__name__}",
             )
+        await self._check(context, principal, "Subscribe", first.queue)
         sink = _StreamSink()
         subscription = await self._open(first, sink, context)
         closer = _Closer(subscription, self._unclosed)
@@ -546,7 +596,7 @@ class ApiServer:
                 first.filter,
             )
             reader = asyncio.get_running_loop().create_task(
-                self._read_frames(context, subscription, sink)
+                self._read_frames(context, subscription, sink, principal)
             )
             await self._write_frames(context, sink)
         finally:
@@ -577,7 +627,11 @@ class ApiServer:
             _Closer(pending.result(), self._unclosed).close()
 
     async def _read_frames(
-        self, context: grpc.aio.ServicerContext, subscription: Subscription, sink: _StreamSink
+        self,
+        context: grpc.aio.ServicerContext,
+        subscription: Subscription,
+        sink: _StreamSink,
+        principal: Principal,
     ) -> None:
         try:
             while True:
@@ -591,7 +645,7 @@ class ApiServer:
                 elif isinstance(frame, Replace):
                     # A task too, so it starts after the acks sent before it (awaiting it here
                     # would run it ahead of their not yet started tasks).
-                    self._spawn(self._replace(subscription, frame, sink))
+                    self._spawn(self._replace(subscription, frame, sink, principal))
                 elif isinstance(frame, _Malformed):
                     log.warning(
                         "malformed frame skipped subscription=%s reason=%s",
@@ -622,8 +676,13 @@ class ApiServer:
             failures = [AckFailure(b, ErrorCode.ACK_FAILED, message) for b in frame.bookmarks]
         sink.send(AckResult(frame.request_id, list(failures)))
 
-    async def _replace(self, subscription: Subscription, frame: Replace, sink: _StreamSink) -> None:
+    async def _replace(
+        self, subscription: Subscription, frame: Replace, sink: _StreamSink, principal: Principal
+    ) -> None:
         try:
+            # checked like a Subscribe: a stream must not move to a queue it may not consume
+            for name in self._queues_named(frame.queue):
+                self._access.authorize(principal, RPC_RIGHTS["Subscribe"], name)
             backlog = await subscription.replace(frame.queue, frame.max_backlog, frame.filter)
         except Exception as exc:  # refused: the subscription stays as it was, the stream open
             if not isinstance(exc, QLayerError):

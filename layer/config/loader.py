@@ -381,6 +381,8 @@ _COORDINATOR_KEYS = (
     "topic_refresh_interval",
     "tls_cert",
     "tls_key",
+    "tls_client_ca",
+    "tokens_file",
     "http",
     "snapshot_every",
     "snapshot_interval",
@@ -457,6 +459,8 @@ def _coordinator(
         ),
         tls_cert=section.get("tls_cert", None, _path(base_dir)),
         tls_key=section.get("tls_key", None, _path(base_dir)),
+        tls_client_ca=section.get("tls_client_ca", None, _path(base_dir)),
+        tokens_file=section.get("tokens_file", None, _path(base_dir)),
         http=section.get("http", None, _listen),
         snapshot_every=section.get("snapshot_every", default.snapshot_every, _integer(0)),
         snapshot_interval=section.get(
@@ -473,6 +477,15 @@ def _coordinator(
             raise section.error(option if path is not None else other, f"needs {other} too")
         if path is not None and not path.is_file():
             raise section.error(option, f"no such file: {path}")
+    if config.tls_client_ca is not None:
+        if config.tls_cert is None:
+            raise section.error("tls_client_ca", "needs tls_cert and tls_key (mutual TLS is TLS)")
+        if not config.tls_client_ca.is_file():
+            raise section.error("tls_client_ca", f"no such file: {config.tls_client_ca}")
+    if config.tokens_file is not None:
+        from layer.api.tokens import read_tokens_file
+
+        read_tokens_file(config.tokens_file)  # fail at load, naming the file and what is wrong
     return config
 
 

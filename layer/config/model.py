@@ -124,6 +124,12 @@ class CoordinatorConfig:
     topic_refresh_interval: float = 5.0  # seconds between looks for new topics matching a regex
     tls_cert: Path | None = None  # PEM certificate (chain) of the API; with tls_key, serve TLS
     tls_key: Path | None = None  # PEM private key of the API
+    # PEM CA certificate(s): clients must present a certificate signed by one (mutual TLS);
+    # its subject names the principal in the tokens file
+    tls_client_ca: Path | None = None
+    # TOML file of principals (token hashes, certificate subjects) and their per-queue grants
+    # (layer.api.tokens); read again on SIGHUP and `qlayer reload`
+    tokens_file: Path | None = None
     # host:port of the HTTP listener (/healthz, /readyz); None = no HTTP listener
     http: str | None = None
     # a queue's partitions are snapshotted in its changelog after this many changelog records
@@ -141,7 +147,9 @@ class CoordinatorConfig:
             f"changelog_topic_prefix={self.changelog_topic_prefix!r}, auth_token={token!r}, "
             f"admin_token={admin!r}, "
             f"topic_refresh_interval={self.topic_refresh_interval!r}, "
-            f"tls_cert={self.tls_cert!r}, tls_key={self.tls_key!r}, http={self.http!r}, "
+            f"tls_cert={self.tls_cert!r}, tls_key={self.tls_key!r}, "
+            f"tls_client_ca={self.tls_client_ca!r}, tokens_file={self.tokens_file!r}, "
+            f"http={self.http!r}, "
             f"snapshot_every={self.snapshot_every!r}, "
             f"snapshot_interval={self.snapshot_interval!r})"
         )

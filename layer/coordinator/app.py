@@ -26,6 +26,7 @@ from pathlib import Path
 
 from connectors.embedded import EmbeddedBroker
 from connectors.kafka import client_settings, with_client_logging
+from layer.api.access import Access
 from layer.api.health import GrpcHealth
 from layer.api.server import ApiServer
 from layer.config import Config
@@ -33,7 +34,7 @@ from layer.coordinator.health import Health
 from layer.coordinator.http import HttpListener, Router, health_routes
 from layer.coordinator.outage import wait_for_profile
 from layer.coordinator.service import Coordinator
-from layer.exceptions import BrokerError
+from layer.exceptions import BrokerError, ConfigError
 from layer.state.ownership import check_state
 from layer.state.rocksdb import RocksDBStore, discard_state_dir
 
@@ -66,6 +67,14 @@ class CoordinatorApp:
         self._coordinator: Coordinator | None = None
         self._grpc_health: GrpcHealth | None = None
         self._server: ApiServer | None = None
+        c = config.coordinator
+        # who may call what, on the gRPC API and on the HTTP listener's routes alike
+        self.access = Access(
+            tokens_file=c.tokens_file,
+            auth_token=c.auth_token,
+            admin_token=c.admin_token,
+            mutual_tls=c.tls_client_ca is not None,
+        )
 
     def signals(self) -> dict[signal.Signals, Callable[[], None]]:
         """The process's signal handlers: SIGINT and SIGTERM stop it, SIGHUP reloads the
@@ -77,6 +86,10 @@ class CoordinatorApp:
         }
 
     def request_reload(self) -> None:
+        try:
+            self.access.reload()
+        except ConfigError as exc:
+            log.error("SIGHUP: tokens file not reloaded, its principals stay as they were: %s", exc)
         if self._coordinator is None:
             log.warning("SIGHUP: reload refused: the coordinator is not serving yet")
             return
@@ -193,6 +206,7 @@ class CoordinatorApp:
         tls = None
         if c.tls_cert is not None and c.tls_key is not None:
             tls = (c.tls_cert.read_bytes(), c.tls_key.read_bytes())
+        client_ca = c.tls_client_ca.read_bytes() if c.tls_client_ca is not None else None
         self._grpc_health = GrpcHealth(self.health)
         self._server = ApiServer(
             coordinator,
@@ -200,7 +214,8 @@ class CoordinatorApp:
             c.auth_token,
             tls,
             health=self._grpc_health.servicer,
-            admin_token=c.admin_token,
+            access=self.access,
+            tls_client_ca=client_ca,
         )
         port = await self._server.start()
         self.health.serving()

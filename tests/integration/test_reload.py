@@ -294,7 +294,7 @@ def test_reload_is_an_admin_call(coordinator_factory: Any, names: Callable[[str]
     assert r.returncode == 3 and "reload is an admin call" in r.stderr, r.stderr
     assert "admin token" in r.stderr
     r = qlayer("reload", *server, "--token", "wrong")
-    assert r.returncode == 3 and "wrong admin token" in r.stderr, r.stderr
+    assert r.returncode == 3 and "unknown bearer token" in r.stderr, r.stderr
     r = qlayer("reload", *server, "--token", "admin-token")
     assert r.returncode == 0 and "no changes" in r.stdout, r.stderr
     r = qlayer("stats", q, *server, "--token", "admin-token")  # the admin token is good for all
