@@ -137,6 +137,12 @@ def _parser() -> argparse.ArgumentParser:
         )
         sp.add_argument("--token", help="bearer token, if the coordinator requires one")
         sp.add_argument("--tls-ca", metavar="PEM", help="CA certificate: connect with TLS")
+        sp.add_argument(
+            "--tls-cert",
+            metavar="PEM",
+            help="client certificate (mutual TLS; its subject names the principal)",
+        )
+        sp.add_argument("--tls-key", metavar="PEM", help="the client certificate's private key")
 
     pub = sub.add_parser(
         "publish",
@@ -264,6 +270,36 @@ def _parser() -> argparse.ArgumentParser:
     )
     client_args(rl)
 
+    tok = sub.add_parser(
+        "token",
+        help="make bearer tokens for the coordinator's tokens file",
+        description="Make bearer tokens and the tokens-file entries that hold their hashes.",
+    )
+    tok_sub = tok.add_subparsers(dest="token_command", metavar="ACTION", required=True)
+    tn = tok_sub.add_parser(
+        "new",
+        help="make a token and print it with its [[principal]] table",
+        description=(
+            "Print a new random token for principal NAME and the [[principal]] table to add to\n"
+            "the tokens file ([coordinator] tokens_file). The file keeps only the token's\n"
+            "SHA-256: the token is shown this once. Give it to the client (--token, or metadata\n"
+            "'authorization: Bearer <token>'); apply the file with `qlayer reload` or SIGHUP.\n"
+            "To give a principal a second token (rotation), add its token_sha256 to the list."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    tn.add_argument("name", help="the principal's name (shown in denials and logs)")
+    tn.add_argument(
+        "--queues", default="*", metavar="GLOB", help="queues of the grant (default: *)"
+    )
+    tn.add_argument(
+        "--rights",
+        default="consume",
+        metavar="R[,R]",
+        help="rights of the grant: consume, publish, browse, admin (default: consume)",
+    )
+    tn.add_argument("--json", action="store_true", help="print one JSON object instead")
+
     d = sub.add_parser(
         "demo",
         help="run the end-to-end demo: broker, coordinator, 1,000 orders, 3 consumers",
@@ -371,6 +407,17 @@ def _client(args: argparse.Namespace, **options: Any):  # type: ignore[no-untype
                 root = f.read()
         except OSError as exc:
             raise InvalidRequest(f"--tls-ca {args.tls_ca}: {exc.strerror}") from exc
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise InvalidRequest("--tls-cert and --tls-key go together")
+    if args.tls_cert is not None:
+        pair = []
+        for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)):
+            try:
+                with open(path, "rb") as f:
+                    pair.append(f.read())
+            except OSError as exc:
+                raise InvalidRequest(f"{flag} {path}: {exc.strerror}") from exc
+        options["tls_client_cert"] = (pair[0], pair[1])
     return QueueClient(args.server, token=args.token, tls_root_cert=root, **options)
 
 
@@ -526,6 +573,31 @@ def cmd_reload(args: argparse.Namespace) -> int:
     return EXIT_OK if result.applied else EXIT_REFUSED
 
 
+def cmd_token(args: argparse.Namespace) -> int:
+    from layer.api.access import token_hash
+    from layer.api.tokens import new_token, principal_table
+
+    rights = tuple(r.strip() for r in args.rights.split(",") if r.strip())
+    token = new_token()
+    table = principal_table(args.name, token, args.queues, rights)  # ConfigError: bad name/right
+    if args.json:
+        record = {
+            "name": args.name,
+            "token": token,
+            "token_sha256": token_hash(token),
+            "table": table,
+        }
+        print(json.dumps(record), flush=True)
+        return EXIT_OK
+    print(f"Token for principal {args.name!r} (shown once; the tokens file keeps only its hash):")
+    print(f"  {token}")
+    print()
+    print("Add this to the tokens file, then run `qlayer reload` or send the coordinator SIGHUP:")
+    print()
+    print(table, end="", flush=True)
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from layer.demo import run_demo
 
@@ -542,6 +614,7 @@ COMMANDS = {
     "ack-where": cmd_ack_where,
     "redrive": cmd_redrive,
     "reload": cmd_reload,
+    "token": cmd_token,
     "demo": cmd_demo,
 }
 

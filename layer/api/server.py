@@ -38,7 +38,7 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn, TypeVar
+from typing import Any, ClassVar, NoReturn, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
@@ -371,52 +371,33 @@ class ApiServer:
             task.cancel()
         log.info("api server stopped port=%s", self.port)
 
+    # Every call of qlayer.v1.QueueService: its handler method and codecs (the request's is
+    # lenient: see _Malformed). Each handler authenticates and calls _check with RPC_RIGHTS.
+    _METHODS: ClassVar[dict[str, tuple[str, FrameCodec[Any], FrameCodec[Any]]]] = {
+        "Subscribe": ("_subscribe", CLIENT_FRAME_CODEC, SERVER_FRAME_CODEC),
+        "Publish": ("_publish", PUBLISH_CODEC, PUBLISHED_CODEC),
+        "Stats": ("_stats", STATS_CODEC, STATS_REPLY_CODEC),
+        "ListQueues": ("_list_queues", LIST_QUEUES_CODEC, QUEUE_LIST_CODEC),
+        "Browse": ("_browse", BROWSE_CODEC, BROWSE_REPLY_CODEC),
+        "AckWhere": ("_ack_where", ACK_WHERE_CODEC, ACK_WHERE_REPLY_CODEC),
+        "Redrive": ("_redrive", REDRIVE_CODEC, REDRIVE_REPLY_CODEC),
+        "Reload": ("_reload", RELOAD_CODEC, RELOAD_REPLY_CODEC),
+    }
+
     def _handler(self) -> grpc.GenericRpcHandler:
-        return grpc.method_handlers_generic_handler(
-            SERVICE_NAME,
-            {
-                "Subscribe": grpc.stream_stream_rpc_method_handler(
-                    self._subscribe,
-                    request_deserializer=_lenient(CLIENT_FRAME_CODEC),
-                    response_serializer=SERVER_FRAME_CODEC.encode,
-                ),
-                "Publish": grpc.unary_unary_rpc_method_handler(
-                    self._publish,
-                    request_deserializer=_lenient(PUBLISH_CODEC),
-                    response_serializer=PUBLISHED_CODEC.encode,
-                ),
-                "Stats": grpc.unary_unary_rpc_method_handler(
-                    self._stats,
-                    request_deserializer=_lenient(STATS_CODEC),
-                    response_serializer=STATS_REPLY_CODEC.encode,
-                ),
-                "ListQueues": grpc.unary_unary_rpc_method_handler(
-                    self._list_queues,
-                    request_deserializer=_lenient(LIST_QUEUES_CODEC),
-                    response_serializer=QUEUE_LIST_CODEC.encode,
-                ),
-                "Browse": grpc.unary_unary_rpc_method_handler(
-                    self._browse,
-                    request_deserializer=_lenient(BROWSE_CODEC),
-                    response_serializer=BROWSE_REPLY_CODEC.encode,
-                ),
-                "AckWhere": grpc.unary_unary_rpc_method_handler(
-                    self._ack_where,
-                    request_deserializer=_lenient(ACK_WHERE_CODEC),
-                    response_serializer=ACK_WHERE_REPLY_CODEC.encode,
-                ),
-                "Redrive": grpc.unary_unary_rpc_method_handler(
-                    self._redrive,
-                    request_deserializer=_lenient(REDRIVE_CODEC),
-                    response_serializer=REDRIVE_REPLY_CODEC.encode,
-                ),
-                "Reload": grpc.unary_unary_rpc_method_handler(
-                    self._reload,
-                    request_deserializer=_lenient(RELOAD_CODEC),
-                    response_serializer=RELOAD_REPLY_CODEC.encode,
-                ),
-            },
-        )
+        handlers = {}
+        for rpc, (method, request, reply) in self._METHODS.items():
+            make = (
+                grpc.stream_stream_rpc_method_handler
+                if rpc == "Subscribe"
+                else grpc.unary_unary_rpc_method_handler
+            )
+            handlers[rpc] = make(
+                getattr(self, method),
+                request_deserializer=_lenient(request),
+                response_serializer=reply.encode,
+            )
+        return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
     # --- helpers ------------------------------------------------------------------------------
 

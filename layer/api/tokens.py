@@ -74,14 +74,14 @@ def parse_tokens(text: str, source: str = "<string>") -> Policy:
         for digest in hashes:
             if digest in by_hash:
                 raise ConfigError(
-                    f"{where}: token_sha256 {digest[:12]}... is also"
-                    f" {by_hash[digest].name!r}'s: a token names one principal"
+                    f"{where}: token_sha256 {digest[:12]}... already names principal"
+                    f" {by_hash[digest].name!r} (a token names one principal)"
                 )
             by_hash[digest] = principal
         if subject is not None:
             if subject in by_subject:
                 raise ConfigError(
-                    f"{where}: certificate_subject is also {by_subject[subject].name!r}'s"
+                    f"{where}: certificate_subject already names {by_subject[subject].name!r}"
                 )
             by_subject[subject] = principal
     return Policy(source, by_hash, by_subject)

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+import grpc
+
 from layer.api.errors import ErrorCode, error_of
 from layer.api.frames import (
     ACK_WHERE_CODEC,
@@ -83,6 +85,19 @@ def default_client_name() -> str:
 
 def call_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def tls_credentials(
+    root_cert: bytes | None, client_cert: tuple[bytes, bytes] | None
+) -> grpc.ChannelCredentials:
+    """TLS to the coordinator: ``root_cert`` verifies it (None: the system's roots);
+    ``client_cert`` (certificate chain, private key) is presented for mutual TLS."""
+    if client_cert is None:
+        return grpc.ssl_channel_credentials(root_certificates=root_cert)
+    chain, key = client_cert
+    return grpc.ssl_channel_credentials(
+        root_certificates=root_cert, private_key=key, certificate_chain=chain
+    )
 
 
 def replace_error(frame: Error) -> QLayerError:

@@ -58,6 +58,7 @@ from layer.client._common import (
     check_limit,
     default_client_name,
     publish_request,
+    tls_credentials,
 )
 from layer.client._core import (
     Addresses,
@@ -467,6 +468,7 @@ class AsyncQueueClient:
         reconnect_max_delay: float = 5.0,
         reconnect_give_up_after: float | None = None,
         on_reconnect: Callable[[Reconnected], Any] | None = None,
+        tls_client_cert: tuple[bytes, bytes] | None = None,
     ) -> None:
         self._addresses = Addresses(target)
         self.target = ",".join(self._addresses.all)
@@ -481,6 +483,8 @@ class AsyncQueueClient:
         self._client_name = client_name or default_client_name()
         self._timeout = timeout
         self._tls_root_cert = tls_root_cert
+        # (certificate chain PEM, private key PEM): mutual TLS, the subject names the principal
+        self._tls_client_cert = tls_client_cert
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._subscriptions: list[AsyncSubscription] = []
 
@@ -488,8 +492,8 @@ class AsyncQueueClient:
         channel = self._channels.get(address)
         if channel is None:
             options = channel_options(self._policy)
-            if self._tls_root_cert is not None:
-                creds = grpc.ssl_channel_credentials(root_certificates=self._tls_root_cert)
+            if self._tls_root_cert is not None or self._tls_client_cert is not None:
+                creds = tls_credentials(self._tls_root_cert, self._tls_client_cert)
                 channel = grpc.aio.secure_channel(address, creds, options=options)
             else:
                 channel = grpc.aio.insecure_channel(address, options=options)

@@ -57,6 +57,7 @@ from layer.client._common import (
     check_limit,
     default_client_name,
     publish_request,
+    tls_credentials,
 )
 from layer.client._core import (
     Addresses,
@@ -468,6 +469,7 @@ class QueueClient:
         reconnect_max_delay: float = 5.0,
         reconnect_give_up_after: float | None = None,
         on_reconnect: Callable[[Reconnected], Any] | None = None,
+        tls_client_cert: tuple[bytes, bytes] | None = None,
     ) -> None:
         self._addresses = Addresses(target)
         self.target = ",".join(self._addresses.all)
@@ -482,6 +484,8 @@ class QueueClient:
         self._client_name = client_name or default_client_name()
         self._timeout = timeout
         self._tls_root_cert = tls_root_cert
+        # (certificate chain PEM, private key PEM): mutual TLS, the subject names the principal
+        self._tls_client_cert = tls_client_cert
         self._channels: dict[str, grpc.Channel] = {}
         self._subscriptions: list[Subscription] = []
         self._lock = threading.Lock()
@@ -491,8 +495,8 @@ class QueueClient:
             channel = self._channels.get(address)
             if channel is None:
                 options = channel_options(self._policy)
-                if self._tls_root_cert is not None:
-                    creds = grpc.ssl_channel_credentials(root_certificates=self._tls_root_cert)
+                if self._tls_root_cert is not None or self._tls_client_cert is not None:
+                    creds = tls_credentials(self._tls_root_cert, self._tls_client_cert)
                     channel = grpc.secure_channel(address, creds, options=options)
                 else:
                     channel = grpc.insecure_channel(address, options=options)

@@ -1,0 +1,201 @@
+"""Principals, grants and the tokens file (layer.api.access, layer.api.tokens): no I/O."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from layer.api.access import (
+    RPC_RIGHTS,
+    Access,
+    Grant,
+    Principal,
+    Right,
+    normalize_subject,
+    token_hash,
+)
+from layer.api.proto.qlayer.v1 import queue_pb2
+from layer.api.server import ApiServer
+from layer.api.tokens import new_token, parse_tokens, principal_table
+from layer.cli import main
+from layer.exceptions import ConfigError, PermissionDenied, Unauthenticated
+
+WORKER, AUDITOR = new_token(), new_token()
+FILE = f"""
+[[principal]]
+name = "orders-worker"
+token_sha256 = "{token_hash(WORKER)}"
+[[principal.grant]]
+queues = "orders-*"
+rights = ["consume", "publish"]
+
+[[principal]]
+name = "auditor"
+token_sha256 = ["{token_hash(AUDITOR)}"]
+certificate_subject = "O=Acme, CN=auditor"
+grant = [{{ queues = "*", rights = ["browse"] }}]
+"""
+
+
+def access_of(text: str, tmp_path: Path, **kwargs: object) -> Access:
+    path = tmp_path / "tokens.toml"
+    path.write_text(text)
+    return Access(tokens_file=path, **kwargs)  # type: ignore[arg-type]
+
+
+def test_every_call_of_queue_proto_has_a_right_and_a_handler() -> None:
+    """The table is complete: a call added to queue.proto without a right fails here."""
+    service = queue_pb2.DESCRIPTOR.services_by_name["QueueService"]
+    methods = {m.name for m in service.methods}
+    assert set(RPC_RIGHTS) == methods
+    assert set(ApiServer._METHODS) == methods
+
+
+def test_tokens_file_principals_by_hash_and_subject(tmp_path: Path) -> None:
+    access = access_of(FILE, tmp_path)
+    worker = access.authenticate(f"Bearer {WORKER}")
+    assert worker.name == "orders-worker"
+    assert worker.allows(Right.CONSUME, "orders-eu") and worker.allows(Right.PUBLISH, "orders-x")
+    assert not worker.allows(Right.BROWSE, "orders-eu")
+    assert not worker.allows(Right.CONSUME, "payments")
+    assert access.authenticate(f"bearer  {AUDITOR} ").name == "auditor"  # scheme any case
+    # the subject in gRPC's order (RFC 2253) or the file's: the same principal
+    assert access.authenticate(None, "CN=auditor,O=Acme").name == "auditor"
+    with pytest.raises(Unauthenticated, match="subject 'CN=other' is not a principal"):
+        access.authenticate(None, "CN=other")
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        (None, "missing bearer token"),
+        ("", "malformed authorization"),
+        ("Bearer", "malformed authorization"),
+        ("Bearer ", "malformed authorization"),
+        ("Basic dXNlcjpwdw==", "malformed authorization"),
+        ("Bearer not-a-token", "unknown bearer token"),
+    ],
+)
+def test_bad_credentials_are_unauthenticated_without_the_token(
+    header: str | None, message: str, tmp_path: Path
+) -> None:
+    access = access_of(FILE, tmp_path)
+    with pytest.raises(Unauthenticated, match=message) as info:
+        access.authenticate(header)
+    assert "not-a-token" not in str(info.value)
+
+
+def test_denial_names_principal_right_and_queue_and_is_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    access = access_of(FILE, tmp_path)
+    worker = access.authenticate(f"Bearer {WORKER}")
+    caplog.set_level(logging.WARNING, logger="layer.api.access")
+    for _ in range(3):
+        with pytest.raises(PermissionDenied) as info:
+            access.authorize(worker, Right.BROWSE, "orders-eu")
+        assert str(info.value) == "principal 'orders-worker' lacks 'browse' on queue 'orders-eu'"
+    with pytest.raises(PermissionDenied):
+        access.authorize(worker, Right.BROWSE, "orders-us")  # another queue: logged too
+    denials = [r for r in caplog.records if "permission denied" in r.getMessage()]
+    assert len(denials) == 2
+    assert all(WORKER not in r.getMessage() for r in caplog.records)
+    assert denials[0].__dict__["principal"] == "orders-worker"
+
+
+def test_reload_needs_admin_on_every_queue(tmp_path: Path) -> None:
+    access = access_of(FILE, tmp_path)
+    scoped = Principal("ops-eu", (Grant("orders-*", frozenset(Right)),))
+    with pytest.raises(PermissionDenied, match=r"lacks 'admin' on every queue .*reload"):
+        access.authorize_everywhere(scoped, Right.ADMIN, "reload")
+    root = Principal("root", (Grant("*", frozenset({Right.ADMIN})),))
+    access.authorize_everywhere(root, Right.ADMIN, "reload")
+
+
+def test_legacy_tokens_keep_their_meaning() -> None:
+    both = Access(auth_token="user", admin_token="adm")
+    user, admin = both.authenticate("Bearer user"), both.authenticate("Bearer adm")
+    for right in Right:
+        both.authorize(user, right, "any-queue")
+        both.authorize(admin, right, "any-queue")
+    both.authorize_everywhere(admin, Right.ADMIN, "reload")
+    with pytest.raises(PermissionDenied, match="needs the admin token, not the API token"):
+        both.authorize_everywhere(user, Right.ADMIN, "reload")
+    only_user = Access(auth_token="user")
+    with pytest.raises(PermissionDenied, match="set \\[coordinator\\] admin_token.*SIGHUP"):
+        only_user.authorize_everywhere(only_user.authenticate("Bearer user"), Right.ADMIN, "r")
+    assert Access().open and Access().authenticate(None).name == "anonymous"
+    assert not Access(mutual_tls=True).open
+
+
+def test_reload_replaces_principals_and_a_bad_file_keeps_the_old(tmp_path: Path) -> None:
+    access = access_of(FILE, tmp_path)
+    path = tmp_path / "tokens.toml"
+    path.write_text(FILE.replace('"orders-worker"', '"renamed"'))
+    access.reload()
+    assert access.authenticate(f"Bearer {WORKER}").name == "renamed"
+    path.write_text("[[principal]]\nname = 'x'\n")
+    with pytest.raises(ConfigError, match="needs token_sha256 or certificate_subject"):
+        access.reload()
+    assert access.authenticate(f"Bearer {WORKER}").name == "renamed"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[[principal]\n", "not valid TOML"),
+        ("users = 1\n", "unknown key 'users'"),
+        ("[[principal]]\nname = 'a b'\ntoken_sha256 = 'x'\n", "principal #1: name must be"),
+        ("[[principal]]\nname = 'a'\ntoken_sha256 = 'secret'\n", "not 64 lower-case hex"),
+        ("[[principal]]\nname = 'a'\ntoken_sha256 = 3\n", "a string or a list"),
+        ("[[principal]]\nname = 'a'\nrole = 'x'\n", "unknown key 'role'"),
+        (
+            f"[[principal]]\nname = 'a'\ntoken_sha256 = '{'0' * 64}'\n"
+            "[[principal.grant]]\nqueues = '*'\nrights = ['eat']\n",
+            "principal 'a': grant #1: unknown right 'eat'",
+        ),
+        (
+            f"[[principal]]\nname = 'a'\ntoken_sha256 = '{'0' * 64}'\n"
+            "[[principal.grant]]\nrights = ['consume']\n",
+            "queues must be a glob",
+        ),
+        (
+            f"[[principal]]\nname = 'a'\ntoken_sha256 = '{'0' * 64}'\n"
+            f"[[principal]]\nname = 'a'\ntoken_sha256 = '{'1' * 64}'\n",
+            "principal 'a': the name is used twice",
+        ),
+        (
+            f"[[principal]]\nname = 'a'\ntoken_sha256 = '{'0' * 64}'\n"
+            f"[[principal]]\nname = 'b'\ntoken_sha256 = '{'0' * 64}'\n",
+            "already names principal 'a'",
+        ),
+    ],
+)
+def test_bad_tokens_files_name_what_is_wrong(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        parse_tokens(text, "/etc/qlayer/tokens.toml")
+    assert str(info.value).startswith("tokens file /etc/qlayer/tokens.toml: ")
+
+
+def test_normalize_subject() -> None:
+    assert normalize_subject("CN=a,O=b") == normalize_subject(" o = b , cn=a") == "CN=a,O=b"
+    assert normalize_subject("/O=b/CN=a") == "CN=a,O=b"  # openssl's -subj spelling
+    assert normalize_subject(r"CN=a\,b") == r"CN=a\,b"
+
+
+def test_token_new_prints_a_table_that_loads(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["token", "new", "svc", "--queues", "orders-*", "--rights", "consume,browse"]) == 0
+    out = capsys.readouterr().out
+    token = out.splitlines()[1].strip()
+    table = out[out.index("[[principal]]") :]
+    principal = parse_tokens(table).by_hash[token_hash(token)]
+    assert principal.name == "svc" and principal.allows(Right.BROWSE, "orders-1")
+    assert main(["token", "new", "svc", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["token_sha256"] == token_hash(record["token"])
+    assert main(["token", "new", "svc", "--rights", "eat"]) == 2
+    assert "unknown right 'eat'" in capsys.readouterr().err
+    assert principal_table("a", "t").count("[[principal") == 2
