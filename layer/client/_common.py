@@ -42,7 +42,7 @@ from layer.api.frames import (
 )
 from layer.api.service import AckFailure, DeliveredMessage
 from layer.engine.model import AckOp, Bookmark
-from layer.exceptions import InvalidRequest, QLayerError
+from layer.exceptions import ConnectFailed, InvalidRequest, QLayerError
 
 SERVICE = f"/{SERVICE_NAME}/"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -85,6 +85,20 @@ def default_client_name() -> str:
 
 def call_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+TLS_HINT = (
+    " (over TLS: a coordinator with tls_client_ca refuses a client certificate that is"
+    " missing, expired or not signed by that CA, and its log says which)"
+)
+
+
+def with_tls_hint(error: QLayerError, tls: bool) -> QLayerError:
+    """A failed connect over TLS may be the coordinator refusing the client's certificate:
+    gRPC tells the client only that the socket closed, so say what to check."""
+    if tls and isinstance(error, ConnectFailed) and TLS_HINT not in str(error):
+        return ConnectFailed(f"{error}{TLS_HINT}")
+    return error
 
 
 def tls_credentials(

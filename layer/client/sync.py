@@ -58,6 +58,7 @@ from layer.client._common import (
     default_client_name,
     publish_request,
     tls_credentials,
+    with_tls_hint,
 )
 from layer.client._core import (
     Addresses,
@@ -486,6 +487,7 @@ class QueueClient:
         self._tls_root_cert = tls_root_cert
         # (certificate chain PEM, private key PEM): mutual TLS, the subject names the principal
         self._tls_client_cert = tls_client_cert
+        self._tls = tls_root_cert is not None or tls_client_cert is not None
         self._channels: dict[str, grpc.Channel] = {}
         self._subscriptions: list[Subscription] = []
         self._lock = threading.Lock()
@@ -601,7 +603,7 @@ class QueueClient:
             try:
                 return method(request, metadata=self._metadata, timeout=self._timeout)
             except grpc.RpcError as exc:
-                error = error_from_rpc(exc)
+                error = with_tls_hint(error_from_rpc(exc), self._tls)
                 raised = unary_failure(error, address, self._addresses, self._policy, idempotent)
                 if raised is not None:
                     raise raised from exc

@@ -1,0 +1,429 @@
+"""Per-queue permissions against real coordinators: every call with its right missing, a fuzz
+of malformed credentials, the tokens file reloaded, and mutual TLS (expired, wrong-CA and
+unknown-subject client certificates refused; a known subject is its principal)."""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from layer.api.access import RPC_RIGHTS, Right, token_hash
+from layer.api.errors import CODE_METADATA_KEY
+from layer.api.frames import BROWSE_CODEC, Browse
+from layer.api.tokens import new_token
+from layer.client import QueueClient
+from layer.exceptions import ConfigError, ConnectFailed, PermissionDenied, Unauthenticated
+from tests.certs import CertAuthority
+from tests.harness import CoordinatorProcess, toml_value, write_config
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.integration
+
+RIGHTS = [str(r) for r in Right]
+
+
+def tokens_file(
+    principals: dict[str, tuple[str | None, str | None, list[tuple[str, list[str]]]]],
+) -> str:
+    """name -> (token, certificate subject, [(queue glob, rights)])."""
+    lines = []
+    for name, (token, subject, grants) in principals.items():
+        lines += ["[[principal]]", f"name = {toml_value(name)}"]
+        if token is not None:
+            lines.append(f"token_sha256 = [{toml_value(token_hash(token))}]")
+        if subject is not None:
+            lines.append(f"certificate_subject = {toml_value(subject)}")
+        for pattern, rights in grants:
+            lines += ["[[principal.grant]]", f"queues = {toml_value(pattern)}"]
+            lines.append(f"rights = [{', '.join(toml_value(r) for r in rights)}]")
+        lines.append("")
+    return "\n".join(lines)
+
+
+@dataclass
+class Served:
+    proc: CoordinatorProcess
+    queue: str  # the queue the grants are about
+    other: str  # a queue nobody but root has rights on
+    tokens: dict[str, str]
+    tokens_path: Path
+
+    def client(self, principal: str, **options: Any) -> QueueClient:
+        return QueueClient(
+            str(self.proc.address), token=self.tokens[principal], reconnect=False, **options
+        )
+
+
+def _queues(queue: str, other: str) -> list[dict[str, Any]]:
+    return [
+        {"name": queue, "underlying_topic": queue, "dead_letter_topic": f"{queue}.dlq",
+         "message_type": "json", "lease_period": 30},
+        {"name": other, "underlying_topic": other},
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def served(broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """One coordinator with a tokens file: per right, ``no-R`` (every right on the queue but
+    R) and ``only-R`` (R alone; ``only-admin`` on every queue, as Reload needs); ``root``."""
+    home = tmp_path_factory.mktemp("permissions")
+    suffix = uuid.uuid4().hex[:8]
+    queue, other = f"perm-{suffix}", f"perm-other-{suffix}"
+    tokens = {"root": new_token()}
+    principals: dict[str, Any] = {"root": (tokens["root"], None, [("*", RIGHTS)])}
+    for right in RIGHTS:
+        tokens[f"no-{right}"] = tokens[f"only-{right}"] = ""
+        tokens[f"no-{right}"], tokens[f"only-{right}"] = new_token(), new_token()
+        rest = [r for r in RIGHTS if r != right]
+        principals[f"no-{right}"] = (tokens[f"no-{right}"], None, [(queue, rest)])
+        pattern = "*" if right == "admin" else f"{queue[:-4]}*"  # a glob that covers queue
+        principals[f"only-{right}"] = (tokens[f"only-{right}"], None, [(pattern, [right])])
+    # the glob of only-R must not cover `other`
+    assert not other.startswith(queue[:-4])
+    path = home / "tokens.toml"
+    path.write_text(tokens_file(principals))
+    cfg = write_config(
+        home / "qlayer.toml",
+        broker.bootstrap_servers,
+        _queues(queue, other),
+        {"id": f"perm-{suffix}", "tokens_file": str(path)},
+    )
+    proc = CoordinatorProcess(cfg, home / "state", home / "coordinator.log")
+    proc.start()
+    try:
+        yield Served(proc, queue, other, tokens, path)
+    finally:
+        proc.stop()
+
+
+# One call per RPC of queue.proto, as a client makes it; each returns something to check.
+CALLS: dict[str, Callable[[QueueClient, str], object]] = {
+    "Subscribe": lambda c, q: c.subscribe(q).backlog,
+    "Publish": lambda c, q: c.publish(q, b'{"n": 1}'),
+    "Stats": lambda c, q: c.stats(q),
+    "ListQueues": lambda c, q: [info.name for info in c.queues()],
+    "Browse": lambda c, q: c.browse(q),
+    "AckWhere": lambda c, q: c.ack_where(q, "/n = -1"),
+    "Redrive": lambda c, q: c.redrive(q),
+    "Reload": lambda c, q: c.reload().applied,
+}
+
+
+def test_calls_cover_every_rpc() -> None:
+    assert set(CALLS) == set(RPC_RIGHTS)
+
+
+@pytest.mark.parametrize("rpc", sorted(RPC_RIGHTS))
+def test_every_call_with_its_right_missing(served: Served, rpc: str) -> None:
+    right = str(RPC_RIGHTS[rpc])
+    call = CALLS[rpc]
+    with served.client(f"no-{right}") as client:
+        if rpc == "ListQueues":  # lists only what the principal may browse: nothing here
+            assert call(client, served.queue) == []
+        else:
+            with pytest.raises(PermissionDenied) as info:
+                call(client, served.queue)
+            if rpc == "Reload":
+                expected = f"principal 'no-{right}' lacks 'admin' on every queue"
+            else:
+                expected = f"principal 'no-{right}' lacks '{right}' on queue '{served.queue}'"
+            assert expected in str(info.value)
+    with served.client(f"only-{right}") as client:
+        answer = call(client, served.queue)  # allowed: no PermissionDenied
+        if rpc == "ListQueues":
+            assert answer == [served.queue]  # not the other queue
+        if rpc == "Reload":
+            assert answer is True
+        if right != "admin" and rpc != "ListQueues":  # only-admin has admin on every queue
+            with pytest.raises(PermissionDenied, match=f"on queue '{served.other}'"):
+                call(client, served.other)
+
+
+def test_a_denied_call_changes_nothing_and_the_allowed_one_works(served: Served) -> None:
+    with served.client("root") as root:
+        before = root.stats(served.queue)[0].available
+    with served.client("no-publish") as client, pytest.raises(PermissionDenied):
+        client.publish(served.queue, b'{"n": 2}')
+    with served.client("root") as root:
+        assert root.stats(served.queue)[0].available == before
+    with served.client("only-publish") as client:
+        client.publish(served.queue, b'{"n": 3}')
+    with served.client("only-consume") as client, client.subscribe(served.queue, 10) as sub:
+        # consume covers the stream's acks, cancels and extends
+        first = sub.next(timeout=30)
+        assert first is not None
+        first.extend(60, wait=True, timeout=30)
+        first.cancel(wait=True, timeout=30)
+        again = wait_until(lambda: sub.next(timeout=1), timeout=30)
+        again.ack(wait=True, timeout=30)
+        # Replace onto a queue it may not consume: refused, the subscription stays as it was
+        with pytest.raises(PermissionDenied, match=f"lacks 'consume' on queue '{served.other}'"):
+            sub.replace(served.other)
+        assert sub.queue == served.queue
+
+
+def test_stats_of_all_queues_lists_only_browsable_ones(served: Served) -> None:
+    with served.client("only-browse") as client:
+        assert [s.queue for s in client.stats()] == [served.queue]
+    with served.client("root") as client:
+        assert {s.queue for s in client.stats()} >= {served.queue, served.other}
+
+
+def test_denials_are_logged_once_and_never_with_the_token(served: Served) -> None:
+    with served.client("no-browse") as client:
+        for _ in range(5):
+            with pytest.raises(PermissionDenied):
+                client.browse(served.other)
+    message = f"principal 'no-browse' lacks 'browse' on queue '{served.other}'"
+    log = wait_until(
+        lambda: (text := served.proc.log_path.read_text()) and message in text and text,
+        timeout=10,
+    )
+    assert log.count(message) == 1
+    for token in served.tokens.values():
+        assert token not in log
+
+
+# --- malformed credentials --------------------------------------------------------------------
+
+_ASCII = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=300)
+_KEYS = st.from_regex(r"[a-z][a-z0-9_.-]{0,20}", fullmatch=True).filter(
+    lambda k: not k.startswith("grpc-") and k not in ("te", "content-type", "user-agent")
+)
+_ACCEPTED = (
+    "malformed authorization",
+    "unknown bearer token",
+    "missing bearer token",
+    "more than one authorization",
+)
+
+
+def test_malformed_tokens_and_headers_are_unauthenticated(served: Served) -> None:
+    """Whatever metadata a caller sends, it gets UNAUTHENTICATED with a message saying what
+    was wrong, never a crash; a good caller goes on being served meanwhile."""
+    assert served.proc.address is not None
+    channel = grpc.insecure_channel(served.proc.address)
+    list_queues = channel.unary_unary("/qlayer.v1.QueueService/ListQueues")
+    outcomes: dict[str, int] = {}
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(
+        authorization=st.lists(
+            st.one_of(
+                _ASCII,
+                _ASCII.map(lambda t: f"Bearer {t}"),
+                _ASCII.map(lambda t: f"bearer{t}"),
+                st.sampled_from(["", "Bearer", "Bearer ", " Bearer  ", "Basic Zm9vOmJhcg=="]),
+            ),
+            max_size=2,
+        ),
+        extra=st.lists(st.tuples(_KEYS, _ASCII), max_size=3),
+        binary=st.lists(st.binary(max_size=64), max_size=2),
+    )
+    def call(authorization: list[str], extra: list[tuple[str, str]], binary: list[bytes]) -> None:
+        metadata = [("authorization", value) for value in authorization]
+        metadata += [(k, v) for k, v in extra if k != "authorization"]
+        metadata += [("authorization-bin", value) for value in binary]
+        with pytest.raises(grpc.RpcError) as info:
+            list_queues(b"", metadata=metadata, timeout=30)
+        error = info.value
+        assert error.code() == grpc.StatusCode.UNAUTHENTICATED, error.details()
+        details = error.details() or ""
+        reason = next(r for r in _ACCEPTED if details.startswith(r))
+        outcomes[reason] = outcomes.get(reason, 0) + 1
+        for value in authorization:
+            token = value.strip().partition(" ")[2].strip()
+            if len(token) > 3:
+                assert token not in details
+
+    try:
+        call()
+        with served.client("root") as client:  # still serving everyone else
+            assert served.queue in [info.name for info in client.queues()]
+        answer = list_queues.with_call(
+            b"", metadata=[("authorization", f"Bearer {served.tokens['root']}")], timeout=30
+        )
+        assert answer[1].code() == grpc.StatusCode.OK
+    finally:
+        channel.close()
+    assert served.proc.proc is not None and served.proc.proc.poll() is None
+    # every kind of refusal was reached
+    assert set(outcomes) == set(_ACCEPTED), outcomes
+
+
+def test_unauthenticated_carries_its_code(served: Served) -> None:
+    assert served.proc.address is not None
+    with grpc.insecure_channel(served.proc.address) as channel:
+        stats = channel.unary_unary("/qlayer.v1.QueueService/Stats")
+        with pytest.raises(grpc.RpcError) as info:
+            stats(b"", metadata=[("authorization", "Bearer nope")], timeout=30)
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with served.client("no-browse") as client, pytest.raises(PermissionDenied):
+        client.stats(served.queue)
+    with grpc.insecure_channel(served.proc.address) as channel:
+        browse = channel.unary_unary("/qlayer.v1.QueueService/Browse")
+        request = BROWSE_CODEC.encode(Browse(served.queue, None, None))
+        metadata = [("authorization", f"Bearer {served.tokens['no-browse']}")]
+        with pytest.raises(grpc.RpcError) as info:
+            browse(request, metadata=metadata, timeout=30)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert (CODE_METADATA_KEY, "permission_denied") in list(info.value.trailing_metadata())
+
+
+# --- the tokens file reloaded -----------------------------------------------------------------
+
+
+def test_tokens_file_reloads_on_sighup_and_qlayer_reload(
+    coordinator_factory: Callable[..., CoordinatorProcess], names: Callable[[str], str],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    q = names("q")
+    admin, late = new_token(), new_token()
+    path = tmp_path / "tokens.toml"
+    path.write_text(tokens_file({"admin": (admin, None, [("*", RIGHTS)])}))
+    proc = coordinator_factory([{"name": q, "underlying_topic": q}], tokens_file=str(path))
+    target = str(proc.address)
+    with (
+        QueueClient(target, token=late, reconnect=False) as client,
+        pytest.raises(Unauthenticated, match="unknown bearer token"),
+    ):
+        client.queues()
+    principals = {
+        "admin": (admin, None, [("*", RIGHTS)]),
+        "late": (late, None, [(q, ["browse"])]),
+    }
+    path.write_text(tokens_file(principals))
+    assert proc.proc is not None
+    proc.proc.send_signal(signal.SIGHUP)
+
+    def late_works() -> bool:
+        with QueueClient(target, token=late, reconnect=False) as client:
+            try:
+                return [i.name for i in client.queues()] == [q]
+            except Unauthenticated:
+                return False
+
+    wait_until(late_works, timeout=30, message="the SIGHUP did not load the new principal")
+    # a file that does not load: refused, the principals before it stay
+    path.write_text("[[principal]]\nname = 'broken'\n")
+    with (
+        QueueClient(target, token=admin, reconnect=False) as client,
+        pytest.raises(ConfigError, match="needs token_sha256 or certificate_subject"),
+    ):
+        client.reload()
+    proc.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "tokens file not reloaded" in proc.log_path.read_text(), timeout=30)
+    assert late_works()
+    # qlayer reload applies a good one: late loses its grant
+    principals["late"] = (late, None, [("nothing-*", ["browse"])])
+    path.write_text(tokens_file(principals))
+    with QueueClient(target, token=admin, reconnect=False) as client:
+        assert client.reload().applied
+    with QueueClient(target, token=late, reconnect=False) as client:
+        assert client.queues() == []
+
+
+# --- mutual TLS -------------------------------------------------------------------------------
+
+
+@dataclass
+class MutualTls:
+    proc: CoordinatorProcess
+    queue: str
+    ca: CertAuthority
+    root_token: str
+
+    def client(self, cert: tuple[bytes, bytes] | None, token: str | None = None) -> QueueClient:
+        return QueueClient(
+            str(self.proc.address),
+            token=token,
+            tls_root_cert=self.ca.cert.read_bytes(),
+            tls_client_cert=cert,
+            reconnect=False,
+            timeout=30,
+        )
+
+
+@pytest.fixture(scope="module")
+def mutual_tls(broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MutualTls]:
+    home = tmp_path_factory.mktemp("mtls")
+    ca = CertAuthority(home / "ca")
+    server = ca.issue("/CN=localhost", server=True)
+    queue = f"mtls-{uuid.uuid4().hex[:8]}"
+    root = new_token()
+    path = home / "tokens.toml"
+    path.write_text(
+        tokens_file({
+            "auditor": (None, "CN=auditor,O=Acme", [("*", ["browse"])]),
+            "root": (root, None, [("*", RIGHTS)]),
+        })
+    )  # fmt: skip
+    cfg = write_config(
+        home / "qlayer.toml",
+        broker.bootstrap_servers,
+        [{"name": queue, "underlying_topic": queue}],
+        {
+            "id": f"mtls-{uuid.uuid4().hex[:8]}",
+            "tokens_file": str(path),
+            "tls_cert": str(server.cert),
+            "tls_key": str(server.key),
+            "tls_client_ca": str(ca.cert),
+        },
+    )
+    proc = CoordinatorProcess(cfg, home / "state", home / "coordinator.log")
+    proc.start()
+    try:
+        yield MutualTls(proc, queue, ca, root)
+    finally:
+        proc.stop()
+
+
+def test_client_certificate_subject_is_the_principal(mutual_tls: MutualTls) -> None:
+    auditor = mutual_tls.ca.issue("/O=Acme/CN=auditor").pair()
+    with mutual_tls.client(auditor) as client:
+        assert [s.queue for s in client.stats(mutual_tls.queue)] == [mutual_tls.queue]
+        with pytest.raises(PermissionDenied) as info:
+            client.publish(mutual_tls.queue, b"{}")
+        assert f"principal 'auditor' lacks 'publish' on queue '{mutual_tls.queue}'" in str(
+            info.value
+        )
+    # a token, when sent, names the principal (the certificate only opens the connection)
+    with mutual_tls.client(auditor, token=mutual_tls.root_token) as client:
+        client.publish(mutual_tls.queue, b"{}")
+    stranger = mutual_tls.ca.issue("/CN=stranger").pair()
+    with mutual_tls.client(stranger) as client, pytest.raises(Unauthenticated) as refused:
+        client.queues()
+    assert "client certificate subject 'CN=stranger' is not a principal" in str(refused.value)
+
+
+@pytest.mark.parametrize("case", ["expired", "wrong-ca", "none"])
+def test_bad_client_certificates_are_refused(
+    mutual_tls: MutualTls, case: str, tmp_path: Path
+) -> None:
+    if case == "expired":
+        cert: tuple[bytes, bytes] | None = mutual_tls.ca.issue(
+            "/CN=auditor/O=Acme", start="20200101000000Z", end="20200102000000Z"
+        ).pair()
+        reason = "certificate has expired"
+    elif case == "wrong-ca":
+        cert = CertAuthority(tmp_path / "rogue", "rogue-ca").issue("/O=Acme/CN=auditor").pair()
+        reason = "unable to get local issuer certificate"
+    else:
+        cert, reason = None, "PEER_DID_NOT_RETURN_A_CERTIFICATE"
+    with mutual_tls.client(cert) as client, pytest.raises(ConnectFailed) as info:
+        client.queues()
+    assert "refuses a client certificate that is missing, expired or not signed" in str(info.value)
+    # the coordinator says why in its log (gRPC's TLS layer reports the handshake failure)
+    wait_until(lambda: reason in mutual_tls.proc.log_path.read_text(), timeout=10)
+    good = mutual_tls.ca.issue("/O=Acme/CN=auditor").pair()
+    with mutual_tls.client(good) as client:  # and goes on serving the others
+        assert [i.name for i in client.queues()] == [mutual_tls.queue]
