@@ -16,7 +16,9 @@ mutual TLS, by its client certificate's subject. The old single tokens stay: ``a
 the principal ``auth_token`` with every right on every queue except Reload when an
 ``admin_token`` exists, ``admin_token`` the principal ``admin_token`` with everything. With no
 token, no tokens file and no client CA configured the API is open: every caller is
-``anonymous`` with every right.
+``anonymous`` with every right. With only a client CA (no tokens file, no token), the CA is
+the gate: a caller with a certificate it signed is the principal named by its subject, with
+every right.
 
 ``RPC_RIGHTS`` is the table from each call of ``qlayer.v1.QueueService`` to the right it
 needs; the server checks every call against it in one place (a test keeps it complete), and
@@ -214,6 +216,8 @@ class Access:
                 "auth_token", (Grant(EVERY_QUEUE, ALL_RIGHTS),), reload_refusal=refusal
             )
         self._open = not (tokens_file or auth_token or admin_token or mutual_tls)
+        # mutual TLS alone: any certificate the CA signed has every right
+        self._ca_is_gate = mutual_tls and not (tokens_file or auth_token or admin_token)
         self._policy = EMPTY_POLICY
         if tokens_file is not None:
             from layer.api.tokens import read_tokens_file
@@ -276,6 +280,8 @@ class Access:
                 raise self._reject("unknown token", "unknown bearer token")
             return principal
         if subject is not None:
+            if self._ca_is_gate:
+                return Principal(subject, (Grant(EVERY_QUEUE, ALL_RIGHTS),))
             principal = self._policy.by_subject.get(normalize_subject(subject))
             if principal is None:
                 raise self._reject(

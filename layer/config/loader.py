@@ -485,6 +485,8 @@ def _coordinator(
     if config.tokens_file is not None:
         from layer.api.tokens import read_tokens_file
 
+        if not config.tokens_file.is_file():
+            raise section.error("tokens_file", f"no such file: {config.tokens_file}")
         read_tokens_file(config.tokens_file)  # fail at load, naming the file and what is wrong
     return config
 

@@ -128,7 +128,42 @@ def test_legacy_tokens_keep_their_meaning() -> None:
     with pytest.raises(PermissionDenied, match="set \\[coordinator\\] admin_token.*SIGHUP"):
         only_user.authorize_everywhere(only_user.authenticate("Bearer user"), Right.ADMIN, "r")
     assert Access().open and Access().authenticate(None).name == "anonymous"
-    assert not Access(mutual_tls=True).open
+    # a client CA alone: the CA is the gate, the subject names the principal
+    gate = Access(mutual_tls=True)
+    assert not gate.open
+    gate.authorize(gate.authenticate(None, "CN=any,O=Acme"), Right.ADMIN, "q")
+    with pytest.raises(Unauthenticated, match="or a client certificate"):
+        gate.authenticate(None)
+    with pytest.raises(Unauthenticated, match="not a principal"):  # a token too: it decides
+        Access(mutual_tls=True, auth_token="t").authenticate(None, "CN=any")
+
+
+def test_config_options_tokens_file_and_tls_client_ca(tmp_path: Path) -> None:
+    from layer.config import load
+
+    for name in ("c.pem", "k.pem", "ca.pem"):
+        (tmp_path / name).write_text("pem")
+    (tmp_path / "tokens.toml").write_text(FILE)
+    queue = '[[queue]]\nname = "q"\nunderlying_topic = "t"\n'
+    cfg = tmp_path / "qlayer.toml"
+
+    def load_with(coordinator: str) -> object:
+        cfg.write_text(f"[coordinator]\n{coordinator}\n{queue}")
+        return load(cfg, env={})
+
+    tls = 'tls_cert = "c.pem"\ntls_key = "k.pem"\n'
+    config = load_with(f'{tls}tls_client_ca = "ca.pem"\ntokens_file = "tokens.toml"')
+    assert config.coordinator.tls_client_ca == tmp_path / "ca.pem"  # type: ignore[attr-defined]
+    assert config.coordinator.tokens_file == tmp_path / "tokens.toml"  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="option 'tls_client_ca': needs tls_cert and tls_key"):
+        load_with('tls_client_ca = "ca.pem"')
+    with pytest.raises(ConfigError, match="option 'tls_client_ca': no such file"):
+        load_with(f'{tls}tls_client_ca = "nope.pem"')
+    with pytest.raises(ConfigError, match="option 'tokens_file': no such file"):
+        load_with('tokens_file = "nope.toml"')
+    (tmp_path / "tokens.toml").write_text("[[principal]]\nname = 'x'\n")
+    with pytest.raises(ConfigError, match=r"tokens file .*tokens.toml: principal 'x': needs"):
+        load_with('tokens_file = "tokens.toml"')
 
 
 def test_reload_replaces_principals_and_a_bad_file_keeps_the_old(tmp_path: Path) -> None:
