@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from layer.exceptions import PermissionDenied, Unauthenticated
+from layer.exceptions import ConfigError, PermissionDenied, Unauthenticated
 
 __all__ = [
     "ANONYMOUS",
@@ -183,8 +183,10 @@ class _DenialLog:
 class Access:
     """The API's access control: identifies callers and checks their rights.
 
-    ``tokens_file`` is read now (a ``ConfigError`` if it does not load) and again by
-    ``reload``; ``auth_token``/``admin_token`` are the single tokens of older configs;
+    ``tokens_file`` is read now (a ``ConfigError`` if it does not load), again by ``reload``,
+    and when it changes (looked at, by its modification time and size, at most every
+    ``watch_interval`` seconds as calls come in; None: only by ``reload``).
+    ``auth_token``/``admin_token`` are the single tokens of older configs;
     ``mutual_tls`` says the server verifies client certificates, whose subjects then identify
     callers that send no token.
     """
@@ -197,8 +199,12 @@ class Access:
         admin_token: str | None = None,
         mutual_tls: bool = False,
         log_interval: float = 60.0,
+        watch_interval: float | None = 2.0,
     ) -> None:
         self._tokens_file = tokens_file
+        self._watch_interval = watch_interval
+        self._next_look = 0.0
+        self._stamp: tuple[int, int] | None = None
         self._mutual_tls = mutual_tls
         self._legacy: dict[str, Principal] = {}
         if admin_token:
@@ -222,6 +228,7 @@ class Access:
         if tokens_file is not None:
             from layer.api.tokens import read_tokens_file
 
+            self._stamp = self._file_stamp()
             self._policy = read_tokens_file(tokens_file)
         self._denials = _DenialLog(log_interval)
         self._rejections = _DenialLog(log_interval)
@@ -242,6 +249,7 @@ class Access:
             return None
         from layer.api.tokens import read_tokens_file
 
+        self._stamp = self._file_stamp()  # a broken file is not read again until it changes
         return read_tokens_file(self._tokens_file)
 
     def apply(self, policy: Policy | None) -> None:
@@ -259,6 +267,30 @@ class Access:
         """Read the tokens file again; on a ``ConfigError`` the old principals stay."""
         self.apply(self.read())
 
+    def _file_stamp(self) -> tuple[int, int] | None:
+        assert self._tokens_file is not None
+        try:
+            stat = self._tokens_file.stat()
+        except OSError:
+            return None
+        return stat.st_mtime_ns, stat.st_size
+
+    def _follow_file(self) -> None:
+        """Reload the tokens file if it changed since it was read (checked at most every
+        ``watch_interval`` seconds: a stat, no read, while it is unchanged)."""
+        if self._tokens_file is None or self._watch_interval is None:
+            return
+        now = time.monotonic()
+        if now < self._next_look:
+            return
+        self._next_look = now + self._watch_interval
+        if self._file_stamp() == self._stamp:
+            return
+        try:
+            self.reload()
+        except ConfigError as exc:
+            log.error("tokens file changed but not loaded, its principals stay: %s", exc)
+
     # --- who is calling -----------------------------------------------------------------------
 
     def authenticate(self, authorization: str | None, subject: str | None = None) -> Principal:
@@ -267,6 +299,7 @@ class Access:
         ``Unauthenticated`` with a message that never repeats the token."""
         if self._open:
             return ANONYMOUS
+        self._follow_file()
         if authorization is not None:
             scheme, _, token = authorization.strip().partition(" ")
             token = token.strip()

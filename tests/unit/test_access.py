@@ -178,6 +178,20 @@ def test_reload_replaces_principals_and_a_bad_file_keeps_the_old(tmp_path: Path)
     assert access.authenticate(f"Bearer {WORKER}").name == "renamed"
 
 
+def test_a_changed_tokens_file_is_followed(tmp_path: Path) -> None:
+    access = access_of(FILE, tmp_path, watch_interval=0.0)
+    path = tmp_path / "tokens.toml"
+    late = new_token()
+    path.write_text(FILE + f'[[principal]]\nname = "late"\ntoken_sha256 = "{token_hash(late)}"\n')
+    assert access.authenticate(f"Bearer {late}").name == "late"
+    path.write_text("not toml [")  # broken: logged, the principals before it stay
+    assert access.authenticate(f"Bearer {late}").name == "late"
+    unwatched = access_of(FILE, tmp_path, watch_interval=None)
+    path.write_text(FILE.replace('"auditor"', '"renamed"'))
+    assert unwatched.authenticate(f"Bearer {AUDITOR}").name == "auditor"
+    assert access.authenticate(f"Bearer {AUDITOR}").name == "renamed"
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
