@@ -264,7 +264,8 @@ def _parser() -> argparse.ArgumentParser:
             "while it runs (underlying_topic, semantics, [coordinator], ...) refuses the whole\n"
             "reload: nothing changes. Prints what was added, removed, changed or refused.\n"
             "Exit codes: 0 applied, 2 the file does not load (nothing changed), 3 refused.\n"
-            "An admin call: where the coordinator has an admin_token, pass it with --token."
+            "An admin call: pass a token with the admin right on every queue (a tokens-file\n"
+            "grant on \"*\") or the coordinator's admin_token, with --token."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
