@@ -13,12 +13,12 @@ glob pattern (``orders-*``; ``*`` is every queue). The four rights, and the call
 A caller is identified by a bearer token (metadata ``authorization: Bearer <token>``), looked
 up by its SHA-256 in the tokens file (``layer.api.tokens``), or, without a token and with
 mutual TLS, by its client certificate's subject. The old single tokens stay: ``auth_token`` is
-the principal ``auth_token`` with every right on every queue except Reload when an
-``admin_token`` exists, ``admin_token`` the principal ``admin_token`` with everything. With no
-token, no tokens file and no client CA configured the API is open: every caller is
-``anonymous`` with every right. With only a client CA (no tokens file, no token), the CA is
-the gate: a caller with a certificate it signed is the principal named by its subject, with
-every right.
+the principal ``auth_token`` with every right on every queue but Reload, ``admin_token`` the
+principal ``admin_token`` with everything; with an ``admin_token`` alone, as before, a caller
+without a token is ``anonymous`` with every right but Reload. With no token, no tokens file and
+no client CA configured the API is open: every caller is ``anonymous`` with every right. With
+only a client CA (no tokens file, no token), the CA is the gate: a caller with a certificate it
+signed is the principal named by its subject, with every right.
 
 ``RPC_RIGHTS`` is the table from each call of ``qlayer.v1.QueueService`` to the right it
 needs; the server checks every call against it in one place (a test keeps it complete), and
@@ -222,6 +222,15 @@ class Access:
                 "auth_token", (Grant(EVERY_QUEUE, ALL_RIGHTS),), reload_refusal=refusal
             )
         self._open = not (tokens_file or auth_token or admin_token or mutual_tls)
+        # admin_token alone (older configs): only Reload needs a token, as it always did
+        self._anonymous: Principal | None = None
+        if admin_token and not (tokens_file or auth_token or mutual_tls):
+            self._anonymous = Principal(
+                "anonymous",
+                (Grant(EVERY_QUEUE, ALL_RIGHTS),),
+                reload_refusal="reload is an admin call: call with the admin token"
+                " (metadata authorization: Bearer <admin_token>)",
+            )
         # mutual TLS alone: any certificate the CA signed has every right
         self._ca_is_gate = mutual_tls and not (tokens_file or auth_token or admin_token)
         self._policy = EMPTY_POLICY
@@ -323,6 +332,8 @@ class Access:
                     f" {self._policy.source}",
                 )
             return principal
+        if self._anonymous is not None:
+            return self._anonymous
         how = "metadata authorization: Bearer <token>"
         if self._mutual_tls:
             how += ", or a client certificate"

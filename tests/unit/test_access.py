@@ -128,6 +128,13 @@ def test_legacy_tokens_keep_their_meaning() -> None:
     with pytest.raises(PermissionDenied, match="set \\[coordinator\\] admin_token.*SIGHUP"):
         only_user.authorize_everywhere(only_user.authenticate("Bearer user"), Right.ADMIN, "r")
     assert Access().open and Access().authenticate(None).name == "anonymous"
+    # admin_token alone: as before, only Reload needs a token
+    admin_only = Access(admin_token="adm")
+    anonymous = admin_only.authenticate(None)
+    admin_only.authorize(anonymous, Right.ADMIN, "q")
+    with pytest.raises(PermissionDenied, match="call with the admin token"):
+        admin_only.authorize_everywhere(anonymous, Right.ADMIN, "reload")
+    admin_only.authorize_everywhere(admin_only.authenticate("Bearer adm"), Right.ADMIN, "r")
     # a client CA alone: the CA is the gate, the subject names the principal
     gate = Access(mutual_tls=True)
     assert not gate.open
