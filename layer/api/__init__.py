@@ -1,6 +1,7 @@
 """The API: gRPC transport (protobuf, ``proto/qlayer/v1/queue.proto``) in front of the
 coordinator's ``QueueService``."""
 
+from layer.api.access import RPC_RIGHTS, Access, Grant, Principal, Right
 from layer.api.server import ApiServer
 from layer.api.service import (
     AckFailure,
@@ -18,11 +19,15 @@ from layer.api.service import (
 )
 
 __all__ = [
+    "RPC_RIGHTS",
+    "Access",
     "AckFailure",
     "AckWhereResult",
     "ApiServer",
     "DeliveredMessage",
     "DeliverySink",
+    "Grant",
+    "Principal",
     "QueueInfo",
     "QueueService",
     "QueueStats",
@@ -30,5 +35,6 @@ __all__ = [
     "ReloadChange",
     "ReloadRefusal",
     "ReloadResult",
+    "Right",
     "Subscription",
 ]
