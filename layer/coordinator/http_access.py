@@ -6,7 +6,9 @@ A route that needs a right is wrapped once where it is added::
                                              queue_param="queue"))
 
 or calls ``authorize`` itself (a route that filters, say, lists only the queues the caller may
-browse: ``principal_of`` then ``access.visible``). Credentials come from the request's
+browse: ``principal_of`` then ``access.visible``). A router that takes one hook for all its
+routes gets it from ``hook(access)``: ``check(request, "browse", queue)`` is None when
+allowed, else the response to send. Credentials come from the request's
 ``Authorization: Bearer <token>`` header (a browser page sends it with ``fetch``; no cookie is
 accepted, so a page elsewhere cannot make the browser act for its user). A missing or unknown
 token is 401 with ``WWW-Authenticate: Bearer``; a missing right is 403 naming the principal,
@@ -23,7 +25,7 @@ from layer.api.access import Access, Principal, Right
 from layer.coordinator.http import Handler, Request, Response
 from layer.exceptions import PermissionDenied, Unauthenticated
 
-__all__ = ["authorize", "guarded", "principal_of", "query_param"]
+__all__ = ["AuthorizeHook", "authorize", "guarded", "hook", "principal_of", "query_param"]
 
 _CHALLENGE = ("WWW-Authenticate", 'Bearer realm="qlayer"')
 
@@ -57,6 +59,20 @@ def authorize(
         body = {"error": str(exc), "code": "permission_denied"}
         return Response.json(HTTPStatus.FORBIDDEN, body)
     return principal
+
+
+AuthorizeHook = Callable[[Request, Right | str, str | None], Response | None]
+
+
+def hook(access: Access) -> AuthorizeHook:
+    """``authorize`` bound to ``access``, as one hook for a router: ``(request, right, queue)``
+    -> None when the caller may, else the 401/403 response. ``right`` may be its name."""
+
+    def check(request: Request, right: Right | str, queue: str | None) -> Response | None:
+        outcome = authorize(access, request, Right(right), queue)
+        return outcome if isinstance(outcome, Response) else None
+
+    return check
 
 
 def guarded(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from layer.api.access import Access, Right, token_hash
 from layer.coordinator.http import Request, Response, Router
-from layer.coordinator.http_access import authorize, guarded, principal_of, query_param
+from layer.coordinator.http_access import authorize, guarded, hook, principal_of, query_param
 
 
 def access(tmp_path: Path) -> Access:
@@ -65,3 +65,16 @@ def test_authorize_and_principal_of_for_routes_that_check_themselves(tmp_path: P
     assert query_param(request("x=1"), "queue") is None
     open_ = Access()  # nothing configured: the listener stays open, as before
     assert principal_of(open_, request()) == authorize(open_, request(), Right.ADMIN, "q")
+
+
+def test_one_hook_for_a_router(tmp_path: Path) -> None:
+    check = hook(access(tmp_path))
+    assert check(request(token="viewer-token"), "browse", "orders-eu") is None
+    assert check(request(token="viewer-token"), Right.BROWSE, None) is None  # authenticated
+    denied = check(request(token="viewer-token"), "publish", "orders-eu")
+    assert denied is not None and denied.status == 403
+    assert json.loads(denied.body)["error"] == (
+        "principal 'viewer' lacks 'publish' on queue 'orders-eu'"
+    )
+    missing = check(request(), "browse", "orders-eu")
+    assert missing is not None and missing.status == 401
