@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from layer.api.access import RPC_RIGHTS, Right, token_hash
 from layer.api.errors import CODE_METADATA_KEY
-from layer.api.frames import BROWSE_CODEC, Browse
+from layer.api.frames import BROWSE_CODEC, CLIENT_FRAME_CODEC, Browse, Subscribe
 from layer.api.tokens import new_token
 from layer.client import QueueClient
 from layer.exceptions import ConfigError, ConnectFailed, PermissionDenied, Unauthenticated
@@ -213,6 +213,8 @@ def test_malformed_tokens_and_headers_are_unauthenticated(served: Served) -> Non
     assert served.proc.address is not None
     channel = grpc.insecure_channel(served.proc.address)
     list_queues = channel.unary_unary("/qlayer.v1.QueueService/ListQueues")
+    subscribe = channel.stream_stream("/qlayer.v1.QueueService/Subscribe")
+    first = CLIENT_FRAME_CODEC.encode(Subscribe(served.queue, 1))
     outcomes: dict[str, int] = {}
 
     @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -228,18 +230,24 @@ def test_malformed_tokens_and_headers_are_unauthenticated(served: Served) -> Non
         ),
         extra=st.lists(st.tuples(_KEYS, _ASCII), max_size=3),
         binary=st.lists(st.binary(max_size=64), max_size=2),
+        stream=st.booleans(),
     )
     # one of each refusal, whatever the random draw
-    @example(authorization=["Bearer abcdefgh"], extra=[], binary=[])
-    @example(authorization=[], extra=[("x-token", "abc")], binary=[b"\x00"])
-    @example(authorization=["Basic Zm9vOmJhcg=="], extra=[], binary=[])
-    @example(authorization=["Bearer a1b2c3d4", "Bearer e5f6g7h8"], extra=[], binary=[])
-    def call(authorization: list[str], extra: list[tuple[str, str]], binary: list[bytes]) -> None:
+    @example(authorization=["Bearer abcdefgh"], extra=[], binary=[], stream=False)
+    @example(authorization=[], extra=[("x-token", "abc")], binary=[b"\x00"], stream=False)
+    @example(authorization=["Basic Zm9vOmJhcg=="], extra=[], binary=[], stream=False)
+    @example(authorization=["Bearer a1b2c3d4", "Bearer e5f6g7h8"], extra=[], binary=[], stream=True)
+    def call(
+        authorization: list[str], extra: list[tuple[str, str]], binary: list[bytes], stream: bool
+    ) -> None:
         metadata = [("authorization", value) for value in authorization]
         metadata += [(k, v) for k, v in extra if k != "authorization"]
         metadata += [("authorization-bin", value) for value in binary]
         with pytest.raises(grpc.RpcError) as info:
-            list_queues(b"", metadata=metadata, timeout=30)
+            if stream:  # the subscription stream authenticates after its first frame
+                next(subscribe(iter([first]), metadata=metadata, timeout=30))
+            else:
+                list_queues(b"", metadata=metadata, timeout=30)
         error = info.value
         assert error.code() == grpc.StatusCode.UNAUTHENTICATED, error.details()
         details = error.details() or ""

@@ -6,6 +6,9 @@ import asyncio
 import json
 from pathlib import Path
 
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
 from layer.api.access import Access, Right, token_hash
 from layer.coordinator.http import Request, Response, Router
 from layer.coordinator.http_access import authorize, guarded, hook, principal_of, query_param
@@ -78,3 +81,23 @@ def test_one_hook_for_a_router(tmp_path: Path) -> None:
     )
     missing = check(request(), "browse", "orders-eu")
     assert missing is not None and missing.status == 401
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    value=st.one_of(st.text(max_size=200), st.text(max_size=20).map(lambda t: f"Bearer {t}")),
+    queue=st.text(max_size=60),
+)
+@example(value=" bearer   user ", queue="q")
+def test_any_authorization_header_is_401_or_allowed(value: str, queue: str) -> None:
+    """Whatever the header (parse_head hands over any latin-1 text), the check answers 401
+    with a reason or lets a valid token's principal through; it never fails."""
+    acl = Access(tokens_file=None, auth_token="user")
+    headers = {"authorization": value}
+    outcome = authorize(acl, Request("GET", "/api", "", "HTTP/1.1", headers), Right.BROWSE, queue)
+    if isinstance(outcome, Response):
+        assert outcome.status == 401
+        assert json.loads(outcome.body)["code"] == "unauthenticated"
+    else:
+        scheme, _, token = value.strip().partition(" ")
+        assert (scheme.lower(), token.strip()) == ("bearer", "user")
