@@ -32,7 +32,7 @@ import fnmatch
 import hashlib
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -131,6 +131,8 @@ class Principal:
     # Why Reload is refused although the grants would allow it (the legacy auth_token, where
     # an admin_token exists or none does); None: the grants decide.
     reload_refusal: str | None = None
+    # From the tokens file: a reload may change or remove it (see Access.current)
+    from_file: bool = False
 
     def allows(self, right: Right, queue: str) -> bool:
         return any(grant.covers(right, queue) for grant in self.grants)
@@ -239,6 +241,7 @@ class Access:
 
             self._stamp = self._file_stamp()
             self._policy = read_tokens_file(tokens_file)
+        self._listeners: list[Callable[[], None]] = []
         self._denials = _DenialLog(log_interval)
         self._rejections = _DenialLog(log_interval)
 
@@ -261,10 +264,27 @@ class Access:
         self._stamp = self._file_stamp()  # a broken file is not read again until it changes
         return read_tokens_file(self._tokens_file)
 
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after each newly applied tokens file (the API server ends the
+        streams of principals that lost their right)."""
+        self._listeners.append(listener)
+
+    def current(self, principal: Principal) -> Principal | None:
+        """``principal`` as the tokens file now has it (None: removed from it); principals
+        not from the file (the single tokens, anonymous, a CA's subjects) never change."""
+        if not principal.from_file:
+            return principal
+        for candidate in self._policy.principals:
+            if candidate.name == principal.name:
+                return candidate
+        return None
+
     def apply(self, policy: Policy | None) -> None:
         if policy is None:
             return
         self._policy = policy
+        for listener in list(self._listeners):
+            listener()
         log.info(
             "tokens file loaded source=%s principals=%d",
             policy.source,

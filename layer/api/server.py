@@ -20,7 +20,9 @@ Access (``layer.api.access``): every call is first authenticated (a bearer token
 mutual TLS the client certificate's subject; UNAUTHENTICATED otherwise), then checked in one
 place, ``_check``, against ``RPC_RIGHTS`` on the queue the request names (PERMISSION_DENIED
 ``permission_denied`` naming the principal, the right and the queue). A Replace on a stream is
-checked like a Subscribe and refused with an Error frame.
+checked like a Subscribe and refused with an Error frame. When a new tokens file is applied,
+every open stream is checked again, and one whose principal lost ``consume`` ends with
+PERMISSION_DENIED (its leases return).
 
 A subscription whose queue a reload removes ends with NOT_FOUND, its message naming the queue.
 
@@ -232,6 +234,15 @@ async def _abort(
     raise AssertionError("context.abort returned")  # it always raises
 
 
+@dataclass(slots=True)
+class _Watched:
+    """An open stream as access control sees it: who opened it, on what queue (or regex)."""
+
+    principal: Principal
+    queue: str
+    sink: _StreamSink
+
+
 class _Closer:
     """Closes a subscription exactly once, from whichever path notices the end first."""
 
@@ -313,6 +324,9 @@ class ApiServer:
         self._server: grpc.aio.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()  # acks in flight
         self._unclosed: set[_Closer] = set()  # one per subscription not closed yet
+        # open streams, checked again whenever a new tokens file is applied
+        self._streams: dict[_Closer, _Watched] = {}
+        self._access.on_change(self._recheck_streams)
         self.port: int | None = None
 
     async def start(self) -> int:
@@ -430,6 +444,23 @@ class ApiServer:
                     self._access.authorize(principal, right, name)
         except PermissionDenied as exc:
             await _refuse(context, exc)
+
+    def _recheck_streams(self) -> None:
+        """A new tokens file: end the streams whose principal lost ``consume`` on their queue
+        (or is gone), with PERMISSION_DENIED; their leases return. The others go on."""
+        for watched in list(self._streams.values()):
+            current = self._access.current(watched.principal)
+            try:
+                if current is None:
+                    raise PermissionDenied(
+                        f"principal {watched.principal.name!r} is no longer in the tokens file"
+                    )
+                for name in self._queues_named(watched.queue):
+                    self._access.authorize(current, RPC_RIGHTS["Subscribe"], name)
+            except PermissionDenied as exc:
+                watched.sink.close("permission revoked", exc)
+            else:
+                watched.principal = current
 
     def _queues_named(self, queue: str) -> list[str]:
         """The queues a request's ``queue`` names: itself, or for a regex (``^...``, as
@@ -562,6 +593,7 @@ class ApiServer:
         sink = _StreamSink()
         subscription = await self._open(first, sink, context)
         closer = _Closer(subscription, self._unclosed)
+        watched = self._streams[closer] = _Watched(principal, first.queue, sink)
         # Belt and braces: the finally below runs on cancellation too, but the done callback
         # also covers a handler that grpc tears down without resuming it.
         context.add_done_callback(lambda _: closer.close())
@@ -579,12 +611,13 @@ class ApiServer:
                 first.filter,
             )
             reader = asyncio.get_running_loop().create_task(
-                self._read_frames(context, subscription, sink, principal)
+                self._read_frames(context, subscription, sink, watched)
             )
             await self._write_frames(context, sink)
         finally:
             if reader is not None:
                 reader.cancel()
+            self._streams.pop(closer, None)
             await asyncio.shield(closer.close())
 
     async def _open(
@@ -614,7 +647,7 @@ class ApiServer:
         context: grpc.aio.ServicerContext,
         subscription: Subscription,
         sink: _StreamSink,
-        principal: Principal,
+        watched: _Watched,
     ) -> None:
         try:
             while True:
@@ -628,7 +661,7 @@ class ApiServer:
                 elif isinstance(frame, Replace):
                     # A task too, so it starts after the acks sent before it (awaiting it here
                     # would run it ahead of their not yet started tasks).
-                    self._spawn(self._replace(subscription, frame, sink, principal))
+                    self._spawn(self._replace(subscription, frame, sink, watched))
                 elif isinstance(frame, _Malformed):
                     log.warning(
                         "malformed frame skipped subscription=%s reason=%s",
@@ -660,12 +693,12 @@ class ApiServer:
         sink.send(AckResult(frame.request_id, list(failures)))
 
     async def _replace(
-        self, subscription: Subscription, frame: Replace, sink: _StreamSink, principal: Principal
+        self, subscription: Subscription, frame: Replace, sink: _StreamSink, watched: _Watched
     ) -> None:
         try:
             # checked like a Subscribe: a stream must not move to a queue it may not consume
             for name in self._queues_named(frame.queue):
-                self._access.authorize(principal, RPC_RIGHTS["Subscribe"], name)
+                self._access.authorize(watched.principal, RPC_RIGHTS["Subscribe"], name)
             backlog = await subscription.replace(frame.queue, frame.max_backlog, frame.filter)
         except Exception as exc:  # refused: the subscription stays as it was, the stream open
             if not isinstance(exc, QLayerError):
@@ -679,6 +712,7 @@ class ApiServer:
             backlog,
             frame.filter,
         )
+        watched.queue = frame.queue
         sink.send(Replaced(frame.request_id, backlog))
 
     async def _write_frames(self, context: grpc.aio.ServicerContext, sink: _StreamSink) -> None:

@@ -124,7 +124,11 @@ def _principal(table: Any, where: str) -> tuple[Principal, list[str], str | None
     if not isinstance(grants, list):
         raise ConfigError(f"{where}: grant must be [[principal.grant]] tables")
     return (
-        Principal(name, tuple(_grant(g, f"{where}: grant #{i}") for i, g in enumerate(grants, 1))),
+        Principal(
+            name,
+            tuple(_grant(g, f"{where}: grant #{i}") for i, g in enumerate(grants, 1)),
+            from_file=True,
+        ),
         list(hashes),
         subject,
     )

@@ -31,9 +31,10 @@ pytestmark = pytest.mark.integration
 RIGHTS = [str(r) for r in Right]
 
 
-def tokens_file(
-    principals: dict[str, tuple[str | None, str | None, list[tuple[str, list[str]]]]],
-) -> str:
+Entry = tuple[str | None, str | None, list[tuple[str, list[str]]]]
+
+
+def tokens_file(principals: dict[str, Entry]) -> str:
     """name -> (token, certificate subject, [(queue glob, rights)])."""
     lines = []
     for name, (token, subject, grants) in principals.items():
@@ -440,3 +441,44 @@ def test_bad_client_certificates_are_refused(
     good = mutual_tls.ca.issue("/O=Acme/CN=auditor").pair()
     with mutual_tls.client(good) as client:  # and goes on serving the others
         assert [i.name for i in client.queues()] == [mutual_tls.queue]
+
+
+def test_revoking_consume_ends_open_streams_and_returns_their_leases(
+    coordinator_factory: Callable[..., CoordinatorProcess], names: Callable[[str], str],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    q = names("q")
+    admin, worker, bystander = new_token(), new_token(), new_token()
+    principals: dict[str, Entry] = {
+        "admin": (admin, None, [("*", RIGHTS)]),
+        "worker": (worker, None, [(q, ["consume"])]),
+        "bystander": (bystander, None, [(q, ["consume"])]),
+    }
+    path = tmp_path / "tokens.toml"
+    path.write_text(tokens_file(principals))
+    proc = coordinator_factory([{"name": q, "underlying_topic": q}], tokens_file=str(path))
+    target = str(proc.address)
+    with QueueClient(target, token=admin) as client:
+        published = {str(client.publish(q, b"{}")) for _ in range(2)}
+    with (
+        QueueClient(target, token=worker) as worker_client,
+        QueueClient(target, token=bystander) as bystander_client,
+        worker_client.subscribe(q, max_backlog=2) as held,
+    ):
+        got = [wait_until(lambda: held.next(timeout=1), timeout=30) for _ in range(2)]
+        assert {m.bookmark for m in got} == published  # the worker holds both
+        with bystander_client.subscribe(q, max_backlog=5) as other:
+            assert other.next(timeout=0.5) is None
+            principals["worker"] = (worker, None, [(q, ["browse"])])  # consume revoked
+            path.write_text(tokens_file(principals))
+            with QueueClient(target, token=admin) as client:
+                client.reload()
+            with pytest.raises(
+                PermissionDenied, match=f"principal 'worker' lacks 'consume' on queue '{q}'"
+            ):
+                wait_until(lambda: held.next(timeout=1), timeout=30)
+            # its leases came back: the bystander, untouched, gets both
+            again = {
+                wait_until(lambda: other.next(timeout=1), timeout=30).bookmark for _ in range(2)
+            }
+            assert again == published

@@ -255,3 +255,21 @@ def test_token_new_prints_a_table_that_loads(capsys: pytest.CaptureFixture[str])
     assert main(["token", "new", "svc", "--rights", "eat"]) == 2
     assert "unknown right 'eat'" in capsys.readouterr().err
     assert principal_table("a", "t").count("[[principal") == 2
+
+
+def test_current_follows_the_file_and_listeners_hear_of_changes(tmp_path: Path) -> None:
+    access = access_of(FILE, tmp_path)
+    heard: list[int] = []
+    access.on_change(lambda: heard.append(1))
+    worker = access.authenticate(f"Bearer {WORKER}")
+    assert access.current(worker) == worker
+    (tmp_path / "tokens.toml").write_text(FILE.split('[[principal]]\nname = "auditor"')[0])
+    access.reload()
+    assert heard == [1]
+    assert access.current(worker) == worker  # still there, same grants
+    (tmp_path / "tokens.toml").write_text(FILE.replace('"orders-worker"', '"other"'))
+    access.reload()
+    assert access.current(worker) is None  # gone from the file
+    legacy = Access(auth_token="t")
+    user = legacy.authenticate("Bearer t")
+    assert legacy.current(user) is user  # not from a file: never changes
