@@ -584,8 +584,16 @@ def _stats_from(r: Any) -> QueueStats:
         delivered_total=r.delivered_total,
         acked_total=r.acked_total,
         dead_lettered_total=r.dead_lettered_total,
-        extra=dict(r.extra),
+        extra={k: _count_or_measure(k, v) for k, v in r.extra.items()},
     )
+
+
+def _count_or_measure(name: str, value: float) -> float | int:
+    """A stats figure from the wire (a double): counts come back as integers (a double holds
+    every integer up to 2**53 exactly); measures (``*_s``, ``*_ms``) stay floats."""
+    if value.is_integer() and not name.endswith(("_s", "_ms")):
+        return int(value)
+    return value
 
 
 def _info_to(q: QueueInfo) -> Any:

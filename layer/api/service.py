@@ -139,7 +139,9 @@ class QueueStats:
     delivered_total: int
     acked_total: int
     dead_lettered_total: int
-    extra: dict[str, float] = field(default_factory=dict)
+    # more figures by name: counts are ints (``*_total`` counters survive restarts), measures
+    # (``*_s``, ``*_ms``) floats
+    extra: dict[str, float | int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -422,6 +422,7 @@ class Coordinator:
                     changelog=self._changelog,
                     now_ms=int(self._clock() * 1000),
                 )
+        rt.counters.redriven += result.moved
         log.info(
             "queue=%s redrive filter=%r: moved=%d already=%d unmatched=%d",
             queue,
