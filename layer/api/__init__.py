@@ -5,6 +5,7 @@ from layer.api.server import ApiServer
 from layer.api.service import (
     AckFailure,
     AckWhereResult,
+    DeadLetter,
     DeliveredMessage,
     DeliverySink,
     QueueInfo,
@@ -21,6 +22,7 @@ __all__ = [
     "AckFailure",
     "AckWhereResult",
     "ApiServer",
+    "DeadLetter",
     "DeliveredMessage",
     "DeliverySink",
     "QueueInfo",

@@ -12,7 +12,8 @@ reflection (``grpc.reflection.v1alpha``, so ``grpcurl`` can list and call it):
   the subscription is closed exactly once, which returns the consumer's leases at once.
   Acks arrive as runs of offsets per partition; they are expanded here, at the edge, into the
   bookmarks ``Subscription.ack`` takes.
-- ``Publish``, ``Stats``, ``ListQueues``, ``Browse``, ``AckWhere``, ``Redrive`` (unary).
+- ``Publish``, ``Stats``, ``ListQueues``, ``Browse``, ``AckWhere``, ``Redrive``, ``DeadLetters``
+  (unary).
 - ``Reload`` (unary, admin): read the config file again and apply it (``ReloadReply``); a file
   that does not load is INVALID_ARGUMENT. With an ``admin_token`` it needs that token; with only
   an ``auth_token`` it is refused (PERMISSION_DENIED): the operator sends SIGHUP instead.
@@ -46,6 +47,8 @@ from layer.api.frames import (
     BROWSE_CODEC,
     BROWSE_REPLY_CODEC,
     CLIENT_FRAME_CODEC,
+    DEAD_LETTERS_CODEC,
+    DEAD_LETTERS_REPLY_CODEC,
     LIST_QUEUES_CODEC,
     PUBLISH_CODEC,
     PUBLISHED_CODEC,
@@ -65,6 +68,8 @@ from layer.api.frames import (
     Browse,
     BrowseReply,
     Close,
+    DeadLetters,
+    DeadLettersReply,
     Error,
     FrameCodec,
     ListQueues,
@@ -362,6 +367,11 @@ class ApiServer:
                     request_deserializer=_lenient(ACK_WHERE_CODEC),
                     response_serializer=ACK_WHERE_REPLY_CODEC.encode,
                 ),
+                "DeadLetters": grpc.unary_unary_rpc_method_handler(
+                    self._dead_letters,
+                    request_deserializer=_lenient(DEAD_LETTERS_CODEC),
+                    response_serializer=DEAD_LETTERS_REPLY_CODEC.encode,
+                ),
                 "Redrive": grpc.unary_unary_rpc_method_handler(
                     self._redrive,
                     request_deserializer=_lenient(REDRIVE_CODEC),
@@ -498,6 +508,17 @@ class ApiServer:
         except QLayerError as exc:
             await _refuse(context, exc)
         return RedriveReply(result.moved, result.already, result.unmatched)
+
+    async def _dead_letters(
+        self, request: object, context: grpc.aio.ServicerContext
+    ) -> DeadLettersReply:
+        await self._authorize(context)
+        req = await self._request(context, request, DeadLetters)
+        try:
+            letters = await self._service.dead_letters(req.queue, req.filter, req.limit)
+        except QLayerError as exc:
+            await _refuse(context, exc)
+        return DeadLettersReply(letters)
 
     async def _reload(self, request: object, context: grpc.aio.ServicerContext) -> ReloadReply:
         await self._authorize_admin(context)
