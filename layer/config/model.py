@@ -124,8 +124,10 @@ class CoordinatorConfig:
     topic_refresh_interval: float = 5.0  # seconds between looks for new topics matching a regex
     tls_cert: Path | None = None  # PEM certificate (chain) of the API; with tls_key, serve TLS
     tls_key: Path | None = None  # PEM private key of the API
-    # host:port of the HTTP listener (/healthz, /readyz); None = no HTTP listener
+    # host:port of the HTTP listener (/healthz, /readyz, /metrics, the console); None = none
     http: str | None = None
+    # the right a scraper of /metrics needs ("browse", "admin"); None = open (the default)
+    metrics_right: str | None = None
     # a queue's partitions are snapshotted in its changelog after this many changelog records
     # (or as many as the last snapshot had runs, if more), 0 = not by count ...
     snapshot_every: int = 1000

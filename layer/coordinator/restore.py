@@ -103,7 +103,7 @@ class Restore:
         def report(done: int, total: int) -> None:
             line = f"queue={q.name} {done}/{total} changelog records"
             if starting:
-                self._health.restoring(line)
+                self._health.restoring(line, done, total)
             self._progress(f"restoring {line}")
 
         result = await self._until_reachable(

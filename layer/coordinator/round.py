@@ -319,6 +319,14 @@ class Round:
                     sub.sink.deliver(messages)
 
 
+class RoundTimings(Protocol):
+    """Told how long rounds take (``layer.coordinator.metrics.Metrics``)."""
+
+    def round(self, seconds: float) -> None: ...
+
+    def commit(self, seconds: float) -> None: ...
+
+
 class Reader(Protocol):
     @property
     def error(self) -> BaseException | None: ...
@@ -342,7 +350,9 @@ class Rounds:
         commit_interval: float,
         interrupt: threading.Event,
         snapshots: Snapshots | None = None,
+        timings: RoundTimings | None = None,
     ) -> None:
+        self._timings = timings
         self._runtimes = runtimes
         self._store = store
         self._changelog = changelog
@@ -389,6 +399,7 @@ class Rounds:
 
     async def one(self) -> None:
         """One round, its steps in order."""
+        began = time.monotonic()
         r = Round(self._store, self._changelog, self._clock)
         runtimes = list(self._runtimes.values())
         if r.admit(runtimes):
@@ -409,19 +420,25 @@ class Rounds:
                 )
             )
         self._signal.seal()
-        if r.for_changelog:
+        committing = r.for_changelog
+        if committing:
             self._last_commit = time.monotonic()
+        sent = time.monotonic()
         try:
             await r.commit()
         except BaseException:
             if snapshots is not None:
                 snapshots.failed()
             raise
+        durable = time.monotonic()
         if snapshots is not None:
             snapshots.committed()
         self.count += 1
         r.hand_out()
         self._signal.answer()
+        if committing and self._timings is not None:
+            self._timings.commit(durable - sent)  # the transaction and the store write
+            self._timings.round(time.monotonic() - began)
 
 
 def _change_order(change: Change) -> tuple[str, int, int, int]:

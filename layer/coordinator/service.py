@@ -55,7 +55,14 @@ from layer.coordinator.publish_route import PublishRoute, routes_publishes
 from layer.coordinator.redrive import REDRIVE_SUFFIX, move, read_dead_letters
 from layer.coordinator.reload import ReloadPlan, plan
 from layer.coordinator.restore import KafkaSource, Restore
-from layer.coordinator.round import CommitPool, Offsets, Round, Rounds, RoundSignal
+from layer.coordinator.round import (
+    CommitPool,
+    Offsets,
+    Round,
+    Rounds,
+    RoundSignal,
+    RoundTimings,
+)
 from layer.coordinator.runtime import QueueRuntime, lookup
 from layer.coordinator.snapshots import Snapshots
 from layer.coordinator.subscriptions import SubscriptionHandle, Subscriptions
@@ -91,6 +98,7 @@ class Coordinator:
         progress: Callable[[str], None] | None = None,
         health: Health | None = None,
         reread: Callable[[Config], Config] = reread,
+        timings: RoundTimings | None = None,
     ) -> None:
         self.health = health or Health()
         self._config = config
@@ -142,6 +150,7 @@ class Coordinator:
             commit_interval=config.coordinator.commit_interval,
             interrupt=self._interrupt,
             snapshots=self._snapshots,
+            timings=timings,
         )
         self._restore = Restore(
             store,
@@ -507,6 +516,31 @@ class Coordinator:
             fetch_wait_ms = reader.fetch_wait_ms if reader else 0
             out.append(lookup(self._runtimes, name).stats(now, self.rounds, fetch_wait_ms))
         return out
+
+    def subscriptions_of(self, queue: str, leases: int = 100) -> list[dict[str, object]]:
+        """The web console's view of a queue's subscriptions, each with up to ``leases`` of
+        the messages it holds (read-only)."""
+        rt = lookup(self._runtimes, queue)
+        out: list[dict[str, object]] = []
+        for sub in rt.subscriptions.values():
+            held = rt.engine.leases_of(sub.id, leases)
+            out.append(
+                {
+                    "id": sub.id,
+                    "client": sub.client,
+                    "backlog": sub.backlog,
+                    "filter": sub.filter,
+                    "stalled": sub.stalled,
+                    "leases": [
+                        {"bookmark": str(bm), "deadline": deadline, "deliveries": deliveries}
+                        for bm, deadline, deliveries in held
+                    ],
+                }
+            )
+        return out
+
+    def queue_config(self, queue: str) -> QueueConfig:
+        return lookup(self._runtimes, queue).config
 
     def queues(self) -> list[QueueInfo]:
         return [
