@@ -178,7 +178,7 @@ def console_routes(router: Router, service: Callable[[], ConsoleService | None])
         return {
             **_stats(stats),
             "config": {f.name: _plain(getattr(config, f.name)) for f in dataclasses.fields(config)},
-            "subscriptions": svc.subscriptions_of(name),
+            "subscribers": svc.subscriptions_of(name),  # "subscriptions" is their count
         }
 
     async def browse(request: Request) -> object:

@@ -153,7 +153,7 @@ async function drawQueue(name) {
 
   const subs = $("#q-subs tbody");
   subs.replaceChildren();
-  for (const s of q.subscriptions) {
+  for (const s of q.subscribers) {
     const row = subs.insertRow();
     cell(row, s.id);
     cell(row, s.client);
