@@ -26,6 +26,18 @@ COUNTERS_SUFFIX = "~counters"
 FLUSH_INTERVAL = 1.0  # seconds: how stale the durable counters may get in an idle changelog
 
 _DEAD = "dead_lettered."  # prefix of the per-reason dead-letter counters
+_NAMES = (
+    "ingested",
+    "delivered",
+    "acked",
+    "cancelled",
+    "lease_timeouts",
+    "disconnect_returns",
+    "redriven",
+    "routed",
+    "unparseable",
+    "filtered",
+)
 _RETURNED = {
     ReturnReason.CANCEL: "cancelled",
     ReturnReason.TIMEOUT: "lease_timeouts",
@@ -64,21 +76,7 @@ class Counters:
 
     def values(self) -> dict[str, int]:
         """Every counter by its stored name."""
-        out = {
-            name: getattr(self, name)
-            for name in (
-                "ingested",
-                "delivered",
-                "acked",
-                "cancelled",
-                "lease_timeouts",
-                "disconnect_returns",
-                "redriven",
-                "routed",
-                "unparseable",
-                "filtered",
-            )
-        }
+        out = {name: getattr(self, name) for name in _NAMES}
         out.update({_DEAD + reason: n for reason, n in self.dead_lettered_by.items()})
         return out
 
@@ -92,7 +90,7 @@ class Counters:
             name = tp.topic
             if name.startswith(_DEAD):
                 counters.dead_lettered_by[name[len(_DEAD) :]] = pos.low_water
-            elif name in counters.values() and not name.startswith("_"):
+            elif name in _NAMES:
                 setattr(counters, name, pos.low_water)
             counters._written[name] = pos.low_water
         return counters
