@@ -127,6 +127,13 @@ def _answering(call: Callable[[Request], Awaitable[object]]) -> Handler:
     """A JSON handler: its result as 200, the service's errors as their status."""
 
     async def handler(request: Request) -> Response:
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if request.method == "POST" and content_type != "application/json":
+            # a cross-site form can POST text/plain without asking; JSON needs a CORS preflight,
+            # which this listener never grants: an open console cannot be driven by another page
+            return Response.json(
+                HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"error": "send Content-Type: application/json"}
+            )
         try:
             return Response.json(HTTPStatus.OK, await call(request))
         except UnknownQueue as exc:

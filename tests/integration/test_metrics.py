@@ -27,6 +27,8 @@ def request(
     host, _, port = address.rpartition(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=30)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
     data = None if body is None else json.dumps(body).encode()
     try:
         connection.request(method, path, body=data, headers=headers)
@@ -117,6 +119,15 @@ def test_metrics_follow_a_queue(broker, coordinator_factory, names) -> None:
     assert status == 400 and json.loads(body)["error"]
     status, body, _ = request(http_address, f"/api/queues/{q}/ack-where", "POST", body={})
     assert status == 400 and "filter" in json.loads(body)["error"]
+    # a form of another site cannot post here: JSON only (a CORS preflight is never granted)
+    host, _, port = http_address.rpartition(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    connection.request(
+        "POST", f"/api/queues/{q}/ack-where", body=b"filter=/i >= 0",
+        headers={"Content-Type": "text/plain"},
+    )  # fmt: skip
+    assert connection.getresponse().status == 415
+    connection.close()
     status, body, _ = request(
         http_address, f"/api/queues/{q}/ack-where", "POST", body={"filter": "/i >= 0"}
     )
