@@ -188,6 +188,26 @@ def _parser() -> argparse.ArgumentParser:
     con.add_argument("--cancel", action="store_true", help="cancel instead of ack (returns them)")
     client_args(con)
 
+    dl = sub.add_parser(
+        "dead-letters",
+        help="list a queue's dead letters, decoded",
+        description=(
+            "List the dead letters of QUEUE (read from its dead_letter_topic, in the order\n"
+            "they were dead-lettered): a table (letter bookmark, reason, deliveries, cancels,\n"
+            "original bookmark, payload), or with --json one JSON object per line with\n"
+            "bookmark, original, reason, detail, deliveries, cancels, key, payload, headers,\n"
+            "message_timestamp_ms, dead_lettered_at_ms and redriven. Keys and payloads are\n"
+            'UTF-8 text, {"base64": "..."} when they are not valid UTF-8, or null.'
+        ),
+        epilog=_filter_epilog("qlayer dead-letters orders --filter \"/sym = 'IBM'\" --limit 20"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    dl.add_argument("queue")
+    dl.add_argument("--filter", metavar="EXPR", help="only letters whose payload matches EXPR")
+    dl.add_argument("--limit", type=int, metavar="N", help="at most N letters")
+    dl.add_argument("--json", action="store_true", help="one JSON object per line")
+    client_args(dl)
+
     st = sub.add_parser("stats", help="print queue statistics as JSON")
     st.add_argument("queue", nargs="?")
     client_args(st)
@@ -548,6 +568,43 @@ def cmd_browse(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_dead_letters(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        letters = client.dead_letters(args.queue, filter=args.filter, limit=args.limit)
+    if args.json:
+        for d in letters:
+            record = {
+                "bookmark": d.bookmark,
+                "original": d.original,
+                "reason": d.reason,
+                "detail": d.detail,
+                "deliveries": d.deliveries,
+                "cancels": d.cancels,
+                "key": _bytes_json(d.key),
+                "payload": _bytes_json(d.payload),
+                "headers": [[k, _bytes_json(v)] for k, v in d.headers],
+                "message_timestamp_ms": d.message_timestamp_ms,
+                "dead_lettered_at_ms": d.dead_lettered_at_ms,
+                "redriven": d.redriven,
+            }
+            print(json.dumps(record, ensure_ascii=False), flush=True)
+        return EXIT_OK
+    if not letters:
+        print(f"no dead letters for queue {args.queue}")
+        return EXIT_OK
+    width = max(len("LETTER"), *(len(d.bookmark) for d in letters))
+    owidth = max(len("ORIGINAL"), *(len(d.original) for d in letters))
+    print(f"{'LETTER':<{width}}  {'REASON':<15}  DELIV  CANCL  {'ORIGINAL':<{owidth}}  PAYLOAD")
+    for d in letters:
+        reason = d.reason + (" (redriven)" if d.redriven else "")
+        payload = _shown(d.payload, 50) + (f"  [{d.detail}]" if d.detail else "")
+        print(
+            f"{d.bookmark:<{width}}  {reason:<15}  {d.deliveries:>5}  {d.cancels:>5}"
+            f"  {d.original:<{owidth}}  {payload}"
+        )
+    return EXIT_OK
+
+
 def cmd_ack_where(args: argparse.Namespace) -> int:
     with _client(args) as client:
         result = client.ack_where(args.queue, args.filter, expire=args.expire)
@@ -614,6 +671,7 @@ COMMANDS = {
     "browse": cmd_browse,
     "ack-where": cmd_ack_where,
     "redrive": cmd_redrive,
+    "dead-letters": cmd_dead_letters,
     "reload": cmd_reload,
     "token": cmd_token,
     "demo": cmd_demo,

@@ -15,6 +15,9 @@ fi
 if ! command -v make >/dev/null 2>&1; then need_apt+=(make); fi
 if ! command -v java >/dev/null 2>&1; then need_apt+=(openjdk-17-jre-headless); fi
 if ! command -v openssl >/dev/null 2>&1; then need_apt+=(openssl); fi  # TLS tests make certs
+# the web console's browser test (tests/integration/test_console.py)
+if ! command -v chromium >/dev/null 2>&1; then need_apt+=(chromium); fi
+if ! command -v chromedriver >/dev/null 2>&1; then need_apt+=(chromium-driver); fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "bootstrap: installing ${need_apt[*]} with apt-get" >&2

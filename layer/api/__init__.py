@@ -6,6 +6,7 @@ from layer.api.server import ApiServer
 from layer.api.service import (
     AckFailure,
     AckWhereResult,
+    DeadLetter,
     DeliveredMessage,
     DeliverySink,
     QueueInfo,
@@ -24,6 +25,7 @@ __all__ = [
     "AckFailure",
     "AckWhereResult",
     "ApiServer",
+    "DeadLetter",
     "DeliveredMessage",
     "DeliverySink",
     "Grant",

@@ -73,6 +73,7 @@ RPC_RIGHTS: Mapping[str, Right] = {
     "ListQueues": Right.BROWSE,
     "Browse": Right.BROWSE,
     "AckWhere": Right.ADMIN,
+    "DeadLetters": Right.BROWSE,
     "Redrive": Right.ADMIN,
     "Reload": Right.ADMIN,
 }

@@ -28,6 +28,7 @@ from layer.api.errors import ErrorCode, parse_code
 from layer.api.proto.qlayer.v1 import queue_pb2 as pb
 from layer.api.service import (
     AckFailure,
+    DeadLetter,
     DeliveredMessage,
     QueueInfo,
     QueueStats,
@@ -42,6 +43,8 @@ __all__ = [
     "ACK_WHERE_CODEC",
     "ACK_WHERE_REPLY_CODEC",
     "BROWSE_CODEC",
+    "DEAD_LETTERS_CODEC",
+    "DEAD_LETTERS_REPLY_CODEC",
     "BROWSE_REPLY_CODEC",
     "CLIENT_FRAME_CODEC",
     "LIST_QUEUES_CODEC",
@@ -62,6 +65,8 @@ __all__ = [
     "AckWhere",
     "AckWhereReply",
     "Browse",
+    "DeadLetters",
+    "DeadLettersReply",
     "BrowseReply",
     "ClientFrame",
     "Close",
@@ -302,6 +307,18 @@ class RedriveReply:
     moved: int
     already: int
     unmatched: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetters:
+    queue: str
+    filter: str | None = None
+    limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLettersReply:
+    letters: list[DeadLetter]
 
 
 @dataclass(frozen=True, slots=True)
@@ -584,8 +601,16 @@ def _stats_from(r: Any) -> QueueStats:
         delivered_total=r.delivered_total,
         acked_total=r.acked_total,
         dead_lettered_total=r.dead_lettered_total,
-        extra=dict(r.extra),
+        extra={k: _count_or_measure(k, v) for k, v in r.extra.items()},
     )
+
+
+def _count_or_measure(name: str, value: float) -> float | int:
+    """A stats figure from the wire (a double): counts come back as integers (a double holds
+    every integer up to 2**53 exactly); measures (``*_s``, ``*_ms``) stay floats."""
+    if value.is_integer() and not name.endswith(("_s", "_ms")):
+        return int(value)
+    return value
 
 
 def _info_to(q: QueueInfo) -> Any:
@@ -717,4 +742,50 @@ REDRIVE_REPLY_CODEC: FrameCodec[RedriveReply] = FrameCodec(
     pb.RedriveReply,
     lambda f: pb.RedriveReply(moved=f.moved, already=f.already, unmatched=f.unmatched),
     lambda r: RedriveReply(r.moved, r.already, r.unmatched),
+)
+DEAD_LETTERS_CODEC: FrameCodec[DeadLetters] = FrameCodec(
+    pb.DeadLettersRequest,
+    lambda f: pb.DeadLettersRequest(queue=f.queue, filter=f.filter, limit=f.limit),
+    lambda r: DeadLetters(r.queue, _opt(r, "filter"), _opt(r, "limit")),
+)
+
+
+def _letter_to(d: DeadLetter) -> Any:
+    return pb.DeadLetter(
+        bookmark=d.bookmark,
+        original=d.original,
+        reason=d.reason,
+        detail=d.detail,
+        deliveries=d.deliveries,
+        cancels=d.cancels,
+        key=d.key,
+        payload=d.payload,
+        headers=_headers_to(d.headers),
+        message_timestamp_ms=d.message_timestamp_ms,
+        dead_lettered_at_ms=d.dead_lettered_at_ms,
+        redriven=d.redriven,
+    )
+
+
+def _letter_from(r: Any) -> DeadLetter:
+    return DeadLetter(
+        bookmark=r.bookmark,
+        original=r.original,
+        reason=r.reason,
+        detail=_opt(r, "detail"),
+        deliveries=r.deliveries,
+        cancels=r.cancels,
+        key=_opt(r, "key"),
+        payload=_opt(r, "payload"),
+        headers=list(_headers_from(r.headers)),
+        message_timestamp_ms=r.message_timestamp_ms,
+        dead_lettered_at_ms=r.dead_lettered_at_ms,
+        redriven=r.redriven,
+    )
+
+
+DEAD_LETTERS_REPLY_CODEC: FrameCodec[DeadLettersReply] = FrameCodec(
+    pb.DeadLettersReply,
+    lambda f: pb.DeadLettersReply(letters=[_letter_to(d) for d in f.letters]),
+    lambda r: DeadLettersReply([_letter_from(d) for d in r.letters]),
 )

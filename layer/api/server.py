@@ -12,7 +12,8 @@ reflection (``grpc.reflection.v1alpha``, so ``grpcurl`` can list and call it):
   the subscription is closed exactly once, which returns the consumer's leases at once.
   Acks arrive as runs of offsets per partition; they are expanded here, at the edge, into the
   bookmarks ``Subscription.ack`` takes.
-- ``Publish``, ``Stats``, ``ListQueues``, ``Browse``, ``AckWhere``, ``Redrive`` (unary).
+- ``Publish``, ``Stats``, ``ListQueues``, ``Browse``, ``AckWhere``, ``Redrive``,
+  ``DeadLetters`` (unary).
 - ``Reload`` (unary, admin): read the config file (and the tokens file) again and apply it
   (``ReloadReply``); a file that does not load is INVALID_ARGUMENT.
 
@@ -54,6 +55,8 @@ from layer.api.frames import (
     BROWSE_CODEC,
     BROWSE_REPLY_CODEC,
     CLIENT_FRAME_CODEC,
+    DEAD_LETTERS_CODEC,
+    DEAD_LETTERS_REPLY_CODEC,
     LIST_QUEUES_CODEC,
     PUBLISH_CODEC,
     PUBLISHED_CODEC,
@@ -73,6 +76,8 @@ from layer.api.frames import (
     Browse,
     BrowseReply,
     Close,
+    DeadLetters,
+    DeadLettersReply,
     Error,
     FrameCodec,
     ListQueues,
@@ -394,6 +399,7 @@ class ApiServer:
         "ListQueues": ("_list_queues", LIST_QUEUES_CODEC, QUEUE_LIST_CODEC),
         "Browse": ("_browse", BROWSE_CODEC, BROWSE_REPLY_CODEC),
         "AckWhere": ("_ack_where", ACK_WHERE_CODEC, ACK_WHERE_REPLY_CODEC),
+        "DeadLetters": ("_dead_letters", DEAD_LETTERS_CODEC, DEAD_LETTERS_REPLY_CODEC),
         "Redrive": ("_redrive", REDRIVE_CODEC, REDRIVE_REPLY_CODEC),
         "Reload": ("_reload", RELOAD_CODEC, RELOAD_REPLY_CODEC),
     }
@@ -556,6 +562,18 @@ class ApiServer:
         except QLayerError as exc:
             await _refuse(context, exc)
         return RedriveReply(result.moved, result.already, result.unmatched)
+
+    async def _dead_letters(
+        self, request: object, context: grpc.aio.ServicerContext
+    ) -> DeadLettersReply:
+        principal = await self._caller(context)
+        req = await self._request(context, request, DeadLetters)
+        await self._check(context, principal, "DeadLetters", req.queue)
+        try:
+            letters = await self._service.dead_letters(req.queue, req.filter, req.limit)
+        except QLayerError as exc:
+            await _refuse(context, exc)
+        return DeadLettersReply(letters)
 
     async def _reload(self, request: object, context: grpc.aio.ServicerContext) -> ReloadReply:
         principal = await self._caller(context)

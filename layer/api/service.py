@@ -52,6 +52,24 @@ class RedriveResult:
 
 
 @dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A dead letter of a queue, decoded from its envelope (``avro/dead_letter.avsc``)."""
+
+    bookmark: str  # where the letter is: dead-letter topic/partition/offset
+    original: str  # the message's bookmark when it was dead-lettered
+    reason: str
+    detail: str | None
+    deliveries: int
+    cancels: int
+    key: bytes | None
+    payload: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    message_timestamp_ms: int
+    dead_lettered_at_ms: int
+    redriven: bool  # moved back into the queue by a redrive
+
+
+@dataclass(frozen=True, slots=True)
 class AckWhereResult:
     """What an ack by filter did: ``acked`` messages finished; ``skipped`` matched but were
     leased to someone else under strict leasing (or are not deliverable now)."""
@@ -139,7 +157,9 @@ class QueueStats:
     delivered_total: int
     acked_total: int
     dead_lettered_total: int
-    extra: dict[str, float] = field(default_factory=dict)
+    # more figures by name: counts are ints (``*_total`` counters survive restarts), measures
+    # (``*_s``, ``*_ms``) floats
+    extra: dict[str, float | int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +252,13 @@ class QueueService(Protocol):
     ) -> RedriveResult:
         """Publish the queue's dead letters (matching ``filter``, at most ``limit``) into it
         again, each at most once ever; durable when it returns."""
+        ...
+
+    async def dead_letters(
+        self, queue: str, filter: str | None = None, limit: int | None = None
+    ) -> list[DeadLetter]:
+        """The queue's dead letters (matching ``filter`` on the payload, at most ``limit``), in
+        the order they were dead-lettered; ``InvalidRequest`` when it has no dead-letter topic."""
         ...
 
     async def publish(

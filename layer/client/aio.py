@@ -29,6 +29,7 @@ from layer.api.frames import (
     Browse,
     ClientFrame,
     Close,
+    DeadLetters,
     ListQueues,
     Redrive,
     Reload,
@@ -37,6 +38,7 @@ from layer.api.frames import (
 )
 from layer.api.service import (
     AckWhereResult,
+    DeadLetter,
     DeliveredMessage,
     QueueInfo,
     QueueStats,
@@ -545,6 +547,14 @@ class AsyncQueueClient:
         """As ``QueueClient.ack_where``."""
         reply = await self._call("AckWhere", AckWhere(queue, filter, expire))
         return AckWhereResult(reply.acked, reply.skipped)
+
+    async def dead_letters(
+        self, queue: str, filter: str | None = None, limit: int | None = None
+    ) -> list[DeadLetter]:
+        """As ``QueueClient.dead_letters``."""
+        check_limit(limit)
+        reply = await self._call("DeadLetters", DeadLetters(queue, filter, limit))
+        return list(reply.letters)
 
     async def redrive(
         self, queue: str, filter: str | None = None, limit: int | None = None

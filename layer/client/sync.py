@@ -28,6 +28,7 @@ from layer.api.frames import (
     Browse,
     ClientFrame,
     Close,
+    DeadLetters,
     ListQueues,
     Redrive,
     Reload,
@@ -36,6 +37,7 @@ from layer.api.frames import (
 )
 from layer.api.service import (
     AckWhereResult,
+    DeadLetter,
     DeliveredMessage,
     QueueInfo,
     QueueStats,
@@ -561,6 +563,17 @@ class QueueClient:
         ``UnknownQueue``, ``InvalidRequest`` for a bad filter."""
         reply = self._call("AckWhere", AckWhere(queue, filter, expire))
         return AckWhereResult(reply.acked, reply.skipped)
+
+    def dead_letters(
+        self, queue: str, filter: str | None = None, limit: int | None = None
+    ) -> list[DeadLetter]:
+        """The queue's dead letters, decoded (reason, detail, counts, original bookmark, payload),
+        in the order they were dead-lettered; those matching ``filter``, at most ``limit``.
+        Read-only. Raises ``UnknownQueue``, ``InvalidRequest`` (no dead-letter topic, a bad
+        filter)."""
+        check_limit(limit)
+        reply = self._call("DeadLetters", DeadLetters(queue, filter, limit))
+        return list(reply.letters)
 
     def redrive(
         self, queue: str, filter: str | None = None, limit: int | None = None

@@ -211,6 +211,12 @@ def _suggest(key: str, known: tuple[str, ...]) -> str:
 # Converters: value as read -> typed value, or ValueError saying what was expected.
 
 
+def _metrics_right(value: object) -> str | None:
+    if value in ("none", "browse", "admin"):
+        return None if value == "none" else str(value)
+    raise ValueError(f'expected "none", "browse" or "admin", got {format_value(value)}')
+
+
 def _string(value: object) -> str:
     if not isinstance(value, str):
         raise ValueError(f"expected a string, got {format_value(value)}")
@@ -384,6 +390,7 @@ _COORDINATOR_KEYS = (
     "tls_client_ca",
     "tokens_file",
     "http",
+    "metrics_right",
     "snapshot_every",
     "snapshot_interval",
 )
@@ -462,6 +469,7 @@ def _coordinator(
         tls_client_ca=section.get("tls_client_ca", None, _path(base_dir)),
         tokens_file=section.get("tokens_file", None, _path(base_dir)),
         http=section.get("http", None, _listen),
+        metrics_right=section.get("metrics_right", None, _metrics_right),
         snapshot_every=section.get("snapshot_every", default.snapshot_every, _integer(0)),
         snapshot_interval=section.get(
             "snapshot_interval", default.snapshot_interval, _duration(allow_zero=True)

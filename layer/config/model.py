@@ -130,8 +130,10 @@ class CoordinatorConfig:
     # TOML file of principals (token hashes, certificate subjects) and their per-queue grants
     # (layer.api.tokens); read again on SIGHUP and `qlayer reload`
     tokens_file: Path | None = None
-    # host:port of the HTTP listener (/healthz, /readyz); None = no HTTP listener
+    # host:port of the HTTP listener (/healthz, /readyz, /metrics, the console); None = none
     http: str | None = None
+    # the right a scraper of /metrics needs ("browse", "admin"); None = open (the default)
+    metrics_right: str | None = None
     # a queue's partitions are snapshotted in its changelog after this many changelog records
     # (or as many as the last snapshot had runs, if more), 0 = not by count ...
     snapshot_every: int = 1000

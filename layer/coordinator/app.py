@@ -3,8 +3,9 @@
 Start order (``CoordinatorApp.run``), each step undone in reverse on the way out:
 
 1. the signal handlers (``SIGNALS``: the one place the process's signals are handled);
-2. the HTTP listener, if configured, so that ``/healthz`` and ``/readyz`` answer from the
-   start: a long restore reads "restoring state: ..." instead of a refused connection;
+2. the HTTP listener, if configured, so that ``/healthz``, ``/readyz`` and ``/metrics`` answer
+   from the start: a long restore reads "restoring state: ..." instead of a refused connection
+   (the console's API answers 503 until the coordinator serves);
 3. the embedded broker (when no bootstrap address is configured) and the broker profile;
 4. the state store and the coordinator, which restores every queue from its changelog;
 5. the gRPC API server with the ``grpc.health.v1`` service; then the process is ready.
@@ -29,9 +30,13 @@ from connectors.kafka import client_settings, with_client_logging
 from layer.api.access import Access
 from layer.api.health import GrpcHealth
 from layer.api.server import ApiServer
+from layer.api.service import QueueStats
 from layer.config import Config
+from layer.coordinator.access import HttpAccess
+from layer.coordinator.console import console_routes
 from layer.coordinator.health import Health
 from layer.coordinator.http import HttpListener, Router, health_routes
+from layer.coordinator.metrics import Metrics, metrics_routes
 from layer.coordinator.outage import wait_for_profile
 from layer.coordinator.service import Coordinator
 from layer.exceptions import BrokerError, ConfigError
@@ -57,6 +62,8 @@ class CoordinatorApp:
         self.config = config
         self._reset_state = reset_state
         self.health = Health()
+        self.metrics = Metrics(self.health)
+        self._serving: Coordinator | None = None  # the console's: set once the API serves
         self._ready = ready
         self._progress = progress or (lambda line: log.info("%s", line))
         self._http_ready = http_ready
@@ -124,8 +131,12 @@ class CoordinatorApp:
         address = self.config.coordinator.http
         if address is None:
             return
-        router = Router()
+        c = self.config.coordinator
+        access = HttpAccess(self.access)
+        router = Router(authorize=access.authorize)
         health_routes(router, self.health)
+        metrics_routes(router, self.metrics, c.metrics_right)
+        console_routes(router, lambda: self._serving, visible=access.visible)
         self._http = HttpListener(address, router)
         port = await self._http.start()
         if self._http_ready is not None:
@@ -196,7 +207,13 @@ class CoordinatorApp:
                     self._progress, health=self.health,
                 )  # fmt: skip
         self._coordinator = Coordinator(
-            config, self._store, bootstrap, profile, progress=self._progress, health=self.health
+            config,
+            self._store,
+            bootstrap,
+            profile,
+            progress=self._progress,
+            health=self.health,
+            timings=self.metrics,
         )
         await self._coordinator.start()  # Health says restored at its end
         return self._coordinator
@@ -219,6 +236,12 @@ class CoordinatorApp:
         )
         port = await self._server.start()
         self.health.serving()
+        self._serving = coordinator
+
+        async def figures() -> tuple[list[QueueStats], int]:
+            return await coordinator.stats(), coordinator.rounds
+
+        self.metrics.attach(figures)
         # after serving(): the first status a Check or Watch sees is the real one
         await self._grpc_health.start()
         if self._ready is not None:

@@ -36,6 +36,8 @@ class Health:
         self._lock = threading.Lock()
         self._restored = False
         self._restoring = "not started"
+        self._restore_done = 0  # changelog records applied by the restore under way
+        self._restore_total = 0
         self._serving = False
         self._stopping = False
         self._kafka_down_since: float | None = None
@@ -44,10 +46,22 @@ class Health:
 
     # --- the coordinator's life cycle ------------------------------------------------------
 
-    def restoring(self, detail: str) -> None:
-        """Restore is under way (``detail``: which queue, how far)."""
+    def restoring(self, detail: str, done: int | None = None, total: int | None = None) -> None:
+        """Restore is under way (``detail``: which queue, how far; ``done`` of ``total``
+        changelog records, when known)."""
         self._restored = False
         self._restoring = detail
+        if done is not None and total is not None:
+            self._restore_done, self._restore_total = done, total
+
+    @property
+    def restore_progress(self) -> tuple[int, int]:
+        """(records applied, records to apply) of the restore under way or the last one."""
+        return self._restore_done, self._restore_total
+
+    @property
+    def is_restored(self) -> bool:
+        return self._restored
 
     def restored(self) -> None:
         self._restored = True

@@ -1,11 +1,15 @@
-"""The coordinator's HTTP listener: ``GET /healthz`` and ``GET /readyz``, on a small router.
+"""The coordinator's HTTP listener: health, metrics, the web console and its JSON API.
 
-A plain asyncio HTTP/1.1 server rather than a web framework: it answers a few small GET routes
-(health now; metrics and a console may join them) for probes and scrapers on a trusted network,
-and needs no dependency for that. The request head is parsed by a pure function
-(``parse_head``), routing is a table (``Router``), and ``HttpListener`` only moves bytes:
-keep-alive, size limits and timeouts, so that a slow or broken client holds one connection and
-nothing else.
+A plain asyncio HTTP/1.1 server rather than a web framework: it answers small routes for
+probes, scrapers and the console, and needs no dependency for that. The request head is parsed
+by a pure function (``parse_head``), routing is a table (``Router``), and ``HttpListener`` only
+moves bytes: keep-alive, size limits and timeouts, so that a slow or broken client holds one
+connection and nothing else.
+
+Every route declares, where it is added, the right it needs (``consume``, ``publish``,
+``browse``, ``admin``, or None) and which path parameter names its queue; the router asks one
+hook, ``authorize(request, right, queue)``, before the handler runs (``layer.coordinator.access``
+holds today's rule). Paths are templates whose ``{name}`` segments match one path segment.
 
 Routes answer ``Response`` objects; an unknown path is 404, a known path with another method 405
 (with ``Allow``), and ``HEAD`` is served wherever ``GET`` is (without the body), as HTTP/1.1
@@ -16,21 +20,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from urllib.parse import parse_qs, unquote
 
 from layer.coordinator.health import Health
 from layer.exceptions import ConfigError
 
 __all__ = [
     "HttpError",
+    "RIGHTS",
+    "Authorize",
     "HttpListener",
     "Request",
     "Response",
+    "Route",
     "Router",
     "health_routes",
     "parse_head",
@@ -39,15 +48,18 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 16 * 1024  # request line and headers; beyond this: 431
-MAX_BODY_BYTES = 64 * 1024  # no route takes a body yet; a small one is read and ignored
+MAX_BODY_BYTES = 64 * 1024  # the console's admin actions send small JSON bodies
 
 
 class HttpError(Exception):
     """A request that cannot be served; answered with ``status`` and the connection closed."""
 
-    def __init__(self, status: HTTPStatus, reason: str) -> None:
+    def __init__(
+        self, status: HTTPStatus, reason: str, headers: tuple[tuple[str, str], ...] = ()
+    ) -> None:
         super().__init__(reason)
         self.status = status
+        self.headers = headers
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +69,25 @@ class Request:
     query: str
     version: str  # "HTTP/1.1" or "HTTP/1.0"
     headers: Mapping[str, str] = field(default_factory=dict)  # names lower-case
+    params: Mapping[str, str] = field(default_factory=dict)  # the path's {name} segments
+    body: bytes = b""
+
+    def arg(self, name: str) -> str | None:
+        """A query-string argument (the last one of that name), or None."""
+        values = parse_qs(self.query, keep_blank_values=True).get(name)
+        return values[-1] if values else None
+
+    def json(self) -> dict[str, object]:
+        """The body as a JSON object (an empty body is ``{}``); 400 when it is not one."""
+        if not self.body:
+            return {}
+        try:
+            payload = json.loads(self.body)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise HttpError(HTTPStatus.BAD_REQUEST, f"the body is not JSON: {exc}") from None
+        if not isinstance(payload, dict):
+            raise HttpError(HTTPStatus.BAD_REQUEST, "the body must be a JSON object")
+        return payload
 
     @property
     def keep_alive(self) -> bool:
@@ -140,36 +171,89 @@ def parse_head(data: bytes) -> Request:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+#: ``authorize(request, right, queue)``: returns when allowed, raises ``HttpError`` (401, 403)
+Authorize = Callable[[Request, "str | None", "str | None"], None]
+
+RIGHTS = ("consume", "publish", "browse", "admin")
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    handler: Handler
+    right: str | None  # one of RIGHTS, or None: anyone may call it
+    queue_param: str | None  # the path parameter that names the queue concerned
+
+
+def _allow_all(_request: Request, _right: str | None, _queue: str | None) -> None:
+    return None
 
 
 class Router:
-    """Exact paths to handlers per method."""
+    """Path templates to handlers per method; each route with the right it needs."""
 
-    def __init__(self) -> None:
-        self._routes: dict[str, dict[str, Handler]] = {}
+    def __init__(self, authorize: Authorize = _allow_all) -> None:
+        self._routes: dict[tuple[str, ...], dict[str, Route]] = {}
+        self._authorize = authorize
 
-    def add(self, method: str, path: str, handler: Handler) -> None:
-        methods = self._routes.setdefault(path, {})
+    def add(
+        self,
+        method: str,
+        path: str,
+        handler: Handler,
+        *,
+        right: str | None = None,
+        queue_param: str | None = None,
+    ) -> None:
+        if right is not None and right not in RIGHTS:
+            raise ValueError(f"unknown right {right!r} (one of {', '.join(RIGHTS)})")
+        template = tuple(path.strip("/").split("/"))
+        if queue_param is not None and "{" + queue_param + "}" not in template:
+            raise ValueError(f"{path} has no parameter {{{queue_param}}}")
+        methods = self._routes.setdefault(template, {})
         if method in methods:
             raise ValueError(f"{method} {path} is routed already")
-        methods[method] = handler
+        methods[method] = Route(handler, right, queue_param)
+
+    def _match(self, path: str) -> tuple[dict[str, Route], dict[str, str]] | None:
+        segments = [unquote(s) for s in path.strip("/").split("/")]
+        exact = self._routes.get(tuple(segments))
+        if exact is not None:
+            return exact, {}
+        for template, methods in self._routes.items():
+            if len(template) != len(segments):
+                continue
+            params: dict[str, str] = {}
+            for want, got in zip(template, segments, strict=True):
+                if want.startswith("{") and want.endswith("}") and got:
+                    params[want[1:-1]] = got
+                elif want != got:
+                    break
+            else:
+                return methods, params
+        return None
 
     async def dispatch(self, request: Request) -> Response:
-        methods = self._routes.get(request.path)
-        if methods is None:
+        found = self._match(request.path)
+        if found is None:
             return _error(HTTPStatus.NOT_FOUND, f"no such path: {request.path}")
-        handler = methods.get(request.method)
-        if handler is None and request.method == "HEAD":
-            handler = methods.get("GET")
-        if handler is None:
+        methods, params = found
+        route = methods.get(request.method)
+        if route is None and request.method == "HEAD":
+            route = methods.get("GET")
+        if route is None:
             allowed = sorted(set(methods) | ({"HEAD"} if "GET" in methods else set()))
             return _error(
                 HTTPStatus.METHOD_NOT_ALLOWED,
                 f"{request.method} is not allowed on {request.path}",
                 ("Allow", ", ".join(allowed)),
             )
+        request = dataclasses.replace(request, params=params)
         try:
-            return await handler(request)
+            queue = params.get(route.queue_param) if route.queue_param else None
+            self._authorize(request, route.right, queue)
+            return await route.handler(request)
+        except HttpError as exc:
+            return _error(exc.status, str(exc), *exc.headers)
         except Exception:
             log.exception(
                 "http handler failed", extra={"method": request.method, "path": request.path}
@@ -287,7 +371,8 @@ class HttpListener:
             await self._send(writer, _error(exc.status, str(exc)))
             return False
         if length:
-            await asyncio.wait_for(reader.readexactly(length), self._idle_timeout)
+            body = await asyncio.wait_for(reader.readexactly(length), self._idle_timeout)
+            request = dataclasses.replace(request, body=body)
         response = await self._router.dispatch(request)
         keep_alive = request.keep_alive
         await self._send(writer, response, request.method == "HEAD", keep_alive)

@@ -22,6 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 from layer.codec import ChangeKind
 from layer.config import QueueConfig
+from layer.coordinator.counters import Counters
 from layer.coordinator.health import Health
 from layer.coordinator.round import Changelog
 from layer.coordinator.runtime import QueueRuntime
@@ -102,7 +103,7 @@ class Restore:
         def report(done: int, total: int) -> None:
             line = f"queue={q.name} {done}/{total} changelog records"
             if starting:
-                self._health.restoring(line)
+                self._health.restoring(line, done, total)
             self._progress(f"restoring {line}")
 
         result = await self._until_reachable(
@@ -130,6 +131,7 @@ class Restore:
         store = self._store
         engine = QueueEngine(name, q.engine_settings())
         rt = QueueRuntime(q, engine, self._changelog_topic(name))
+        rt.counters = Counters.load(store, name)
         now = self._clock()
         positions = store.positions(name)
         entries = dict(store.entries(name))

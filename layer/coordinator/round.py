@@ -215,6 +215,7 @@ class Round:
         route = rt.route
         if route is not None and route.inbox:
             routed, copies = route.take(self.batch, self.now_ms)
+            rt.counters.routed += len(copies)
             self.records.extend(routed)
             self.extra.extend(copies)
             more = bool(route.inbox)
@@ -280,6 +281,8 @@ class Round:
             assert rt.config.view_topic is not None  # the engine tracks views for it only
             self.views.append(view_record(rt.config.view_topic, name, effects.view, self.now_ms))
         if effects.deliveries:
+            # counted with the round whose commit makes them durable (its counters go with it)
+            rt.counters.delivered += len(effects.deliveries)
             self.pushes.append((rt, materialize(rt, effects.deliveries, payloads)))
 
     def send(self) -> Awaitable[Offsets] | None:
@@ -314,7 +317,14 @@ class Round:
                 sub = rt.subscriptions.get(sub_id)
                 if sub is not None and not sub.closed:
                     sub.sink.deliver(messages)
-                    rt.counters.delivered += len(messages)
+
+
+class RoundTimings(Protocol):
+    """Told how long rounds take (``layer.coordinator.metrics.Metrics``)."""
+
+    def round(self, seconds: float) -> None: ...
+
+    def commit(self, seconds: float) -> None: ...
 
 
 class Reader(Protocol):
@@ -340,7 +350,9 @@ class Rounds:
         commit_interval: float,
         interrupt: threading.Event,
         snapshots: Snapshots | None = None,
+        timings: RoundTimings | None = None,
     ) -> None:
+        self._timings = timings
         self._runtimes = runtimes
         self._store = store
         self._changelog = changelog
@@ -387,6 +399,7 @@ class Rounds:
 
     async def one(self) -> None:
         """One round, its steps in order."""
+        began = time.monotonic()
         r = Round(self._store, self._changelog, self._clock)
         runtimes = list(self._runtimes.values())
         if r.admit(runtimes):
@@ -398,20 +411,34 @@ class Rounds:
                 self._signal.wake()
             if snapshots is not None:
                 snapshots.add(rt.name, rt.changelog_topic, r.records, start, r.now_ms)
+        # the counters ride on the round's commit (or, in a quiet changelog, on one a second)
+        commits = r.for_changelog
+        for rt in runtimes:
+            r.records.extend(
+                rt.counters.flush(
+                    rt.name, rt.changelog_topic, r.batch, r.now, r.now_ms, force=commits
+                )
+            )
         self._signal.seal()
-        if r.for_changelog:
+        committing = r.for_changelog
+        if committing:
             self._last_commit = time.monotonic()
+        sent = time.monotonic()
         try:
             await r.commit()
         except BaseException:
             if snapshots is not None:
                 snapshots.failed()
             raise
+        durable = time.monotonic()
         if snapshots is not None:
             snapshots.committed()
         self.count += 1
         r.hand_out()
         self._signal.answer()
+        if committing and self._timings is not None:
+            self._timings.commit(durable - sent)  # the transaction and the store write
+            self._timings.round(time.monotonic() - began)
 
 
 def _change_order(change: Change) -> tuple[str, int, int, int]:
@@ -442,6 +469,8 @@ def mirror(
     if isinstance(change, Leased | Returned):
         assert value is not None
         batch.put_entry_value(name, change.bookmark, value)
+        if isinstance(change, Returned):
+            rt.counters.returned(change.reason)
     elif isinstance(change, Done):
         assert value is not None
         batch.put_entry_value(name, change.bookmark, value)
@@ -450,7 +479,7 @@ def mirror(
         if change.reason is DoneReason.ACKED:
             rt.counters.acked += 1
         if change.reason.dead_letter:
-            rt.counters.dead_lettered += 1
+            rt.counters.dead_letter(change.reason)
             topic = rt.config.dead_letter_topic
             if topic:
                 return dead_letter(rt.name, topic, change, payloads.get(change.bookmark))

@@ -18,6 +18,7 @@ from confluent_kafka import Message
 
 from layer.api.service import DeliverySink, QueueStats
 from layer.config import QueueConfig
+from layer.coordinator.counters import Counters
 from layer.coordinator.ingest import Fetched, bookmark_of
 from layer.coordinator.publish_route import PublishRoute
 from layer.documents import DocumentReader
@@ -78,16 +79,6 @@ class SubscriptionState:
     draining: set[str] = field(default_factory=set)
     # paused (backlog 0 in its queue) because its stream holds a backlog's worth unsent
     stalled: bool = False
-
-
-@dataclass(slots=True)
-class Counters:
-    delivered: int = 0
-    acked: int = 0
-    dead_lettered: int = 0
-    ingested: int = 0
-    unparseable: int = 0
-    filtered: int = 0  # read from the underlying topics, not matched by the queue's filter
 
 
 @dataclass
@@ -285,17 +276,12 @@ class QueueRuntime:
             acked_total=counters.acked,
             dead_lettered_total=counters.dead_lettered,
             extra={
-                "ingested_total": float(counters.ingested),
-                "unparseable_total": float(counters.unparseable),
-                "filtered_total": float(counters.filtered),
-                "delayed": float(s.delayed),
-                "held": float(s.held),
-                "unread": float(max(s.unread, len(self.inbox))),
-                "routed_total": float(self.route.copied_total if self.route else 0),
-                "rounds_total": float(rounds),
-                "stalled_subscriptions": float(
-                    sum(sub.stalled for sub in self.subscriptions.values())
-                ),
+                **{f"{name}_total": n for name, n in counters.values().items()},
+                "delayed": s.delayed,
+                "held": s.held,
+                "unread": max(s.unread, len(self.inbox)),
+                "rounds_total": rounds,
+                "stalled_subscriptions": sum(sub.stalled for sub in self.subscriptions.values()),
                 "fetch_wait_ms": float(fetch_wait_ms),
             },
         )

@@ -38,6 +38,7 @@ from connectors.kafka import (
 )
 from layer.api.service import (
     AckWhereResult,
+    DeadLetter,
     DeliveredMessage,
     DeliverySink,
     QueueInfo,
@@ -51,10 +52,17 @@ from layer.coordinator.ingest import Fetched, IngestReader
 from layer.coordinator.outage import KafkaWatch, until_reachable
 from layer.coordinator.publish import Publisher
 from layer.coordinator.publish_route import PublishRoute, routes_publishes
-from layer.coordinator.redrive import move, read_dead_letters
+from layer.coordinator.redrive import REDRIVE_SUFFIX, move, read_dead_letters
 from layer.coordinator.reload import ReloadPlan, plan
 from layer.coordinator.restore import KafkaSource, Restore
-from layer.coordinator.round import CommitPool, Offsets, Round, Rounds, RoundSignal
+from layer.coordinator.round import (
+    CommitPool,
+    Offsets,
+    Round,
+    Rounds,
+    RoundSignal,
+    RoundTimings,
+)
 from layer.coordinator.runtime import QueueRuntime, lookup
 from layer.coordinator.snapshots import Snapshots
 from layer.coordinator.subscriptions import SubscriptionHandle, Subscriptions
@@ -90,6 +98,7 @@ class Coordinator:
         progress: Callable[[str], None] | None = None,
         health: Health | None = None,
         reread: Callable[[Config], Config] = reread,
+        timings: RoundTimings | None = None,
     ) -> None:
         self.health = health or Health()
         self._config = config
@@ -141,6 +150,7 @@ class Coordinator:
             commit_interval=config.coordinator.commit_interval,
             interrupt=self._interrupt,
             snapshots=self._snapshots,
+            timings=timings,
         )
         self._restore = Restore(
             store,
@@ -422,6 +432,7 @@ class Coordinator:
                     changelog=self._changelog,
                     now_ms=int(self._clock() * 1000),
                 )
+        rt.counters.redriven += result.moved
         log.info(
             "queue=%s redrive filter=%r: moved=%d already=%d unmatched=%d",
             queue,
@@ -431,6 +442,55 @@ class Coordinator:
             result.unmatched,
         )
         return result
+
+    async def dead_letters(
+        self, queue: str, filter: str | None = None, limit: int | None = None
+    ) -> list[DeadLetter]:
+        """Read the queue's dead-letter topic from the start (``read_dead_letters``): a scan of
+        the topic per call, for operators, not for a hot path."""
+        self._check_alive()
+        rt = lookup(self._runtimes, queue)
+        topic = rt.config.dead_letter_topic
+        if topic is None:
+            raise InvalidRequest(f"queue {queue!r} has no dead_letter_topic")
+        expression = compile_expression(filter) if filter is not None else None
+        if expression is not None and rt.exprs.reader is None:
+            raise InvalidRequest(
+                f"queue {queue!r} holds {rt.config.message_type} messages: no filter"
+            )
+        if limit is not None and limit < 0:
+            raise InvalidRequest(f"limit must be >= 0, got {limit}")
+        if not self._watch.reachable:
+            raise self._watch.unreachable_error(f"reading the dead letters of queue {queue!r}")
+        settings = consumer_settings(self._base_settings, self._profile)
+        letters = await asyncio.to_thread(read_dead_letters, settings, topic, queue)
+        redriven = {bm for bm, _ in self._store.entries(queue + REDRIVE_SUFFIX)}
+        out: list[DeadLetter] = []
+        reader = rt.exprs.reader
+        for where, env in letters:
+            if limit is not None and len(out) >= limit:
+                break
+            if expression is not None:
+                assert reader is not None
+                if not _matches(expression, reader, env["payload"]):
+                    continue
+            out.append(
+                DeadLetter(
+                    bookmark=str(where),
+                    original=env["bookmark"],
+                    reason=env["reason"],
+                    detail=env["detail"],
+                    deliveries=env["deliveries"],
+                    cancels=env["cancels"],
+                    key=env["key"],
+                    payload=env["payload"],
+                    headers=[(h["key"], h["value"]) for h in env["headers"]],
+                    message_timestamp_ms=env["message_timestamp_ms"],
+                    dead_lettered_at_ms=env["dead_lettered_at_ms"],
+                    redriven=where in redriven,
+                )
+            )
+        return out
 
     async def publish(
         self,
@@ -456,6 +516,31 @@ class Coordinator:
             fetch_wait_ms = reader.fetch_wait_ms if reader else 0
             out.append(lookup(self._runtimes, name).stats(now, self.rounds, fetch_wait_ms))
         return out
+
+    def subscriptions_of(self, queue: str, leases: int = 100) -> list[dict[str, object]]:
+        """The web console's view of a queue's subscriptions, each with up to ``leases`` of
+        the messages it holds (read-only)."""
+        rt = lookup(self._runtimes, queue)
+        out: list[dict[str, object]] = []
+        for sub in rt.subscriptions.values():
+            held = rt.engine.leases_of(sub.id, leases)
+            out.append(
+                {
+                    "id": sub.id,
+                    "client": sub.client,
+                    "backlog": sub.backlog,
+                    "filter": sub.filter,
+                    "stalled": sub.stalled,
+                    "leases": [
+                        {"bookmark": str(bm), "deadline": deadline, "deliveries": deliveries}
+                        for bm, deadline, deliveries in held
+                    ],
+                }
+            )
+        return out
+
+    def queue_config(self, queue: str) -> QueueConfig:
+        return lookup(self._runtimes, queue).config
 
     def queues(self) -> list[QueueInfo]:
         return [

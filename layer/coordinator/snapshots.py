@@ -8,9 +8,9 @@ records of the round, so it is the state as of its place in the changelog
 (``layer.state.snapshot``). Once the round has committed, the next round writes its
 confirmations (that round commits for them alone if it has nothing else).
 
-A queue's companion states (its redrive marks, ``~redrive``, and its publish route's positions,
-``~route``) are in its changelog too: they are snapshotted with it, so a restore that starts at
-the snapshot loses none of them.
+A queue's companion states (its redrive marks, ``~redrive``, its publish route's positions,
+``~route``, and its counters, ``~counters``) are in its changelog too: they are snapshotted with
+it, so a restore that starts at the snapshot loses none of them.
 
 A redrive commits outside the rounds and writes the store after: while one is under way
 (``hold``), the queue is not snapshotted, so no snapshot can miss a record that precedes it.
@@ -24,6 +24,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from layer.coordinator.counters import COUNTERS_SUFFIX
 from layer.coordinator.publish_route import ROUTE_SUFFIX
 from layer.coordinator.redrive import REDRIVE_SUFFIX
 from layer.state.base import Store
@@ -33,7 +34,7 @@ from layer.state.snapshot import Subject, build_snapshot, confirm_records
 __all__ = ["COMPANIONS", "Snapshots"]
 
 #: the states a queue keeps in its changelog under other names: snapshotted with it
-COMPANIONS = (REDRIVE_SUFFIX, ROUTE_SUFFIX)
+COMPANIONS = (REDRIVE_SUFFIX, ROUTE_SUFFIX, COUNTERS_SUFFIX)
 
 log = logging.getLogger(__name__)
 

@@ -470,6 +470,26 @@ class QueueEngine(Queries, Holding, Leases, Intake):
             self._view.clear()
         return effects
 
+    def leases_of(
+        self, subscription: str, limit: int = 100
+    ) -> list[tuple[Bookmark, float | None, int]]:
+        """Read-only: up to ``limit`` messages the subscription holds, in lease order, as
+        (bookmark, lease deadline or None, deliveries); at-most-once: those handed out whose
+        backlog slot is not released yet."""
+        sub = self._subs.get(subscription)
+        if sub is None:
+            return []
+        out: list[tuple[Bookmark, float | None, int]] = []
+        for entry in sub.leases:
+            if len(out) >= limit:
+                return out
+            out.append((entry.bookmark, entry.deadline, entry.deliveries))
+        for bookmark in sub.handed:
+            if len(out) >= limit:
+                break
+            out.append((bookmark, None, 1))
+        return out
+
     def low_water(self, partition: TopicPartition) -> int:
         part = self._partition(partition)
         part.advance()

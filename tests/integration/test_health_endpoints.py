@@ -64,7 +64,7 @@ def test_http_and_grpc_health_of_a_running_coordinator(
     assert status == 200, body
     assert body["ready"] is True and body["reasons"] == []
     assert body["restored"] is True and body["kafka_reachable"] is True
-    assert get(c.http_address, "/metrics")[:2] == (404, {"error": "no such path: /metrics"})
+    assert get(c.http_address, "/nowhere")[:2] == (404, {"error": "no such path: /nowhere"})
     status, body, allow = get(c.http_address, "/readyz", "POST")
     assert (status, allow) == (405, "GET, HEAD")
     assert get(c.http_address, "/healthz", "HEAD")[:2] == (200, {})

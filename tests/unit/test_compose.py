@@ -61,6 +61,7 @@ def published_ports(service: dict[str, Any]) -> dict[int, int]:
     result = {}
     for port in service.get("ports", []):
         host, _, container = str(port).rpartition(":")
+        host = host.rpartition(":")[2]  # "127.0.0.1:7071:7071": bound to one host address
         result[int(container)] = int(host or container)
     return result
 

@@ -346,6 +346,16 @@ def test_unknown_override_is_an_error():
     )
 
 
+def test_metrics_right_is_open_unless_set() -> None:
+    assert parse("").coordinator.metrics_right is None
+    assert parse('[coordinator]\nmetrics_right = "none"').coordinator.metrics_right is None
+    assert parse('[coordinator]\nmetrics_right = "browse"').coordinator.metrics_right == "browse"
+    assert error('[coordinator]\nmetrics_right = "publish"') == (
+        "config.toml: [coordinator]: option 'metrics_right': "
+        'expected "none", "browse" or "admin", got "publish"'
+    )
+
+
 def test_http_listener_is_off_unless_set_and_validated_like_listen(tmp_path: Path):
     assert parse("").coordinator.http is None
     config = parse('[coordinator]\nhttp = "127.0.0.1:7071"')

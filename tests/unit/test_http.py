@@ -134,3 +134,74 @@ def test_health_routes_follow_readiness() -> None:
     health.stopping()
     assert run("/readyz")[1]["reasons"][0] == "stopping"
     assert run("/healthz")[0] == 200  # alive as long as it answers
+
+
+def _get(path: str, method: str = "GET", **headers: str) -> Request:
+    return Request(method, path, "", "HTTP/1.1", {k.lower(): v for k, v in headers.items()})
+
+
+def test_templates_match_one_segment_each_and_the_hook_sees_right_and_queue() -> None:
+    seen: list[tuple[str | None, str | None]] = []
+
+    def authorize(request: Request, right: str | None, queue: str | None) -> None:
+        seen.append((right, queue))
+        if request.headers.get("authorization") == "no":
+            raise HttpError(HTTPStatus.FORBIDDEN, f"no {right} on {queue}")
+
+    router = Router(authorize=authorize)
+
+    async def echo(request: Request) -> Response:
+        return Response.json(HTTPStatus.OK, dict(request.params))
+
+    router.add("GET", "/api/queues", echo, right="browse")
+    router.add("GET", "/api/queues/{queue}/browse", echo, right="browse", queue_param="queue")
+    router.add("POST", "/api/queues/{queue}/redrive", echo, right="admin", queue_param="queue")
+    with pytest.raises(ValueError, match="unknown right"):
+        router.add("GET", "/x", echo, right="root")
+    with pytest.raises(ValueError, match="no parameter"):
+        router.add("GET", "/y/{q}", echo, queue_param="queue")
+
+    def call(request: Request) -> tuple[int, object]:
+        response = asyncio.run(router.dispatch(request))
+        return response.status, json.loads(response.body)
+
+    assert call(_get("/api/queues/or%20ders/browse")) == (200, {"queue": "or ders"})
+    assert seen[-1] == ("browse", "or ders")
+    assert call(_get("/api/queues")) == (200, {})
+    assert seen[-1] == ("browse", None)
+    assert call(_get("/api/queues/a/b/browse"))[0] == 404  # one segment per parameter
+    assert call(_get("/api/queues//browse"))[0] == 404  # never an empty queue name
+    assert call(_get("/api/queues/q/redrive"))[0] == 405
+    status, body = call(_get("/api/queues/q/redrive", "POST", Authorization="no"))
+    assert (status, body) == (403, {"error": "no admin on q"})
+
+
+def test_http_access_mirrors_the_grpc_api() -> None:
+    from layer.api.access import Access
+    from layer.coordinator.access import HttpAccess
+
+    def status(
+        access: HttpAccess, right: str | None, token: str | None, queue: str | None = "q"
+    ) -> int:
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        try:
+            access.authorize(Request("GET", "/p", "", "HTTP/1.1", headers), right, queue)
+        except HttpError as exc:
+            return int(exc.status)
+        return 200
+
+    def made(auth: str | None, admin: str | None) -> HttpAccess:
+        return HttpAccess(Access(auth_token=auth, admin_token=admin))
+
+    open_ = made(None, None)
+    assert {status(open_, r, None) for r in ("browse", "admin", None)} == {200}
+    both = made("t", "a")
+    assert [status(both, "browse", t) for t in (None, "x", "t", "a")] == [401, 401, 200, 200]
+    assert [status(both, "admin", t, None) for t in (None, "x", "t", "a")] == [401, 401, 403, 200]
+    assert status(both, None, None) == 200  # probes and static files
+    only_api = made("t", None)
+    assert status(only_api, "admin", "t", None) == 403
+    only_admin = made(None, "a")
+    assert status(only_admin, "browse", None) == 200
+    assert status(only_admin, "admin", "a", None) == 200
+    assert status(only_admin, "admin", None, None) in (401, 403)

@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from layer.api.service import DeliverySink
 from layer.codec import ChangeKind, decode
+from layer.coordinator.counters import Counters
 from layer.coordinator.health import Health
 from layer.coordinator.restore import Restore
 from layer.coordinator.round import (
@@ -149,6 +151,32 @@ def test_an_ack_is_answered_once_its_done_record_is_committed() -> None:
         assert b.entries()[second] is ChangeKind.DONE
         assert b.store.get_messages("q", [second]) == [None]  # the local copy is deleted
         assert b.rt.counters.acked == 1
+
+    run(scenario())
+
+
+def test_the_counters_ride_in_the_transaction_of_the_acks_they_count() -> None:
+    async def scenario() -> None:
+        b = Bench()
+        handle, _ = await b.subscribe()
+        fetch(b.rt, [b'{"n": 0}', b'{"n": 1}'])
+        await b.rounds.one()
+        ack = asyncio.ensure_future(handle.ack(AckOp.ACK, ["orders/0/0", "orders/0/1"]))
+        await asyncio.sleep(0)
+        await b.rounds.one()
+        assert await ack == []
+        first, second = b.changelog.transactions  # one transaction per round, no more
+
+        def counters(tx: Any) -> dict[str, int]:
+            return {
+                key.topic: value["low_water"]
+                for key, value in tx.changes()
+                if key.queue == "q~counters" and value is not None
+            }
+
+        assert counters(first) == {"ingested": 2, "delivered": 2}
+        assert counters(second) == {"acked": 2}  # only what changed, with the acks
+        assert Counters.load(b.store, "q").values() == b.rt.counters.values()
 
     run(scenario())
 

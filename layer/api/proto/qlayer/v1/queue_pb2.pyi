@@ -333,6 +333,50 @@ class RedriveReply(_message.Message):
     unmatched: int
     def __init__(self, moved: _Optional[int] = ..., already: _Optional[int] = ..., unmatched: _Optional[int] = ...) -> None: ...
 
+class DeadLettersRequest(_message.Message):
+    __slots__ = ("queue", "filter", "limit")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    filter: str
+    limit: int
+    def __init__(self, queue: _Optional[str] = ..., filter: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class DeadLetter(_message.Message):
+    __slots__ = ("bookmark", "original", "reason", "detail", "deliveries", "cancels", "key", "payload", "headers", "message_timestamp_ms", "dead_lettered_at_ms", "redriven")
+    BOOKMARK_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    CANCELS_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTERED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    REDRIVEN_FIELD_NUMBER: _ClassVar[int]
+    bookmark: str
+    original: str
+    reason: str
+    detail: str
+    deliveries: int
+    cancels: int
+    key: bytes
+    payload: bytes
+    headers: _containers.RepeatedCompositeFieldContainer[Header]
+    message_timestamp_ms: int
+    dead_lettered_at_ms: int
+    redriven: bool
+    def __init__(self, bookmark: _Optional[str] = ..., original: _Optional[str] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ..., deliveries: _Optional[int] = ..., cancels: _Optional[int] = ..., key: _Optional[bytes] = ..., payload: _Optional[bytes] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., message_timestamp_ms: _Optional[int] = ..., dead_lettered_at_ms: _Optional[int] = ..., redriven: _Optional[bool] = ...) -> None: ...
+
+class DeadLettersReply(_message.Message):
+    __slots__ = ("letters",)
+    LETTERS_FIELD_NUMBER: _ClassVar[int]
+    letters: _containers.RepeatedCompositeFieldContainer[DeadLetter]
+    def __init__(self, letters: _Optional[_Iterable[_Union[DeadLetter, _Mapping]]] = ...) -> None: ...
+
 class ReloadRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -69,6 +69,11 @@ class QueueServiceStub:
                 request_serializer=qlayer_dot_v1_dot_queue__pb2.RedriveRequest.SerializeToString,
                 response_deserializer=qlayer_dot_v1_dot_queue__pb2.RedriveReply.FromString,
                 _registered_method=True)
+        self.DeadLetters = channel.unary_unary(
+                '/qlayer.v1.QueueService/DeadLetters',
+                request_serializer=qlayer_dot_v1_dot_queue__pb2.DeadLettersRequest.SerializeToString,
+                response_deserializer=qlayer_dot_v1_dot_queue__pb2.DeadLettersReply.FromString,
+                _registered_method=True)
         self.Reload = channel.unary_unary(
                 '/qlayer.v1.QueueService/Reload',
                 request_serializer=qlayer_dot_v1_dot_queue__pb2.ReloadRequest.SerializeToString,
@@ -139,6 +144,13 @@ class QueueServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeadLetters(self, request, context):
+        """The queue's dead letters, decoded, in the order they were dead-lettered (read-only).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Reload(self, request, context):
         """Admin: read the coordinator's config file again and apply it, all or nothing.
         """
@@ -183,6 +195,11 @@ def add_QueueServiceServicer_to_server(servicer, server):
                     servicer.Redrive,
                     request_deserializer=qlayer_dot_v1_dot_queue__pb2.RedriveRequest.FromString,
                     response_serializer=qlayer_dot_v1_dot_queue__pb2.RedriveReply.SerializeToString,
+            ),
+            'DeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeadLetters,
+                    request_deserializer=qlayer_dot_v1_dot_queue__pb2.DeadLettersRequest.FromString,
+                    response_serializer=qlayer_dot_v1_dot_queue__pb2.DeadLettersReply.SerializeToString,
             ),
             'Reload': grpc.unary_unary_rpc_method_handler(
                     servicer.Reload,
@@ -379,6 +396,33 @@ class QueueService:
             '/qlayer.v1.QueueService/Redrive',
             qlayer_dot_v1_dot_queue__pb2.RedriveRequest.SerializeToString,
             qlayer_dot_v1_dot_queue__pb2.RedriveReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qlayer.v1.QueueService/DeadLetters',
+            qlayer_dot_v1_dot_queue__pb2.DeadLettersRequest.SerializeToString,
+            qlayer_dot_v1_dot_queue__pb2.DeadLettersReply.FromString,
             options,
             channel_credentials,
             insecure,
