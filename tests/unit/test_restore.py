@@ -4,13 +4,14 @@ from what the changelog left in the store, and the view topic brought in line.""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TypeVar
 
 from confluent_kafka import Message
 
 from layer.codec import encode_change
 from layer.coordinator.health import Health
+from layer.coordinator.ingest import Fetched
 from layer.coordinator.restore import Restore
 from layer.engine.model import (
     Bookmark,
@@ -20,6 +21,7 @@ from layer.engine.model import (
     LowWater,
     Returned,
     ReturnReason,
+    TopicPartition,
     ViewChange,
 )
 from layer.state.base import EntryState, Store, StoreBatch, StoredMessage
@@ -47,6 +49,8 @@ class ReplaySource:
     def __init__(self, changes: list[Leased | Done | LowWater]) -> None:
         self.changes = changes
         self.view: dict[Bookmark, ViewChange] = {}
+        self.fetches: list[Fetched] = []  # the underlying topics' backlog
+        self.backlog_asked: list[dict[TopicPartition, int]] = []
         self.asked: list[tuple[str, str]] = []
 
     def restore(self, store: Store, topic: str, queue: str, progress: Progress) -> RestoreResult:
@@ -65,6 +69,10 @@ class ReplaySource:
 
     def read_view(self, topic: str, queue: str) -> Mapping[Bookmark, ViewChange]:
         return self.view
+
+    def backlog(self, starts: Mapping[TopicPartition, int]) -> Iterator[Fetched]:
+        self.backlog_asked.append(dict(starts))
+        yield from self.fetches
 
 
 async def at_once(what: str, step: Callable[[], T]) -> T:
