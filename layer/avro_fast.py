@@ -132,6 +132,21 @@ def stored_message(
     return b"".join(parts)
 
 
+def stored_plain(key: bytes | None, value: bytes | None, timestamp_ms: int) -> bytes:
+    """``stored_message`` of a message without headers, priority or error (most of a restored
+    backlog: ``layer.coordinator.backlog``), in one join."""
+    return b"".join(
+        (
+            b"\x01\x00" if key is None else b"\x01\x02" + long(len(key)) + key,
+            b"\x00" if value is None else b"\x02" + long(len(value)),
+            value or b"",
+            b"\x00",  # no headers
+            long(timestamp_ms),
+            b"\x00\x00",  # no priority, no error
+        )
+    )
+
+
 class _Reader:
     __slots__ = ("data", "pos")
 

@@ -25,7 +25,7 @@ list in unit tests).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 
 import orjson
 from confluent_kafka import Message
@@ -36,6 +36,8 @@ from layer.engine.model import Bookmark, TopicPartition
 from layer.state.base import MESSAGES, StoreBatch, StoredMessage, pack_offset, partition_prefix
 
 __all__ = ["Backlog"]
+
+_NONE: frozenset[int] = frozenset()
 
 
 class Backlog:
@@ -55,14 +57,18 @@ class Backlog:
             and exprs.barrier is None
         )
         self._check_json = exprs.reader is not None and rt.config.message_type == "json"
-        self._prefixes: dict[tuple[str, int], bytes] = {}
-        # done or delayed offsets per partition (restored from the changelog)
-        self._done: dict[tuple[str, int], set[int]] = {}
+        self._prefixes: dict[TopicPartition, bytes] = {}
+        # offsets restored from the changelog as done, per partition; and those that are not
+        # plain (done, or with a restored delay)
+        self._done: dict[TopicPartition, set[int]] = {}
+        self._apart: dict[TopicPartition, set[int]] = {}
         for bm in rt.restored_done:
-            self._done.setdefault((bm.topic, bm.partition), set()).add(bm.offset)
-        self._delayed: dict[tuple[str, int], set[int]] = {}
+            tp = TopicPartition(bm.topic, bm.partition)
+            self._done.setdefault(tp, set()).add(bm.offset)
+            self._apart.setdefault(tp, set()).add(bm.offset)
         for bm in rt.restored_delays:
-            self._delayed.setdefault((bm.topic, bm.partition), set()).add(bm.offset)
+            self._apart.setdefault(TopicPartition(bm.topic, bm.partition), set()).add(bm.offset)
+        self._slow = 0  # admitted through rt.admit in this take
 
     def take(self, messages: Sequence[Message], batch: StoreBatch, now: float) -> int:
         """Admit ``messages`` (error-free, in offset order per partition) as far as the room
@@ -71,106 +77,141 @@ class Backlog:
         engine = rt.engine
         name = rt.name
         record = rt.record_runs
-        cache, cache_size = rt.payload_cache, rt.payload_cache_size
         room = engine.room()
-        ops = batch.ops
-        read_to: dict[tuple[str, int], int] = {}
-        admitted = fast = unparseable = 0
-        # the run being built: partition, its first offset, its timestamps
-        run_key: tuple[str, int] | None = None
-        run_start = 0
-        run_times: list[float] = []
+        append = batch.ops.append
+        pack = pack_offset
+        plain = avro_fast.stored_plain
+        loads = orjson.loads if self._check_json else None
+        fast = self._fast
+        admitted = unparseable = 0
+        # the partition of the messages at hand, and the run of them being built: its first
+        # offset, the offset after it, the timestamps
+        topic: str | None = None
+        partition = -1
+        tp = TopicPartition("", -1)
+        prefix = b""
+        apart: Set[int] = _NONE  # offsets of this partition that are not plain: done, delayed
+        run_start = run_end = 0
+        times: list[float] = []
+        read_to: dict[TopicPartition, int] = {}
+        # the first messages of the backlog (the first handed out) go to the payload cache, as
+        # the live path keeps the recently admitted ones
+        cache = rt.payload_cache
+        cache_room = rt.payload_cache_size - len(cache)
 
         def flush() -> None:
-            assert run_key is not None
-            tp = TopicPartition(*run_key)
-            engine.add_run(tp, run_start, run_times, now)
+            engine.add_run(tp, run_start, times, now)
             if record:
-                batch.put_run(name, tp, run_start, array("d", run_times), None)
+                batch.put_run(name, tp, run_start, array("d", times), None)
+            read_to[tp] = run_end
 
         for msg in messages:
             if room <= 0:
                 self.full = True
                 break
             # an error-free fetched message has all three (librdkafka)
-            topic: str = msg.topic()  # type: ignore[assignment]
-            partition: int = msg.partition()  # type: ignore[assignment]
+            p: int = msg.partition()  # type: ignore[assignment]
+            t: str = msg.topic()  # type: ignore[assignment]
             offset: int = msg.offset()  # type: ignore[assignment]
-            key = (topic, partition)
-            done = self._done.get(key)
-            if done and offset in done:
-                done.discard(offset)
-                rt.restored_done.discard(Bookmark(topic, partition, offset))
-                read_to[key] = offset + 1
-                continue
-            headers = msg.headers()
-            delayed = self._delayed.get(key)
-            if not self._fast or headers or (delayed and offset in delayed):
-                # the live path's admission, one message
-                if run_times:
+            if p != partition or t != topic:
+                if times:
                     flush()
-                    run_times = []
-                if read_to:
-                    self._mark_read(read_to, batch)
-                    read_to = {}
-                rt.inbox.append(msg)
-                n = rt.admit(now, batch, limit=1)
-                rt.inbox.clear()
+                    times = []
+                topic, partition, tp = t, p, TopicPartition(t, p)
+                prefix = self._prefix(tp)
+                apart = self._apart.get(tp, _NONE)
+            headers = msg.headers()
+            if headers or not fast or offset in apart:
+                if times:
+                    flush()
+                    times = []
+                n = self._one(msg, tp, offset, batch, now, read_to)
                 admitted += n
                 room -= n
-                self.positions[TopicPartition(*key)] = offset + 1
                 continue
             value = msg.value()
             error = None
-            if self._check_json and value is not None:
+            if loads is not None and value is not None:
                 try:
-                    orjson.loads(value)
+                    loads(value)
                 except orjson.JSONDecodeError:
-                    # orjson is stricter (NaN, integers past 64 bits): the queue's own parser
-                    # decides, and words the error
-                    assert rt.exprs.reader is not None
-                    error = rt.exprs.reader.read(value)[1]
+                    error = self._error(value)
                     if error is not None:
                         unparseable += 1
-            _type, ts = msg.timestamp()
-            ts = ts if ts > 0 else 0
-            msg_key = msg.key()
-            prefix = self._prefixes.get(key)
-            if prefix is None:
-                prefix = self._prefixes[key] = partition_prefix(name, topic, partition)
-            ops.append(
-                (
-                    MESSAGES,
-                    prefix + pack_offset(offset),
-                    avro_fast.stored_message(msg_key, value, (), ts, None, error),
-                )
-            )
-            if len(cache) < cache_size:
-                cache[Bookmark(topic, partition, offset)] = StoredMessage(
-                    msg_key, value, (), ts, None, error
-                )
-            read_to[key] = offset + 1
-            fast += 1
+            ts: int = msg.timestamp()[1]
+            if ts < 0:
+                ts = 0
+            if error is None:
+                encoded = plain(msg.key(), value, ts)
+            else:
+                encoded = avro_fast.stored_message(msg.key(), value, (), ts, None, error)
+            append((MESSAGES, prefix + pack(offset), encoded))
+            if cache_room > 0:
+                cache[Bookmark(t, p, offset)] = StoredMessage(msg.key(), value, (), ts, None, error)
+                cache_room -= 1
+            admitted += 1
             room -= 1
-            when = ts / 1000.0 if ts else now
-            if run_times and key == run_key and offset == run_start + len(run_times):
-                run_times.append(when)
+            if times and offset == run_end:
+                times.append(ts / 1000.0 if ts else now)
+                run_end += 1
                 continue
-            if run_times:
+            if times:
                 flush()
-            run_key, run_start, run_times = key, offset, [when]
-        if run_times:
+            run_start, run_end, times = offset, offset + 1, [ts / 1000.0 if ts else now]
+        if times:
             flush()
         self._mark_read(read_to, batch)
-        rt.counters.ingested += fast  # rt.admit counts its own
+        fast_count = admitted - self._slow
+        rt.counters.ingested += fast_count  # rt.admit counts its own
         rt.counters.unparseable += unparseable
-        self.admitted += admitted + fast
-        return admitted + fast
+        self._slow = 0
+        self.admitted += admitted
+        return admitted
 
-    def _mark_read(self, read_to: dict[tuple[str, int], int], batch: StoreBatch) -> None:
+    def _prefix(self, tp: TopicPartition) -> bytes:
+        prefix = self._prefixes.get(tp)
+        if prefix is None:
+            prefix = self._prefixes[tp] = partition_prefix(self.rt.name, tp.topic, tp.partition)
+        return prefix
+
+    def _error(self, value: bytes) -> str | None:
+        """orjson is stricter (NaN, integers past 64 bits): the queue's own parser decides,
+        and words the error."""
+        reader = self.rt.exprs.reader
+        assert reader is not None
+        return reader.read(value)[1]
+
+    def _one(
+        self,
+        msg: Message,
+        tp: TopicPartition,
+        offset: int,
+        batch: StoreBatch,
+        now: float,
+        read_to: dict[TopicPartition, int],
+    ) -> int:
+        """A message that is not plain: done (skipped), or through the live path's admission."""
         rt = self.rt
-        for key, position in read_to.items():
-            tp = TopicPartition(*key)
+        done = self._done.get(tp)
+        if done is not None and offset in done:
+            done.discard(offset)
+            self._apart[tp].discard(offset)
+            rt.restored_done.discard(Bookmark(tp.topic, tp.partition, offset))
+            read_to[tp] = offset + 1
+            return 0
+        if read_to:
+            self._mark_read(read_to, batch)
+            read_to.clear()
+        rt.inbox.append(msg)
+        n = rt.admit(now, batch, limit=1)
+        rt.inbox.clear()
+        self.positions[tp] = offset + 1
+        self._slow += n
+        return n
+
+    def _mark_read(self, read_to: dict[TopicPartition, int], batch: StoreBatch) -> None:
+        rt = self.rt
+        for tp, position in read_to.items():
             rt.engine.mark_read(tp, position)
             batch.put_read_position(rt.name, tp, position)
             self.positions[tp] = position
