@@ -88,9 +88,10 @@ class KafkaSource:
             **self._settings,
             "group.id": f"qlayer-backlog-{uuid.uuid4().hex}",
             "enable.partition.eof": True,
-            # large fetches: nothing waits on this reader's latency (on Tansu a short wait
-            # also comes back empty from a partition of many small batches: ingest.FetchWait)
-            "fetch.wait.max.ms": 500,
+            # a partition already read to its end answers after this wait (a restart on its
+            # state directory waits it once); on Tansu a much shorter one comes back empty from
+            # a partition of many small batches (ingest.FetchWait)
+            "fetch.wait.max.ms": 100,
             "max.partition.fetch.bytes": 4 << 20,
         }
         consumer = Consumer(settings)
