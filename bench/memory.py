@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from bench.harness import loadavg, settled_rss
 from bench.kafka_systems import QUEUE, Coordinator, kafka_publish
 from connectors.admin import TopicAdmin, TopicSpec
@@ -107,6 +109,10 @@ def memory_and_restart(bootstrap: str, workdir: Path, queued: int) -> dict[str, 
             )
             out[f"restart_{label}_serving_s"] = round(serving, 2)
             out[f"restart_{label}_all_available_s"] = round(serving + waited, 2)
+            # the coordinator's CPU seconds up to then (all its threads): on a busy shared
+            # machine a steadier figure than the wall time
+            cpu = psutil.Process(coord.pid).cpu_times()
+            out[f"restart_{label}_cpu_s"] = round(cpu.user + cpu.system, 2)
             log.info(
                 "  restart (%s): serving in %.2f s, all %d available in %.2f s",
                 label, serving, expected, serving + waited,

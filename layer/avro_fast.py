@@ -25,6 +25,9 @@ _KIND_INDEX = {"LEASED": 0, "RETURNED": 1, "DONE": 2, "POSITION": 3}
 _SMALL = [bytes([(n << 1)]) if (n << 1) < 0x80 else b"" for n in range(64)]
 
 
+# ... and the two-byte ones (64 <= n < 8192), for lengths: filled below, once _varint exists
+_TWO: list[bytes] = []
+
 # Millisecond times (lease deadlines, record and message times) are 6-byte varints and repeat
 # a lot: one round stamps every record with the same time, a producer batch shares one. Remember
 # the recent ones (bounded) rather than encoding them again.
@@ -35,6 +38,8 @@ _TIMES_MAX = 8192
 def long(n: int) -> bytes:
     if 0 <= n < 64:
         return _SMALL[n]
+    if 0 <= n < 8192:  # lengths of payloads and strings: two bytes, precomputed
+        return _TWO[n]
     if n >= 0x1_0000_0000:
         found = _TIMES.get(n)
         if found is None:
@@ -54,6 +59,9 @@ def _varint(n: int) -> bytes:
         z >>= 7
     out.append(z)
     return bytes(out)
+
+
+_TWO.extend(_varint(n) if n >= 64 else b"" for n in range(8192))
 
 
 def _opt_long(n: int | None) -> bytes:
@@ -122,6 +130,21 @@ def stored_message(
     parts.append(_opt_long(priority))
     parts.append(_opt_str(error))
     return b"".join(parts)
+
+
+def stored_plain(key: bytes | None, value: bytes | None, timestamp_ms: int) -> bytes:
+    """``stored_message`` of a message without headers, priority or error (most of a restored
+    backlog: ``layer.coordinator.backlog``), in one join."""
+    return b"".join(
+        (
+            b"\x01\x00" if key is None else b"\x01\x02" + long(len(key)) + key,
+            b"\x00" if value is None else b"\x02" + long(len(value)),
+            value or b"",
+            b"\x00",  # no headers
+            long(timestamp_ms),
+            b"\x00\x00",  # no priority, no error
+        )
+    )
 
 
 class _Reader:

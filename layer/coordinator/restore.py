@@ -6,24 +6,34 @@
    marks, delivery and cancel counts, done records above the marks, the messages held locally
    (a message done or below a mark is deleted: the crash came between a commit and its local
    write), delays, read positions.
+2b. The backlog, from each partition's read position (its low-water mark when the state was
+   lost) to its high watermark, is read in bulk (``layer.coordinator.backlog``), so a queue
+   rebuilt from its changelog serves with all its messages available.
 3. A queue with a view topic reads it back and publishes the corrections that bring it to what
    this restart rebuilt (``layer.coordinator.view``).
 
-Steps 1 and 3 read Kafka through a ``ChangelogSource``; step 2 is pure over the store.
+Steps 1, 2b and 3 read Kafka through a ``ChangelogSource``; step 2 is pure over the store.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+import uuid
 from array import array
 from bisect import bisect_left
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Any, Protocol, TypeVar, cast
+
+from confluent_kafka import Consumer, KafkaError
+from confluent_kafka import TopicPartition as KafkaPartition
 
 from layer.codec import ChangeKind
 from layer.config import QueueConfig
+from layer.coordinator.backlog import Backlog
 from layer.coordinator.counters import Counters
 from layer.coordinator.health import Health
+from layer.coordinator.ingest import Fetched
 from layer.coordinator.round import Changelog
 from layer.coordinator.runtime import QueueRuntime
 from layer.coordinator.view import read_view, reconcile, view_record
@@ -33,6 +43,8 @@ from layer.state.base import RunRecord, Store, StoreBatch
 from layer.state.recovery import Progress, RestoreResult, restore
 
 __all__ = ["ChangelogSource", "KafkaSource", "Restore"]
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -48,6 +60,11 @@ class ChangelogSource(Protocol):
         """What the view topic says the queue holds."""
         ...
 
+    def backlog(self, starts: Mapping[TopicPartition, int]) -> Iterator[Fetched]:
+        """The underlying partitions' messages from ``starts`` until each is caught up (or the
+        reading stops making progress), a fetch at a time; the caller may stop early."""
+        ...
+
 
 class KafkaSource:
     """``ChangelogSource`` over Kafka, with these consumer settings."""
@@ -61,6 +78,57 @@ class KafkaSource:
 
     def read_view(self, topic: str, queue: str) -> Mapping[Bookmark, ViewChange]:
         return read_view(self._settings, topic, queue)
+
+    #: the backlog reader gives up (the live reader goes on) after this long without a message
+    BACKLOG_IDLE_S = 10.0
+
+    def backlog(self, starts: Mapping[TopicPartition, int]) -> Iterator[Fetched]:
+        if not starts:
+            return
+        settings = {
+            **self._settings,
+            "group.id": f"qlayer-backlog-{uuid.uuid4().hex}",
+            "enable.partition.eof": True,
+            # a partition already read to its end answers after this wait (a restart on its
+            # state directory waits it once); on Tansu a much shorter one comes back empty from
+            # a partition of many small batches (ingest.FetchWait)
+            "fetch.wait.max.ms": 100,
+            "max.partition.fetch.bytes": 4 << 20,
+        }
+        consumer = Consumer(settings)
+        try:
+            consumer.assign(
+                [KafkaPartition(tp.topic, tp.partition, offset) for tp, offset in starts.items()]
+            )
+            pending = set(starts)
+            last = time.monotonic()
+            while pending and time.monotonic() - last < self.BACKLOG_IDLE_S:
+                msgs = consumer.consume(10_000, 0.5)
+                good = []
+                for m in msgs:
+                    err = m.error()
+                    if err is None:
+                        good.append(m)
+                    elif err.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(
+                            TopicPartition(cast(str, m.topic()), cast(int, m.partition()))
+                        )
+                    elif not err.retriable():
+                        log.warning("backlog fetch error, the live reader goes on: %s", err)
+                        return
+                if not good:
+                    continue
+                last = time.monotonic()
+                high = {}
+                for tp in starts:
+                    _low, hw = consumer.get_watermark_offsets(
+                        KafkaPartition(tp.topic, tp.partition), cached=True
+                    )
+                    if hw >= 0:
+                        high[tp] = hw
+                yield Fetched(good, high, [])
+        finally:
+            consumer.close()
 
 
 class Patience(Protocol):
@@ -115,6 +183,7 @@ class Restore:
             f" in {time.monotonic() - started:.2f}s"
         )
         rt = self.load(q)
+        await self.backlog(rt, starting)
         if q.view_topic:
             await self.reconcile_view(rt)
         return rt
@@ -176,6 +245,41 @@ class Restore:
             f" {engine.restored_pending()} to re-read, {len(done)} done above the low-water marks"
         )
         return rt
+
+    async def backlog(self, rt: QueueRuntime, starting: bool) -> None:
+        """Step 2b: the queue's backlog, read in bulk (``layer.coordinator.backlog``)."""
+        engine = rt.engine
+        positions = self._store.positions(rt.name)
+        starts = {}
+        for tp in rt.known_partitions:
+            pos = positions.get(tp)
+            read = pos.read_position if pos is not None else None
+            starts[tp] = max(read or 0, engine.low_water(tp))
+        backlog = Backlog(rt, starts)
+        started = time.monotonic()
+
+        def step() -> None:
+            # resumable (Kafka away: ``until_reachable`` calls it again): from where it got
+            for fetched in self._source.backlog(dict(backlog.positions)):
+                batch = StoreBatch()
+                for tp, high in fetched.high_watermarks.items():
+                    engine.set_high_watermark(tp, high)
+                backlog.take(fetched.messages, batch, self._clock())
+                self._store.write(batch)
+                line = f"queue={rt.name} {backlog.admitted} messages of its backlog read"
+                if starting:
+                    self._health.restoring(line)
+                if backlog.full:
+                    return
+
+        await self._until_reachable(f"read the backlog of queue {rt.name}", step)
+        if not backlog.admitted and not backlog.full:
+            return
+        self._progress(
+            f"backlog of queue={rt.name}: {backlog.admitted} messages read"
+            f" in {time.monotonic() - started:.2f}s"
+            + (" (target depth reached)" if backlog.full else "")
+        )
 
     def _scan(
         self, rt: QueueRuntime, done: set[Bookmark], batch: StoreBatch, now: float, plain: bool

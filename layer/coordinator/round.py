@@ -247,13 +247,15 @@ class Round:
             # below the mark either way.
             changes.sort(key=_change_order)
         # Consecutive changes of consecutive offsets of one partition with the same value go
-        # to the changelog as one record: the run (first bookmark, count, value).
+        # to the changelog as one record: the run (first bookmark, count, value); tombstones
+        # (Forget) too, as one for the run of offsets the low-water mark passed.
         run: Bookmark | None = None
-        run_key = run_value = b""
+        run_key = b""
+        run_value: bytes | None = b""
         count = 0
         for change in changes:
             key, value = encode_change(name, change, self.now_ms)
-            if value is not None and isinstance(change, Leased | Returned | Done):
+            if isinstance(change, Leased | Returned | Done | Forget):
                 bm = change.bookmark
                 if (
                     run is not None
@@ -449,7 +451,7 @@ def _change_order(change: Change) -> tuple[str, int, int, int]:
 
 
 def _run_record(
-    topic: str, queue: str, first: Bookmark, count: int, key: bytes, value: bytes
+    topic: str, queue: str, first: Bookmark, count: int, key: bytes, value: bytes | None
 ) -> ChangelogRecord:
     """The record of ``count`` messages from ``first`` (``key``: the first one's own key)."""
     return (topic, key if count == 1 else encode_run(queue, first, count), value)

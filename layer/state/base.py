@@ -282,6 +282,11 @@ class StoreBatch:
     def delete_entry(self, queue: str, bookmark: Bookmark) -> None:
         self.ops.append((ENTRIES, message_key(queue, bookmark), None))
 
+    def delete_entries(self, queue: str, partition: TopicPartition, start: int, end: int) -> None:
+        """Delete the entries of one partition with offsets ``start <= offset < end``."""
+        prefix = partition_prefix(queue, partition.topic, partition.partition)
+        self.ops.append((ENTRIES, prefix + _OFFSET.pack(start), _Range(prefix + _OFFSET.pack(end))))
+
     def delete_entries_below(self, queue: str, partition: TopicPartition, offset: int) -> None:
         """Delete the entries of one partition with offsets below ``offset`` (a low-water mark)."""
         prefix = partition_prefix(queue, partition.topic, partition.partition)

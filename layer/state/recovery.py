@@ -120,9 +120,10 @@ class _Restorer:
                 first = max(first, known)
             prefix = partition_prefix(ck.queue, ck.topic, ck.partition)
             if value is None:
-                if ck.length != 1:
-                    raise SerializationError("a tombstone for a run")
-                batch.ops.append((ENTRIES, prefix + pack_offset(first), None))
+                if end - first == 1:
+                    batch.ops.append((ENTRIES, prefix + pack_offset(first), None))
+                else:  # the tombstone of a run (format 2, since issue 11): every offset of it
+                    batch.delete_entries(ck.queue, tp, first, end)
             elif value and value[0] in self.readable_versions:
                 # Kept as the changelog's bytes: the store decodes entries when they are read.
                 ops = batch.ops

@@ -90,3 +90,13 @@ def test_garbage_is_a_serialization_error(data: bytes) -> None:
 def test_stored_meta_reads_timestamp_and_priority(key, value, headers, ts, priority, error) -> None:
     data = avro_fast.stored_message(key, value, tuple(headers), ts, priority, error)
     assert avro_fast.read_stored_meta(data) == (ts, priority)
+
+
+@given(st.none() | st.binary(max_size=9000), st.none() | st.binary(max_size=9000), longs)
+def test_stored_plain_is_stored_message_without_the_rest(key, value, ts) -> None:
+    plain = avro_fast.stored_plain(key, value, ts)
+    assert plain == avro_fast.stored_message(key, value, (), ts, None, None)
+
+
+def test_long_matches_the_varint_for_every_small_length() -> None:
+    assert all(avro_fast.long(n) == avro_fast._varint(n) for n in range(-300, 20_000))

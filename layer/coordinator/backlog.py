@@ -1,0 +1,217 @@
+"""A restored queue's backlog, read in bulk before it serves (restore step 2b).
+
+After the store is restored and the engine built from it (``layer.coordinator.restore``), the
+messages between each partition's read position (or low-water mark) and its high watermark are
+still to be read: every queued message when the state directory was lost, the publishes of the
+downtime otherwise. The live path (``IngestReader`` -> ``QueueRuntime.admit``, one round of at
+most 4,096 at a time) takes them at its own pace, ~30,000 a second on a 2-core machine; a
+queue restored from its changelog with 1,000,000 queued was all available only after 30 s, of
+which 20% went to parsing JSON only to learn that it parses, 12% to a ``Bookmark`` per message
+and the rest to the reader thread and the round around each batch (py-spy; issue 11).
+
+``Backlog`` admits a fetch of the backlog with as little per message as the queue allows: for a
+plain queue without expressions (no group, conflation, barrier, priority or filter) a message
+without headers is stored (its record encoded directly), its offset extends the partition's
+current run, and a JSON payload is only checked (``orjson``, and the standard parser again for
+the error text of one that fails). Anything else (a message with headers, a restored delay, a
+queue with expressions) goes through ``QueueRuntime.admit`` as on the live path, so the
+semantics are one. The engine's room (``target_queue_depth``) is respected: the backlog stops
+where the room ends and the live reader goes on from the read positions written.
+
+Pure over the store and the engine: the fetches come from a ``ChangelogSource`` (Kafka, or a
+list in unit tests).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence, Set
+
+import orjson
+from confluent_kafka import Message
+
+from layer import avro_fast
+from layer.coordinator.runtime import QueueRuntime
+from layer.engine.model import Bookmark, TopicPartition
+from layer.state.base import MESSAGES, StoreBatch, StoredMessage, pack_offset, partition_prefix
+
+__all__ = ["Backlog"]
+
+_NONE: frozenset[int] = frozenset()
+
+
+class Backlog:
+    """Admits fetched messages of one restored queue's backlog into its engine and a store
+    batch; ``positions`` are where the next fetch starts (offset per partition)."""
+
+    def __init__(self, rt: QueueRuntime, positions: dict[TopicPartition, int]) -> None:
+        self.rt = rt
+        self.positions = dict(positions)
+        self.admitted = 0
+        self.full = False  # the engine's room ran out: the live reader goes on from here
+        exprs = rt.exprs
+        self._fast = (
+            not exprs.needed
+            and exprs.group is None
+            and exprs.conflate is None
+            and exprs.barrier is None
+        )
+        self._check_json = exprs.reader is not None and rt.config.message_type == "json"
+        self._prefixes: dict[TopicPartition, bytes] = {}
+        # offsets restored from the changelog as done, per partition; and those that are not
+        # plain (done, or with a restored delay)
+        self._done: dict[TopicPartition, set[int]] = {}
+        self._apart: dict[TopicPartition, set[int]] = {}
+        for bm in rt.restored_done:
+            tp = TopicPartition(bm.topic, bm.partition)
+            self._done.setdefault(tp, set()).add(bm.offset)
+            self._apart.setdefault(tp, set()).add(bm.offset)
+        for bm in rt.restored_delays:
+            self._apart.setdefault(TopicPartition(bm.topic, bm.partition), set()).add(bm.offset)
+        self._slow = 0  # admitted through rt.admit in this take
+
+    def take(self, messages: Sequence[Message], batch: StoreBatch, now: float) -> int:
+        """Admit ``messages`` (error-free, in offset order per partition) as far as the room
+        allows; returns how many entered the queue. Read positions go into ``batch``."""
+        rt = self.rt
+        engine = rt.engine
+        name = rt.name
+        record = rt.record_runs
+        room = engine.room()
+        append = batch.ops.append
+        pack = pack_offset
+        plain = avro_fast.stored_plain
+        loads = orjson.loads if self._check_json else None
+        fast = self._fast
+        admitted = unparseable = 0
+        # the partition of the messages at hand, and the run of them being built: its first
+        # offset, the offset after it, the timestamps
+        topic: str | None = None
+        partition = -1
+        tp = TopicPartition("", -1)
+        prefix = b""
+        apart: Set[int] = _NONE  # offsets of this partition that are not plain: done, delayed
+        run_start = run_end = 0
+        times: list[float] = []
+        read_to: dict[TopicPartition, int] = {}
+        # the first messages of the backlog (the first handed out) go to the payload cache, as
+        # the live path keeps the recently admitted ones
+        cache = rt.payload_cache
+        cache_room = rt.payload_cache_size - len(cache)
+
+        def flush() -> None:
+            engine.add_run(tp, run_start, times, now)
+            if record:
+                batch.put_run(name, tp, run_start, array("d", times), None)
+            read_to[tp] = run_end
+
+        for msg in messages:
+            if room <= 0:
+                self.full = True
+                break
+            # an error-free fetched message has all three (librdkafka)
+            p: int = msg.partition()  # type: ignore[assignment]
+            t: str = msg.topic()  # type: ignore[assignment]
+            offset: int = msg.offset()  # type: ignore[assignment]
+            if p != partition or t != topic:
+                if times:
+                    flush()
+                    times = []
+                topic, partition, tp = t, p, TopicPartition(t, p)
+                prefix = self._prefix(tp)
+                apart = self._apart.get(tp, _NONE)
+            headers = msg.headers()
+            if headers or not fast or offset in apart:
+                if times:
+                    flush()
+                    times = []
+                n = self._one(msg, tp, offset, batch, now, read_to)
+                admitted += n
+                room -= n
+                continue
+            value = msg.value()
+            error = None
+            if loads is not None and value is not None:
+                try:
+                    loads(value)
+                except orjson.JSONDecodeError:
+                    error = self._error(value)
+                    if error is not None:
+                        unparseable += 1
+            ts: int = msg.timestamp()[1]
+            if ts < 0:
+                ts = 0
+            if error is None:
+                encoded = plain(msg.key(), value, ts)
+            else:
+                encoded = avro_fast.stored_message(msg.key(), value, (), ts, None, error)
+            append((MESSAGES, prefix + pack(offset), encoded))
+            if cache_room > 0:
+                cache[Bookmark(t, p, offset)] = StoredMessage(msg.key(), value, (), ts, None, error)
+                cache_room -= 1
+            admitted += 1
+            room -= 1
+            if times and offset == run_end:
+                times.append(ts / 1000.0 if ts else now)
+                run_end += 1
+                continue
+            if times:
+                flush()
+            run_start, run_end, times = offset, offset + 1, [ts / 1000.0 if ts else now]
+        if times:
+            flush()
+        self._mark_read(read_to, batch)
+        fast_count = admitted - self._slow
+        rt.counters.ingested += fast_count  # rt.admit counts its own
+        rt.counters.unparseable += unparseable
+        self._slow = 0
+        self.admitted += admitted
+        return admitted
+
+    def _prefix(self, tp: TopicPartition) -> bytes:
+        prefix = self._prefixes.get(tp)
+        if prefix is None:
+            prefix = self._prefixes[tp] = partition_prefix(self.rt.name, tp.topic, tp.partition)
+        return prefix
+
+    def _error(self, value: bytes) -> str | None:
+        """orjson is stricter (NaN, integers past 64 bits): the queue's own parser decides,
+        and words the error."""
+        reader = self.rt.exprs.reader
+        assert reader is not None
+        return reader.read(value)[1]
+
+    def _one(
+        self,
+        msg: Message,
+        tp: TopicPartition,
+        offset: int,
+        batch: StoreBatch,
+        now: float,
+        read_to: dict[TopicPartition, int],
+    ) -> int:
+        """A message that is not plain: done (skipped), or through the live path's admission."""
+        rt = self.rt
+        done = self._done.get(tp)
+        if done is not None and offset in done:
+            done.discard(offset)
+            self._apart[tp].discard(offset)
+            rt.restored_done.discard(Bookmark(tp.topic, tp.partition, offset))
+            read_to[tp] = offset + 1
+            return 0
+        if read_to:
+            self._mark_read(read_to, batch)
+            read_to.clear()
+        rt.inbox.append(msg)
+        n = rt.admit(now, batch, limit=1)
+        rt.inbox.clear()
+        self.positions[tp] = offset + 1
+        self._slow += n
+        return n
+
+    def _mark_read(self, read_to: dict[TopicPartition, int], batch: StoreBatch) -> None:
+        rt = self.rt
+        for tp, position in read_to.items():
+            rt.engine.mark_read(tp, position)
+            batch.put_read_position(rt.name, tp, position)
+            self.positions[tp] = position
