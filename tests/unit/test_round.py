@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from layer.api.service import DeliverySink
+from layer.api.service import DeliverySink, OffsetRuns
 from layer.codec import ChangeKind, decode
 from layer.coordinator.health import Health
 from layer.coordinator.restore import Restore
@@ -140,7 +140,7 @@ def test_an_ack_is_answered_once_its_done_record_is_committed() -> None:
         fetch(b.rt, [b'{"n": 0}', b'{"n": 1}'])
         await b.rounds.one()
         second = Bookmark(TOPIC, 0, 1)  # above the low-water mark: its done record stays
-        ack = asyncio.ensure_future(handle.ack(AckOp.ACK, ["orders/0/1"]))
+        ack = asyncio.ensure_future(handle.ack(AckOp.ACK, [OffsetRuns("orders", 0, [1, 1])]))
         await asyncio.sleep(0)  # the ack is taken and waits on the next commit
         assert not ack.done()
         assert b.entries()[second] is ChangeKind.LEASED
@@ -159,7 +159,7 @@ def test_an_expired_message_is_dead_lettered_with_its_done_record() -> None:
         handle, _ = await b.subscribe()
         fetch(b.rt, [b'{"n": 0}'])
         await b.rounds.one()
-        ack = asyncio.ensure_future(handle.ack(AckOp.EXPIRE, ["orders/0/0"]))
+        ack = asyncio.ensure_future(handle.ack(AckOp.EXPIRE, [OffsetRuns("orders", 0, [0, 0])]))
         await asyncio.sleep(0)
         await b.rounds.one()
         assert await ack == []
@@ -190,7 +190,7 @@ def test_a_failed_commit_leaves_the_store_as_the_changelog_says() -> None:
         delivered = len(sink.messages)
 
         b.changelog.fail = StateError("the broker went away")
-        ack = asyncio.ensure_future(handle.ack(AckOp.ACK, ["orders/0/0"]))
+        ack = asyncio.ensure_future(handle.ack(AckOp.ACK, [OffsetRuns("orders", 0, [0, 0])]))
         fetch(b.rt, [b'{"n": 2}'], first=2)  # leased in the failing round
         await asyncio.sleep(0)
         run_task = asyncio.ensure_future(b.rounds.run())
