@@ -39,8 +39,22 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def consume(address: str, queue: str, n: int, window: int) -> None:
     """The consumer process: take and ack ``n`` messages, print its CPU and wall time."""
+    from layer.api.frames import Messages
     from layer.client import QueueClient
+    from layer.client._core import SubscriptionCore
 
+    # frames received, by kind: how many messages a Messages frame carries on average
+    frames: dict[str, int] = {}
+    on_frame = SubscriptionCore.on_frame
+
+    def counting(self: Any, frame: Any) -> Any:
+        kind = type(frame).__name__
+        frames[kind] = frames.get(kind, 0) + 1
+        if isinstance(frame, Messages):
+            frames["messages"] = frames.get("messages", 0) + len(frame.messages)
+        return on_frame(self, frame)
+
+    SubscriptionCore.on_frame = counting  # type: ignore[method-assign]
     me = psutil.Process()
     with QueueClient(address) as client, client.subscribe(queue, max_backlog=window) as sub:
         t0, wall0 = me.cpu_times(), time.monotonic()
@@ -54,7 +68,7 @@ def consume(address: str, queue: str, n: int, window: int) -> None:
         sub.flush(timeout=60)
         t1, wall1 = me.cpu_times(), time.monotonic()
     cpu = (t1.user - t0.user) + (t1.system - t0.system)
-    print(json.dumps({"consumer_cpu_s": cpu, "wall_s": wall1 - wall0, "messages": got}))
+    print(json.dumps({"consumer_cpu_s": cpu, "wall_s": wall1 - wall0, "messages": got, "frames": frames}))
 
 
 def _wait(predicate: Any, timeout: float, what: str) -> None:
@@ -99,6 +113,7 @@ def one_run(
             "consumer_us_per_msg": round(consumer["consumer_cpu_s"] / n * 1e6, 1),
             "consume_wall_s": round(consumer["wall_s"], 2),
             "msgs_per_s": round(n / consumer["wall_s"]),
+            "frames_received": consumer["frames"],
         }
     finally:
         system.delete(target)

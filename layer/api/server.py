@@ -163,7 +163,8 @@ class _StreamSink:
 
 def _payload_size(message: DeliveredMessage) -> int:
     size = 64 + len(message.key or b"") + len(message.value or b"")
-    return size + sum(len(k) + len(v or b"") for k, v in message.headers)
+    headers = message.headers
+    return size + sum(len(k) + len(v or b"") for k, v in headers) if headers else size
 
 
 def _message_frames(messages: list[DeliveredMessage]) -> list[Messages]:

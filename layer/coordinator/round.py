@@ -522,23 +522,30 @@ def materialize(
 ) -> list[tuple[str, list[DeliveredMessage]]]:
     """The engine's deliveries as the messages the API sends, by subscription."""
     by_sub: dict[str, list[DeliveredMessage]] = defaultdict(list)
+    name = rt.name
+    last_deadline: float | None = None
+    deadline_ms: int | None = None
     for d in deliveries:
         stored = payloads.get(d.bookmark)
         if stored is None:  # cannot happen while the store is intact; never hand out a hole
-            log.error("queue=%s bookmark=%s has no stored payload", rt.name, d.bookmark)
+            log.error("queue=%s bookmark=%s has no stored payload", name, d.bookmark)
             continue
+        if d.deadline != last_deadline:  # a round's leases mostly share one deadline
+            last_deadline = d.deadline
+            deadline_ms = None if d.deadline is None else int(d.deadline * 1000)
+        headers = stored.headers
         by_sub[d.subscription].append(
             DeliveredMessage(
-                bookmark=d.bookmark,
-                key=stored.key,
-                value=stored.value,
-                headers=list(stored.headers),
-                timestamp_ms=stored.timestamp_ms,
-                deliveries=d.deliveries,
-                cancels=d.cancels,
-                lease_deadline_ms=int(d.deadline * 1000) if d.deadline is not None else None,
-                barrier=d.barrier,
-                queue=rt.name,
+                d.bookmark,
+                stored.key,
+                stored.value,
+                list(headers) if headers else [],
+                stored.timestamp_ms,
+                d.deliveries,
+                d.cancels,
+                deadline_ms,
+                d.barrier,
+                name,
             )
         )
     return list(by_sub.items())
