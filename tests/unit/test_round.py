@@ -9,8 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from layer.api.errors import ErrorCode
 from layer.api.service import DeliverySink, OffsetRuns
 from layer.codec import ChangeKind, decode
+from layer.config import QueueConfig
 from layer.coordinator.health import Health
 from layer.coordinator.restore import Restore
 from layer.coordinator.round import (
@@ -289,5 +291,33 @@ def test_a_removed_queues_last_changes_are_one_commit() -> None:
         last.apply(await sending)
         assert b.entries() == {Bookmark(TOPIC, 0, 0): ChangeKind.RETURNED}
         assert len(b.changelog.transactions) == 2
+
+    run(scenario())
+
+
+def test_an_ack_after_a_replace_reaches_the_queue_that_still_holds_the_lease() -> None:
+    """Two queues on one topic: after a replace from q to r, q holds the leases (draining);
+    an ack of them, as offset runs, is refused by r (nobody holds them there) and accepted
+    by q; what neither queue accepts comes back with r's answer."""
+
+    async def scenario() -> None:
+        b = Bench()
+        r = new_runtime(QueueConfig(name="r", underlying_topic=TOPIC))
+        b.runtimes["r"] = r
+        handle, sink = await b.subscribe(backlog=2)
+        fetch(b.rt, [b'{"n": 0}', b'{"n": 1}'])
+        fetch(r, [b'{"n": 0}', b'{"n": 1}'])
+        await b.rounds.one()
+        assert [m.bookmark.offset for m in sink.messages] == [0, 1]
+        await handle.replace("r", 0, None)  # backlog 0: r hands out nothing
+        ack = asyncio.ensure_future(handle.ack(AckOp.ACK, [OffsetRuns(TOPIC, 0, [0, 2])]))
+        await asyncio.sleep(0)
+        await b.rounds.one()
+        [failure] = await ack
+        assert failure.bookmark == f"{TOPIC}/0/2"
+        assert failure.error is ErrorCode.UNKNOWN_BOOKMARK
+        assert b.rt.counters.acked == 2
+        assert b.rt.engine.held_by(handle.id) == 0
+        assert r.engine.stats(b.clock.now).available == 2  # r's copies were not touched
 
     run(scenario())
