@@ -72,8 +72,17 @@ def consume(address: str, queue: str, n: int, window: int) -> None:
 
 
 def _wait(predicate: Any, timeout: float, what: str) -> None:
+    """Until ``predicate()``; a coordinator too busy ingesting to answer (a gRPC connect that
+    timed out on this loaded machine) is asked again, not a failure."""
+    from layer.exceptions import ConnectionLost
+
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while True:
+        try:
+            if predicate():
+                return
+        except ConnectionLost:
+            pass
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out waiting for {what}")
         time.sleep(0.2)
