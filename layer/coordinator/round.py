@@ -53,6 +53,7 @@ from layer.engine.model import (
     Leased,
     LowWater,
     Returned,
+    TopicPartition,
 )
 from layer.exceptions import BrokerError, QLayerError, StateError
 from layer.state.base import Store, StoreBatch, StoredMessage
@@ -71,6 +72,7 @@ __all__ = [
     "dead_letter",
     "materialize",
     "mirror",
+    "mirror_run",
 ]
 
 log = logging.getLogger(__name__)
@@ -248,48 +250,59 @@ class Round:
         # Consecutive changes of consecutive offsets of one partition with the same value go
         # to the changelog as one record: the run (first bookmark, count, value). A change whose
         # fields (all its value holds but the round's time) are those of the run before it
-        # joins it without being encoded: a run costs one encoding, not one per message.
-        run: Bookmark | None = None
+        # joins it without being encoded: a run costs one encoding, not one per message, and
+        # is mirrored into the store batch as a whole (``mirror_run``).
+        run: list[Leased | Returned | Done] = []
         run_key = run_value = b""
         run_fields: tuple[object, ...] = ()
-        count = 0
         now_ms = self.now_ms
-        value: bytes | None
         for change in changes:
             if isinstance(change, (Leased, Returned, Done)):
                 fields = _fields(change)
                 bm = change.bookmark
-                if (
-                    run is not None
-                    and fields == run_fields
-                    and bm.offset == run.offset + count
-                    and bm.partition == run.partition
-                    and bm.topic == run.topic
-                ):
-                    count += 1
-                    value = run_value
-                else:
-                    key, value = encode_change(name, change, now_ms)
-                    assert value is not None
-                    if run is not None:
-                        records.append(_run_record(topic, name, run, count, run_key, run_value))
-                    run, run_key, run_value, run_fields, count = bm, key, value, fields, 1
-            else:
+                if run:
+                    head = run[0].bookmark
+                    if (
+                        fields == run_fields
+                        and bm.offset == head.offset + len(run)
+                        and bm.partition == head.partition
+                        and bm.topic == head.topic
+                    ):
+                        run.append(change)
+                        continue
+                    self._record_run(rt, run, run_key, run_value, payloads)
                 key, value = encode_change(name, change, now_ms)
-                if run is not None:
-                    records.append(_run_record(topic, name, run, count, run_key, run_value))
-                    run = None
-                records.append((topic, key, value))
+                assert value is not None
+                run, run_key, run_value, run_fields = [change], key, value, fields
+                continue
+            if run:
+                self._record_run(rt, run, run_key, run_value, payloads)
+                run = []
+            key, value = encode_change(name, change, now_ms)
+            records.append((topic, key, value))
             letter = mirror(rt, change, value, self.batch, payloads)
             if letter is not None:
                 self.extra.append(letter)
-        if run is not None:
-            records.append(_run_record(topic, name, run, count, run_key, run_value))
+        if run:
+            self._record_run(rt, run, run_key, run_value, payloads)
         if effects.view:
             assert rt.config.view_topic is not None  # the engine tracks views for it only
             self.views.append(view_record(rt.config.view_topic, name, effects.view, self.now_ms))
         if effects.deliveries:
             self.pushes.append((rt, materialize(rt, effects.deliveries, payloads)))
+
+    def _record_run(
+        self,
+        rt: QueueRuntime,
+        run: list[Leased | Returned | Done],
+        key: bytes,
+        value: bytes,
+        payloads: Mapping[Bookmark, StoredMessage | None],
+    ) -> None:
+        """One run of changes with one value: its changelog record and its store mirror."""
+        first = run[0].bookmark
+        self.records.append(_run_record(rt.changelog_topic, rt.name, first, len(run), key, value))
+        self.extra.extend(mirror_run(rt, run, value, self.batch, payloads))
 
     def send(self) -> Awaitable[Offsets] | None:
         """Step 3 begun (commits complete in the order they begin); None: nothing to commit."""
@@ -479,6 +492,44 @@ def mirror(
     elif isinstance(change, Forget):
         batch.delete_entry(name, change.bookmark)
     return None
+
+
+def mirror_run(
+    rt: QueueRuntime,
+    run: Sequence[Leased | Returned | Done],
+    value: bytes,
+    batch: StoreBatch,
+    payloads: Mapping[Bookmark, StoredMessage | None],
+) -> list[ExtraRecord]:
+    """``mirror`` of a run: changes of one kind and one value at consecutive offsets of one
+    partition, written to the batch as a run (the keys' prefix made once)."""
+    head = run[0]
+    first = head.bookmark
+    tp = TopicPartition(first.topic, first.partition)
+    count = len(run)
+    name = rt.name
+    batch.put_entry_values(name, tp, first.offset, count, value)
+    if not isinstance(head, Done):
+        return []
+    batch.delete_messages(name, tp, first.offset, count)
+    cache = rt.payload_cache
+    if cache:
+        for change in run:
+            cache.pop(change.bookmark, None)
+    reason = head.reason  # one value: one reason
+    if reason is DoneReason.ACKED:
+        rt.counters.acked += count
+    if not reason.dead_letter:
+        return []
+    rt.counters.dead_lettered += count
+    topic = rt.config.dead_letter_topic
+    if not topic:
+        return []
+    return [
+        dead_letter(name, topic, change, payloads.get(change.bookmark))
+        for change in run
+        if isinstance(change, Done)
+    ]
 
 
 def dead_letter(queue: str, topic: str, change: Done, stored: StoredMessage | None) -> ExtraRecord:

@@ -208,6 +208,12 @@ def message_key(queue: str, bookmark: Bookmark) -> bytes:
     )
 
 
+def _run_prefix(queue: str, partition: TopicPartition, first: int) -> bytes:
+    if first < 0 or partition.partition < 0:
+        raise StateError(f"run {partition.topic}/{partition.partition}/{first} is negative")
+    return partition_prefix(queue, partition.topic, partition.partition)
+
+
 def parse_message_key(key: bytes, prefix_len: int) -> Bookmark:
     """The bookmark of a key whose first ``prefix_len`` bytes are the queue prefix."""
     end = key.index(b"\x00", prefix_len)
@@ -278,6 +284,23 @@ class StoreBatch:
     def put_entry_value(self, queue: str, bookmark: Bookmark, value: bytes) -> None:
         """Put an entry as changelog value bytes (as ``codec.encode_change`` made them)."""
         self.ops.append((ENTRIES, message_key(queue, bookmark), bytes(value)))
+
+    def put_entry_values(
+        self, queue: str, partition: TopicPartition, first: int, count: int, value: bytes
+    ) -> None:
+        """``put_entry_value`` of one value for the offsets ``first .. first + count - 1`` (a
+        run of changes with one changelog record): the key prefix is made once."""
+        pack, ops = _OFFSET.pack, self.ops
+        prefix = _run_prefix(queue, partition, first)
+        ops.extend((ENTRIES, prefix + pack(o), value) for o in range(first, first + count))
+
+    def delete_messages(
+        self, queue: str, partition: TopicPartition, first: int, count: int
+    ) -> None:
+        """``delete_message`` of the offsets ``first .. first + count - 1``."""
+        pack, ops = _OFFSET.pack, self.ops
+        prefix = _run_prefix(queue, partition, first)
+        ops.extend((MESSAGES, prefix + pack(o), None) for o in range(first, first + count))
 
     def delete_entry(self, queue: str, bookmark: Bookmark) -> None:
         self.ops.append((ENTRIES, message_key(queue, bookmark), None))
