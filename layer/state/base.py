@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -380,7 +380,12 @@ class Store(Protocol):
 
     def entries(self, queue: str) -> Iterator[tuple[Bookmark, EntryState]]: ...
 
-    def entry_values(self, queue: str) -> Iterator[tuple[Bookmark, bytes]]: ...
+    def entry_values(
+        self, queue: str, below: Mapping[TopicPartition, int] | None = None
+    ) -> Iterator[tuple[Bookmark, bytes]]:
+        """The queue's entries as stored (changelog value bytes), in key order; a partition's
+        entries below its offset in ``below`` are left out without being read."""
+        ...
 
     def positions(self, queue: str) -> dict[TopicPartition, PartitionPosition]: ...
 
@@ -475,14 +480,30 @@ class KeyValueStore:
                 return
             start = page[-1][0] + b"\x00"
 
-    def entry_values(self, queue: str) -> Iterator[tuple[Bookmark, bytes]]:
+    def entry_values(
+        self, queue: str, below: Mapping[TopicPartition, int] | None = None
+    ) -> Iterator[tuple[Bookmark, bytes]]:
         """The queue's entries as stored: their changelog value bytes, in key order (by topic,
-        partition and offset)."""
+        partition and offset). A partition's entries below its offset in ``below`` (its
+        low-water mark) are skipped by seeking past them: the keys deleted there (one per
+        message the mark passed) are never stepped over."""
         self._check_open()
         prefix = queue_prefix(queue)
         n = len(prefix)
-        for key, value in self._iterate(ENTRIES, prefix, prefix_end(prefix)):
-            yield parse_message_key(key, n), value
+        ranges: list[tuple[bytes, bytes]] = []
+        start = prefix
+        skips = sorted(
+            (partition_prefix(queue, tp.topic, tp.partition), offset)
+            for tp, offset in (below or {}).items()
+        )
+        for part, offset in skips:
+            ranges.append((start, part))
+            start = part + _OFFSET.pack(max(offset, 0))
+        ranges.append((start, prefix_end(prefix)))
+        for lo, hi in ranges:
+            if lo < hi:
+                for key, value in self._iterate(ENTRIES, lo, hi):
+                    yield parse_message_key(key, n), value
 
     def entries(self, queue: str) -> Iterator[tuple[Bookmark, EntryState]]:
         self._check_open()
