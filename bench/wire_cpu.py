@@ -31,6 +31,7 @@ from typing import Any
 import psutil
 
 from bench.kafka_systems import QLayer, kafka_publish
+from bench.profile import Sampler, compact, render, summarize
 from connectors import EmbeddedBroker
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -38,8 +39,22 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def consume(address: str, queue: str, n: int, window: int) -> None:
     """The consumer process: take and ack ``n`` messages, print its CPU and wall time."""
+    from layer.api.frames import Messages
     from layer.client import QueueClient
+    from layer.client._core import SubscriptionCore
 
+    # frames received, by kind: how many messages a Messages frame carries on average
+    frames: dict[str, int] = {}
+    on_frame = SubscriptionCore.on_frame
+
+    def counting(self: Any, frame: Any) -> Any:
+        kind = type(frame).__name__
+        frames[kind] = frames.get(kind, 0) + 1
+        if isinstance(frame, Messages):
+            frames["messages"] = frames.get("messages", 0) + len(frame.messages)
+        return on_frame(self, frame)
+
+    SubscriptionCore.on_frame = counting  # type: ignore[method-assign]
     me = psutil.Process()
     with QueueClient(address) as client, client.subscribe(queue, max_backlog=window) as sub:
         t0, wall0 = me.cpu_times(), time.monotonic()
@@ -53,24 +68,39 @@ def consume(address: str, queue: str, n: int, window: int) -> None:
         sub.flush(timeout=60)
         t1, wall1 = me.cpu_times(), time.monotonic()
     cpu = (t1.user - t0.user) + (t1.system - t0.system)
-    print(json.dumps({"consumer_cpu_s": cpu, "wall_s": wall1 - wall0, "messages": got}))
+    print(json.dumps({"consumer_cpu_s": cpu, "wall_s": wall1 - wall0, "messages": got, "frames": frames}))
 
 
 def _wait(predicate: Any, timeout: float, what: str) -> None:
+    """Until ``predicate()``; a coordinator too busy ingesting to answer (a gRPC connect that
+    timed out on this loaded machine) is asked again, not a failure."""
+    from layer.exceptions import ConnectionLost
+
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while True:
+        try:
+            if predicate():
+                return
+        except ConnectionLost:
+            pass
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out waiting for {what}")
         time.sleep(0.2)
 
 
-def one_run(system: QLayer, n: int, size: int, window: int) -> dict[str, Any]:
+def one_run(
+    system: QLayer, n: int, size: int, window: int, profile: Path | None = None
+) -> dict[str, Any]:
     target = system.create()
     coord = system.coordinator(target)
+    sampler: Sampler | None = None
     try:
         kafka_publish(system.bootstrap, target["topic"], n, size)
         stats = coord.stats
         _wait(lambda: stats().available >= n, 300, f"{n} messages ingested")
+        if profile is not None:
+            sampler = Sampler(coord.pid, profile)
+            sampler.start()
         cpu0 = coord.cpu_seconds()
         proc = subprocess.run(
             [sys.executable, "-m", "bench.wire_cpu", "--consume", target["server"],
@@ -80,6 +110,9 @@ def one_run(system: QLayer, n: int, size: int, window: int) -> dict[str, Any]:
         if proc.returncode != 0:
             raise RuntimeError(f"consumer failed: {proc.stderr[-2000:]}")
         cpu = coord.cpu_seconds() - cpu0
+        if sampler is not None:
+            sampler.stop()
+            sampler.log.unlink(missing_ok=True)
         consumer = json.loads(proc.stdout.strip().splitlines()[-1])
         return {
             "messages": n,
@@ -89,6 +122,7 @@ def one_run(system: QLayer, n: int, size: int, window: int) -> dict[str, Any]:
             "consumer_us_per_msg": round(consumer["consumer_cpu_s"] / n * 1e6, 1),
             "consume_wall_s": round(consumer["wall_s"], 2),
             "msgs_per_s": round(n / consumer["wall_s"]),
+            "frames_received": consumer["frames"],
         }
     finally:
         system.delete(target)
@@ -101,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=500, help="the consumer's max_backlog")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--label", default="", help="a name for this build (before, after)")
+    parser.add_argument(
+        "--profile", action="store_true",
+        help="sample the coordinator with py-spy during the last run's delivery + ack phase",
+    )  # fmt: skip
     parser.add_argument("--consume", nargs=4, metavar=("ADDRESS", "QUEUE", "N", "WINDOW"),
                         help=argparse.SUPPRESS)  # fmt: skip
     args = parser.parse_args(argv)
@@ -110,10 +148,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     workdir = Path(tempfile.mkdtemp(prefix="qlayer-wire-cpu-"))
     runs: list[dict[str, Any]] = []
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    raw = RESULTS / f"wire-cpu-{args.label or 'run'}-{stamp}-pyspy.txt"
     with EmbeddedBroker() as broker:
         system = QLayer(broker.bootstrap_servers, workdir, embedded=True, window=args.window)
         for i in range(args.runs):
-            run = one_run(system, args.messages, args.size, args.window)
+            last = i == args.runs - 1
+            sampled = raw if args.profile and last else None
+            run = one_run(system, args.messages, args.size, args.window, sampled)
             runs.append(run)
             print(f"run {i + 1}/{args.runs}: {json.dumps(run)}", flush=True)
     shutil.rmtree(workdir, ignore_errors=True)
@@ -133,8 +175,13 @@ def main(argv: list[str] | None = None) -> int:
         "median": median,
         "runs": runs,
     }
+    if args.profile:
+        packed = compact(raw)
+        summary = summarize(packed)
+        print(render(summary))
+        result["profile"] = {"raw_file": packed.name, "of_run": args.runs, **summary}
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"wire-cpu-{args.label or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out = RESULTS / f"wire-cpu-{args.label or 'run'}-{stamp}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"median: {json.dumps(median)}\nwritten: {out}")
     return 0

@@ -30,6 +30,7 @@ from layer.api.service import (
     AckFailure,
     DeadLetter,
     DeliveredMessage,
+    OffsetRuns,
     QueueInfo,
     QueueStats,
     ReloadChange,
@@ -111,24 +112,6 @@ class Subscribe:
 
 
 @dataclass(frozen=True, slots=True)
-class OffsetRuns:
-    """Offsets of one partition as inclusive runs: ``runs`` is ``[first, last, first, last...]``."""
-
-    topic: str
-    partition: int
-    runs: list[int]
-
-    def offsets(self) -> Iterable[int]:
-        runs = self.runs
-        for i in range(0, len(runs), 2):
-            yield from range(runs[i], runs[i + 1] + 1)
-
-    def count(self) -> int:
-        runs = self.runs
-        return sum(runs[i + 1] - runs[i] + 1 for i in range(0, len(runs), 2))
-
-
-@dataclass(frozen=True, slots=True)
 class Ack:
     """One lease operation on a batch of messages, named by runs of offsets per partition."""
 
@@ -165,11 +148,7 @@ class Ack:
     @property
     def bookmarks(self) -> list[str]:
         """Every message named, as ``topic/partition/offset``, partition by partition."""
-        out: list[str] = []
-        for runs in self.offsets:
-            prefix = f"{runs.topic}/{runs.partition}/"
-            out += [prefix + str(offset) for offset in runs.offsets()]
-        return out
+        return [text for runs in self.offsets for text in runs.bookmarks()]
 
     def count(self) -> int:
         return sum(r.count() for r in self.offsets)

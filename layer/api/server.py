@@ -10,8 +10,8 @@ reflection (``grpc.reflection.v1alpha``, so ``grpcurl`` can list and call it):
   same request id) per Replace. A refused Replace leaves the subscription as it was and the
   stream open. However the stream ends (Close, client cancel, dropped connection, server stop),
   the subscription is closed exactly once, which returns the consumer's leases at once.
-  Acks arrive as runs of offsets per partition; they are expanded here, at the edge, into the
-  bookmarks ``Subscription.ack`` takes.
+  Acks arrive as runs of offsets per partition and go to ``Subscription.ack`` as they are: no
+  object per acked message.
 - ``Publish``, ``Stats``, ``ListQueues``, ``Browse``, ``AckWhere``, ``Redrive``,
   ``DeadLetters`` (unary).
 - ``Reload`` (unary, admin): read the config file (and the tokens file) again and apply it
@@ -182,7 +182,8 @@ class _StreamSink:
 
 def _payload_size(message: DeliveredMessage) -> int:
     size = 64 + len(message.key or b"") + len(message.value or b"")
-    return size + sum(len(k) + len(v or b"") for k, v in message.headers)
+    headers = message.headers
+    return size + sum(len(k) + len(v or b"") for k, v in headers) if headers else size
 
 
 def _message_frames(messages: list[DeliveredMessage]) -> list[Messages]:
@@ -702,7 +703,7 @@ class ApiServer:
 
     async def _ack(self, subscription: Subscription, frame: Ack, sink: _StreamSink) -> None:
         try:
-            failures = await subscription.ack(frame.op, frame.bookmarks, frame.seconds)
+            failures = await subscription.ack(frame.op, frame.offsets, frame.seconds)
         except Exception as exc:
             if not isinstance(exc, QLayerError):
                 log.exception("ack failed subscription=%s", subscription.id)

@@ -6,7 +6,7 @@ coordinator implements it. Everything runs on one asyncio loop.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -30,6 +30,29 @@ class DeliveredMessage:
     lease_deadline_ms: int | None  # wall-clock epoch ms; None for at-most-once, barriers, browse
     barrier: bool = False  # a barrier message: sent to every matching subscription, never acked
     queue: str = ""  # the queue it came from (a subscription to a regex spans several)
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetRuns:
+    """Offsets of one partition as inclusive runs: ``runs`` is ``[first, last, first, last...]``."""
+
+    topic: str
+    partition: int
+    runs: list[int]
+
+    def offsets(self) -> Iterable[int]:
+        runs = self.runs
+        for i in range(0, len(runs), 2):
+            yield from range(runs[i], runs[i + 1] + 1)
+
+    def count(self) -> int:
+        runs = self.runs
+        return sum(runs[i + 1] - runs[i] + 1 for i in range(0, len(runs), 2))
+
+    def bookmarks(self) -> list[str]:
+        """Every offset named, as ``topic/partition/offset``."""
+        prefix = f"{self.topic}/{self.partition}/"
+        return [prefix + str(offset) for offset in self.offsets()]
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,10 +228,12 @@ class Subscription(Protocol):
     def lease_period_s(self) -> float: ...
 
     async def ack(
-        self, op: AckOp, bookmarks: Sequence[str], seconds: float = 0.0
+        self, op: AckOp, offsets: Sequence[OffsetRuns], seconds: float = 0.0
     ) -> list[AckFailure]:
-        """Apply ``op`` to the bookmarks. Returns only when every accepted change is durable
-        (at-least-once acks answered only after their done record is in the changelog).
+        """Apply ``op`` to the messages named by runs of offsets per partition (as the wire
+        carries them: no object per message on the way in). Returns only when every accepted
+        change is durable (at-least-once acks answered only after their done record is in the
+        changelog).
         The returned list holds the refused bookmarks; empty means all accepted."""
         ...
 

@@ -218,7 +218,6 @@ class MessageBase:
     __slots__ = (
         "_id",
         "barrier",
-        "bookmark",
         "cancels",
         "data",
         "deliveries",
@@ -235,10 +234,9 @@ class MessageBase:
     def __init__(self, delivered: DeliveredMessage) -> None:
         self._id = delivered.bookmark  # what an ack sends: no bookmark text to parse again
         self.topic, self.partition, self.offset = delivered.bookmark
-        self.bookmark = str(delivered.bookmark)
         self.key = delivered.key
         self.data = delivered.value or b""
-        self.headers: Headers = list(delivered.headers)
+        self.headers: Headers = delivered.headers  # decoded for this message alone
         self.timestamp = delivered.timestamp_ms / 1000.0
         self.deliveries = delivered.deliveries
         self.cancels = delivered.cancels
@@ -246,6 +244,11 @@ class MessageBase:
         self.lease_deadline = deadline / 1000.0 if deadline is not None else None
         self.barrier = delivered.barrier
         self.queue = delivered.queue
+
+    @property
+    def bookmark(self) -> str:
+        """``topic/partition/offset``: made when asked for, not for every message received."""
+        return f"{self.topic}/{self.partition}/{self.offset}"
 
     def json(self) -> Any:
         """The payload parsed as JSON."""

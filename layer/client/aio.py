@@ -166,11 +166,14 @@ class AsyncSubscription(SubscriptionFields):
         while True:
             if self._buffer.empty():
                 self._send_pending()  # about to wait: the server must see our acks first
-            wait = None if deadline is None else max(0.0, deadline - loop.time())
-            try:
-                item = await asyncio.wait_for(self._buffer.get(), wait)
-            except TimeoutError:
-                return None
+            if not self._buffer.empty():  # the usual case: no wait, no timer
+                item = self._buffer.get_nowait()
+            else:
+                wait = None if deadline is None else max(0.0, deadline - loop.time())
+                try:
+                    item = await asyncio.wait_for(self._buffer.get(), wait)
+                except TimeoutError:
+                    return None
             if item is _END:
                 self._buffer.put_nowait(item)
                 if self._core.error is not None:

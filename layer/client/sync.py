@@ -13,6 +13,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from types import TracebackType
@@ -149,7 +150,9 @@ class Subscription(SubscriptionFields):
         )
         self._timeout = client._timeout
         self._cond = threading.Condition()
+        # a frame's messages go through the queue as one list, taken one by one from _ready
         self._buffer: queue.Queue[Any] = queue.Queue()
+        self._ready: deque[Message] = deque()
         self._requests: queue.Queue[ClientFrame | None] = queue.Queue()
         self._call: Any = None
         self._opened: Future[None] = Future()
@@ -176,23 +179,31 @@ class Subscription(SubscriptionFields):
         """The next message; None after ``timeout`` seconds or once the subscription is closed.
         Raises the error that ended it (``ConnectionLost`` with ``reconnect=False``...)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        ready = self._ready
         while True:
+            if ready:
+                try:
+                    item = ready.popleft()
+                except IndexError:  # another thread took the last one
+                    continue
+                if item.barrier or item._epoch == self._core.epoch:
+                    return item  # else its lease ended with its connection: it will come back
+                continue
             if self._buffer.empty():
                 # About to block: whatever the consumer acked must reach the server first, or a
                 # small backlog would never free up.
                 self._send_pending()
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                item = self._buffer.get(timeout=wait)
+                batch = self._buffer.get(timeout=wait)
             except queue.Empty:
                 return None
-            if item is _END:
-                self._buffer.put(item)  # every later call sees the end too
+            if batch is _END:
+                self._buffer.put(batch)  # every later call sees the end too
                 if self._core.error is not None:
                     raise self._core.error.with_traceback(None)
                 return None
-            if item.barrier or item._epoch == self._core.epoch:
-                return item  # else its lease ended with its connection: it will come back
+            ready.extend(batch)
 
     def __iter__(self) -> Iterator[Message]:
         while (message := self.next()) is not None:
@@ -313,8 +324,9 @@ class Subscription(SubscriptionFields):
     # --- the connection -----------------------------------------------------------------------
 
     def _apply(self, out: Outcome[_Waiter]) -> None:
-        for delivered in out.messages:
-            self._buffer.put(Message(self, delivered, self._core.epoch))
+        if out.messages:
+            epoch = self._core.epoch
+            self._buffer.put([Message(self, delivered, epoch) for delivered in out.messages])
         for waiter, value, error in out.done:
             if error is None:
                 waiter.set_result(value)

@@ -67,12 +67,12 @@ class Counters:
     def dead_lettered(self) -> int:
         return sum(self.dead_lettered_by.values())
 
-    def dead_letter(self, reason: DoneReason) -> None:
-        self.dead_lettered_by[reason.value] = self.dead_lettered_by.get(reason.value, 0) + 1
+    def dead_letter(self, reason: DoneReason, count: int = 1) -> None:
+        self.dead_lettered_by[reason.value] = self.dead_lettered_by.get(reason.value, 0) + count
 
-    def returned(self, reason: ReturnReason) -> None:
+    def returned(self, reason: ReturnReason, count: int = 1) -> None:
         name = _RETURNED[reason]
-        setattr(self, name, getattr(self, name) + 1)
+        setattr(self, name, getattr(self, name) + count)
 
     def values(self) -> dict[str, int]:
         """Every counter by its stored name."""

@@ -58,7 +58,7 @@ _TRANSPORT_CODES = frozenset(
 
 def bookmark_of(msg: Message) -> Bookmark:
     """A fetched (error-free) message's bookmark; librdkafka fills all three for those."""
-    return Bookmark(cast(str, msg.topic()), cast(int, msg.partition()), cast(int, msg.offset()))
+    return Bookmark(msg.topic(), msg.partition(), msg.offset())  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)

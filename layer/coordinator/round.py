@@ -53,6 +53,7 @@ from layer.engine.model import (
     Leased,
     LowWater,
     Returned,
+    TopicPartition,
 )
 from layer.exceptions import BrokerError, QLayerError, StateError
 from layer.state.base import Store, StoreBatch, StoredMessage
@@ -71,6 +72,7 @@ __all__ = [
     "dead_letter",
     "materialize",
     "mirror",
+    "mirror_run",
 ]
 
 log = logging.getLogger(__name__)
@@ -247,38 +249,56 @@ class Round:
             # below the mark either way.
             changes.sort(key=_change_order)
         # Consecutive changes of consecutive offsets of one partition with the same value go
-        # to the changelog as one record: the run (first bookmark, count, value); tombstones
-        # (Forget) too, as one for the run of offsets the low-water mark passed.
-        run: Bookmark | None = None
-        run_key = b""
-        run_value: bytes | None = b""
-        count = 0
+        # to the changelog as one record: the run (first bookmark, count, value). A change whose
+        # fields (all its value holds but the round's time) are those of the run before it
+        # joins it without being encoded: a run costs one encoding, not one per message, and
+        # is mirrored into the store batch as a whole (``mirror_run``). Tombstones (Forget) go
+        # as one record for the run of offsets the low-water mark passed.
+        run: list[Leased | Returned | Done] = []
+        run_key = run_value = b""
+        run_fields: tuple[object, ...] = ()
+        forgets: list[Forget] = []
+        forget_key = b""
+        now_ms = self.now_ms
         for change in changes:
-            key, value = encode_change(name, change, self.now_ms)
-            if isinstance(change, Leased | Returned | Done | Forget):
-                bm = change.bookmark
-                if (
-                    run is not None
-                    and value == run_value
-                    and bm.offset == run.offset + count
-                    and bm.partition == run.partition
-                    and bm.topic == run.topic
-                ):
-                    count += 1
-                else:
-                    if run is not None:
-                        records.append(_run_record(topic, name, run, count, run_key, run_value))
-                    run, run_key, run_value, count = bm, key, value, 1
-            else:
-                if run is not None:
-                    records.append(_run_record(topic, name, run, count, run_key, run_value))
-                    run = None
-                records.append((topic, key, value))
+            if forgets and not (
+                isinstance(change, Forget) and _follows(forgets[0].bookmark, len(forgets), change)
+            ):
+                records.append(
+                    _run_record(topic, name, forgets[0].bookmark, len(forgets), forget_key, None)
+                )
+                forgets = []
+            if isinstance(change, (Leased, Returned, Done)):
+                fields = _fields(change)
+                if run:
+                    if fields == run_fields and _follows(run[0].bookmark, len(run), change):
+                        run.append(change)
+                        continue
+                    self._record_run(rt, run, run_key, run_value, payloads)
+                key, value = encode_change(name, change, now_ms)
+                assert value is not None
+                run, run_key, run_value, run_fields = [change], key, value, fields
+                continue
+            if run:
+                self._record_run(rt, run, run_key, run_value, payloads)
+                run = []
+            if isinstance(change, Forget):
+                if not forgets:
+                    forget_key = encode_change(name, change, now_ms)[0]
+                forgets.append(change)
+                mirror(rt, change, None, self.batch, payloads)
+                continue
+            key, value = encode_change(name, change, now_ms)
+            records.append((topic, key, value))
             letter = mirror(rt, change, value, self.batch, payloads)
             if letter is not None:
                 self.extra.append(letter)
-        if run is not None:
-            records.append(_run_record(topic, name, run, count, run_key, run_value))
+        if run:
+            self._record_run(rt, run, run_key, run_value, payloads)
+        if forgets:
+            records.append(
+                _run_record(topic, name, forgets[0].bookmark, len(forgets), forget_key, None)
+            )
         if effects.view:
             assert rt.config.view_topic is not None  # the engine tracks views for it only
             self.views.append(view_record(rt.config.view_topic, name, effects.view, self.now_ms))
@@ -286,6 +306,19 @@ class Round:
             # counted with the round whose commit makes them durable (its counters go with it)
             rt.counters.delivered += len(effects.deliveries)
             self.pushes.append((rt, materialize(rt, effects.deliveries, payloads)))
+
+    def _record_run(
+        self,
+        rt: QueueRuntime,
+        run: list[Leased | Returned | Done],
+        key: bytes,
+        value: bytes,
+        payloads: Mapping[Bookmark, StoredMessage | None],
+    ) -> None:
+        """One run of changes with one value: its changelog record and its store mirror."""
+        first = run[0].bookmark
+        self.records.append(_run_record(rt.changelog_topic, rt.name, first, len(run), key, value))
+        self.extra.extend(mirror_run(rt, run, value, self.batch, payloads))
 
     def send(self) -> Awaitable[Offsets] | None:
         """Step 3 begun (commits complete in the order they begin); None: nothing to commit."""
@@ -443,6 +476,26 @@ class Rounds:
             self._timings.round(time.monotonic() - began)
 
 
+def _follows(head: Bookmark, count: int, change: Leased | Returned | Done | Forget) -> bool:
+    """Whether ``change`` is of the offset right after the run of ``count`` from ``head``."""
+    bm = change.bookmark
+    return (
+        bm.offset == head.offset + count
+        and bm.partition == head.partition
+        and bm.topic == head.topic
+    )
+
+
+def _fields(change: Leased | Returned | Done) -> tuple[object, ...]:
+    """What a change's changelog value holds besides the round's time: equal fields, equal
+    values."""
+    if isinstance(change, Leased):
+        return (1, change.deliveries, change.cancels, change.holder, change.deadline)
+    if isinstance(change, Done):
+        return (3, change.deliveries, change.cancels, change.reason)
+    return (2, change.deliveries, change.cancels, change.not_before, change.reason)
+
+
 def _change_order(change: Change) -> tuple[str, int, int, int]:
     if isinstance(change, LowWater):
         return change.partition.topic, change.partition.partition, 2, 0
@@ -493,6 +546,46 @@ def mirror(
     return None
 
 
+def mirror_run(
+    rt: QueueRuntime,
+    run: Sequence[Leased | Returned | Done],
+    value: bytes,
+    batch: StoreBatch,
+    payloads: Mapping[Bookmark, StoredMessage | None],
+) -> list[ExtraRecord]:
+    """``mirror`` of a run: changes of one kind and one value at consecutive offsets of one
+    partition, written to the batch as a run (the keys' prefix made once)."""
+    head = run[0]
+    first = head.bookmark
+    tp = TopicPartition(first.topic, first.partition)
+    count = len(run)
+    name = rt.name
+    batch.put_entry_values(name, tp, first.offset, count, value)
+    if isinstance(head, Returned):
+        rt.counters.returned(head.reason, count)  # one value: one reason
+    if not isinstance(head, Done):
+        return []
+    batch.delete_messages(name, tp, first.offset, count)
+    cache = rt.payload_cache
+    if cache:
+        for change in run:
+            cache.pop(change.bookmark, None)
+    reason = head.reason  # one value: one reason
+    if reason is DoneReason.ACKED:
+        rt.counters.acked += count
+    if not reason.dead_letter:
+        return []
+    rt.counters.dead_letter(reason, count)
+    topic = rt.config.dead_letter_topic
+    if not topic:
+        return []
+    return [
+        dead_letter(name, topic, change, payloads.get(change.bookmark))
+        for change in run
+        if isinstance(change, Done)
+    ]
+
+
 def dead_letter(queue: str, topic: str, change: Done, stored: StoredMessage | None) -> ExtraRecord:
     """The dead letter of a message (``avro/dead_letter.avsc``), keyed by its bookmark."""
     bm = change.bookmark
@@ -534,23 +627,30 @@ def materialize(
 ) -> list[tuple[str, list[DeliveredMessage]]]:
     """The engine's deliveries as the messages the API sends, by subscription."""
     by_sub: dict[str, list[DeliveredMessage]] = defaultdict(list)
+    name = rt.name
+    last_deadline: float | None = None
+    deadline_ms: int | None = None
     for d in deliveries:
         stored = payloads.get(d.bookmark)
         if stored is None:  # cannot happen while the store is intact; never hand out a hole
-            log.error("queue=%s bookmark=%s has no stored payload", rt.name, d.bookmark)
+            log.error("queue=%s bookmark=%s has no stored payload", name, d.bookmark)
             continue
+        if d.deadline != last_deadline:  # a round's leases mostly share one deadline
+            last_deadline = d.deadline
+            deadline_ms = None if d.deadline is None else int(d.deadline * 1000)
+        headers = stored.headers
         by_sub[d.subscription].append(
             DeliveredMessage(
-                bookmark=d.bookmark,
-                key=stored.key,
-                value=stored.value,
-                headers=list(stored.headers),
-                timestamp_ms=stored.timestamp_ms,
-                deliveries=d.deliveries,
-                cancels=d.cancels,
-                lease_deadline_ms=int(d.deadline * 1000) if d.deadline is not None else None,
-                barrier=d.barrier,
-                queue=rt.name,
+                d.bookmark,
+                stored.key,
+                stored.value,
+                list(headers) if headers else [],
+                stored.timestamp_ms,
+                d.deliveries,
+                d.cancels,
+                deadline_ms,
+                d.barrier,
+                name,
             )
         )
     return list(by_sub.items())

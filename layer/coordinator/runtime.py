@@ -193,6 +193,8 @@ class QueueRuntime:
         read_to: dict[TopicPartition, int] = {}
         name = self.name
         inbox = self.inbox
+        restored_done = self.restored_done
+        payload_cache, cache_size = self.payload_cache, self.payload_cache_size
         admitted = 0
         run_tp: TopicPartition | None = None
         run_start = 0
@@ -210,18 +212,23 @@ class QueueRuntime:
             bookmark = bookmark_of(msg)
             tp = TopicPartition(bookmark.topic, bookmark.partition)
             read_to[tp] = bookmark.offset + 1
-            if bookmark in self.restored_done:
-                self.restored_done.discard(bookmark)
+            if restored_done and bookmark in restored_done:
+                restored_done.discard(bookmark)
                 continue
             stored, doc = self.parse(msg)
             if stored is None:
                 continue
             batch.put_message(name, bookmark, stored)
-            if len(self.payload_cache) < self.payload_cache_size:
-                self.payload_cache[bookmark] = stored
+            if len(payload_cache) < cache_size:
+                payload_cache[bookmark] = stored
             room -= 1
             admitted += 1
-            if plain_queue and not self.restored_delays and deliver_after(stored.headers) is None:
+            headers = stored.headers
+            if (
+                plain_queue
+                and not self.restored_delays
+                and (not headers or deliver_after(headers) is None)
+            ):
                 ts = stored.timestamp_ms / 1000.0 if stored.timestamp_ms else now
                 if (
                     run_times

@@ -12,7 +12,8 @@ stopped reading: HTTP/2 flow control holds the writes) is *stalled*: it takes no
 the stream drains. What it holds comes back when the leases run out, to subscriptions that read.
 
 A bookmark names a message of a topic, and a topic may feed several queues: an ack goes to the
-first of the subscription's queues that accepts it.
+first of the subscription's queues that accepts it. Acks come as runs of offsets per partition
+(as the wire carries them) and go to the engines so, without an object per message.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from layer.api.errors import ErrorCode
-from layer.api.service import AckFailure, DeliverySink
+from layer.api.service import AckFailure, DeliverySink, OffsetRuns
 from layer.coordinator.runtime import QueueRuntime, SubscriptionState, lookup
-from layer.engine.model import AckError, AckOp, AckOutcome, Bookmark, Semantics
+from layer.engine.model import AckError, AckOp, Bookmark, Semantics, TopicPartition
 from layer.exceptions import InvalidRequest, QLayerError, UnknownQueue
 from layer.expr import compile_expression
 from layer.state.base import Store
@@ -56,9 +57,9 @@ class SubscriptionHandle:
         return self._state.backlog
 
     async def ack(
-        self, op: AckOp, bookmarks: Sequence[str], seconds: float = 0.0
+        self, op: AckOp, offsets: Sequence[OffsetRuns], seconds: float = 0.0
     ) -> list[AckFailure]:
-        return await self._subscriptions.ack(self._state, op, bookmarks, seconds)
+        return await self._subscriptions.ack(self._state, op, offsets, seconds)
 
     async def replace(self, queue: str, max_backlog: int, filter: str | None) -> int:
         return await self._subscriptions.replace(self._state, queue, max_backlog, filter)
@@ -232,44 +233,35 @@ class Subscriptions:
         return backlog
 
     async def ack(
-        self, sub: SubscriptionState, op: AckOp, texts: Sequence[str], seconds: float
+        self, sub: SubscriptionState, op: AckOp, offsets: Sequence[OffsetRuns], seconds: float
     ) -> list[AckFailure]:
         self._check_alive()
         if sub.closed:
             return [
                 AckFailure(t, ErrorCode.SUBSCRIPTION_CLOSED, "the subscription is closed")
-                for t in texts
+                for runs in offsets
+                for t in runs.bookmarks()
             ]
-        failures: list[AckFailure] = []
-        bookmarks: list[Bookmark] = []
-        originals: list[str] = []
-        for text in texts:
-            try:
-                bookmarks.append(Bookmark.parse(text))
-                originals.append(text)
-            except ValueError as exc:
-                failures.append(
-                    AckFailure(text, ErrorCode.MALFORMED_BOOKMARK, f"malformed bookmark: {exc}")
-                )
         if (op is AckOp.EXTEND and not seconds > 0) or not 0 <= seconds <= MAX_SECONDS:
-            return failures + [
+            return [
                 AckFailure(
                     t,
                     ErrorCode.INVALID_REQUEST,
                     f"{op} needs seconds in [0, {MAX_SECONDS:g}] (> 0 to extend), got {seconds}",
                 )
-                for t in originals
+                for runs in offsets
+                for t in runs.bookmarks()
             ]
         now = self._clock()
-        outcomes = self._ack_in_queues(sub, bookmarks, op, now, seconds)
+        failures: list[AckFailure] = []
         accepted = 0
-        for text, outcome in zip(originals, outcomes, strict=True):
-            if outcome.error is None:
-                accepted += 1
-            else:
-                failures.append(
-                    AckFailure(text, ErrorCode(outcome.error), _ack_message(outcome.error, text))
-                )
+        for runs in offsets:
+            refused = self._ack_in_queues(sub, runs, op, now, seconds)
+            accepted += runs.count() - len(refused)
+            prefix = f"{runs.topic}/{runs.partition}/"
+            for offset, error in refused:
+                text = prefix + str(offset)
+                failures.append(AckFailure(text, ErrorCode(error), _ack_message(error, text)))
         self._wake()
         alo = any(
             self._runtimes[name].config.semantics == Semantics.AT_LEAST_ONCE for name in sub.queues
@@ -279,32 +271,29 @@ class Subscriptions:
         return failures
 
     def _ack_in_queues(
-        self,
-        sub: SubscriptionState,
-        bookmarks: list[Bookmark],
-        op: AckOp,
-        now: float,
-        seconds: float,
-    ) -> list[AckOutcome]:
-        """Each bookmark in the first queue that accepts it (the queues it holds leases in
-        after a replace, too); when none does, the first queue's answer."""
-        outcomes: list[AckOutcome] | None = None
+        self, sub: SubscriptionState, runs: OffsetRuns, op: AckOp, now: float, seconds: float
+    ) -> list[tuple[int, AckError]]:
+        """Each offset in the first queue that accepts it (the queues it holds leases in after
+        a replace, too); when none does, the first queue's answer. Returns the refused ones."""
+        tp = TopicPartition(runs.topic, runs.partition)
+        refused: list[tuple[int, AckError]] | None = None
         for name in [*sub.queues, *sorted(sub.draining)]:
             engine = self._runtimes[name].engine
-            if outcomes is None:
-                outcomes = engine.ack(sub.id, bookmarks, op, now, seconds)
-            else:
-                retry = [i for i, o in enumerate(outcomes) if o.error is not None]
-                if retry:
-                    again = engine.ack(sub.id, [bookmarks[i] for i in retry], op, now, seconds)
-                    for i, outcome in zip(retry, again, strict=True):
-                        if outcome.error is None or outcomes[i].error is AckError.UNKNOWN_BOOKMARK:
-                            outcomes[i] = outcome
+            if refused is None:
+                refused = engine.ack_runs(sub.id, tp, runs.runs, op, now, seconds)
+            elif refused:
+                retry = [o for offset, _ in refused for o in (offset, offset)]
+                again = dict(engine.ack_runs(sub.id, tp, retry, op, now, seconds))
+                refused = [
+                    (offset, again[offset] if error is AckError.UNKNOWN_BOOKMARK else error)
+                    for offset, error in refused
+                    if offset in again  # else accepted in this queue
+                ]
             if name in sub.draining and not engine.held_by(sub.id):
                 engine.disconnect(sub.id, now)
                 sub.draining.discard(name)
-        assert outcomes is not None
-        return outcomes
+        assert refused is not None
+        return refused
 
     def close(self, sub: SubscriptionState) -> None:
         """Its leases go back to their queues (while the coordinator is alive)."""

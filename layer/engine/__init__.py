@@ -60,6 +60,9 @@ Events in (each takes ``now``, the caller's clock, seconds):
       leased.
     * At-most-once: every op only releases the subscription's backlog slot for a bookmark it was
       handed and has not released yet; anything else is UNKNOWN_BOOKMARK. No state changes.
+- ``ack_runs(subscription, partition, runs, op, now, seconds=0.0) -> [(offset, error)]``: the same
+  as ``ack`` for the offsets of one partition given as inclusive runs ``[first, last, ...]`` (what
+  the wire carries), with no object per message: only the refused offsets are returned.
 - ``tick(now)``: lease timeouts (deadline <= now) return messages (Returned TIMEOUT), or finish
   them with MAX_DELIVERIES when deliveries >= max_deliveries ("not delivered again after its 10th
   unsuccessful delivery when max_deliveries = 10") or EXPIRATION when the message is older than

@@ -76,7 +76,18 @@ class Leases(EngineBase):
         part = self._lookup(bm)
         if part is None:
             return _UNKNOWN
-        offset = bm.offset
+        return self._ack_at(sub, part, bm.offset, op, now, seconds)
+
+    def _ack_at(
+        self,
+        sub: Subscriber | None,
+        part: PartitionState,
+        offset: int,
+        op: AckOp,
+        now: float,
+        seconds: float,
+    ) -> AckError | None:
+        """``op`` on the message at ``offset`` of ``part``; its error, None when accepted."""
         entry = part.entry(offset)
         if entry is None and (run := part.plain_run(offset)) is not None:
             # available, never singled out: nobody holds it
@@ -91,6 +102,7 @@ class Leases(EngineBase):
                 and part.read_pos <= offset < part.high_watermark
                 and part.remember(offset)
             ):
+                bm = Bookmark(part.tp.topic, part.tp.partition, offset)
                 deliveries, cancels = self._restored.pop(bm, (0, 0))
                 self._emit_done(bm, DoneReason.ACKED, deliveries, cancels, now)
                 return None

@@ -74,12 +74,14 @@ class DoneReason(StrEnum):
 
     @property
     def dead_letter(self) -> bool:
-        return self not in _NOT_DEAD
-
-
-_NOT_DEAD = frozenset(
-    {DoneReason.ACKED, DoneReason.DELIVERED, DoneReason.BARRIER, DoneReason.CONFLATED}
-)
+        # identity tests, not a set lookup: an enum's hash is a Python call, and this is asked
+        # for every message that leaves
+        return not (
+            self is DoneReason.ACKED
+            or self is DoneReason.DELIVERED
+            or self is DoneReason.BARRIER
+            or self is DoneReason.CONFLATED
+        )
 
 
 class GroupMode(StrEnum):

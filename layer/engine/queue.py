@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from layer.engine.fairness import Subscriber, make_picker
@@ -396,6 +396,47 @@ class QueueEngine(Queries, Holding, Leases, Intake):
                 return [AckOutcome(bm, self._amo_finish(bm, op, now)) for bm in bookmarks]
             return [AckOutcome(bm, self._release_slot(sub, bm)) for bm in bookmarks]
         return [AckOutcome(bm, self._ack_one(sub, bm, op, now, seconds)) for bm in bookmarks]
+
+    def ack_runs(
+        self,
+        subscription: str | None,
+        partition: TopicPartition,
+        runs: Sequence[int],
+        op: AckOp,
+        now: float,
+        seconds: float = 0.0,
+    ) -> list[tuple[int, AckError]]:
+        """``ack`` of the offsets ``runs`` names in one partition (inclusive runs: ``[first,
+        last, first, last, ...]``), in that order, without an object per message: returns only
+        the refused ones, as (offset, error)."""
+        sub = None if subscription is None else self._subscriber(subscription)
+        if seconds < 0:
+            raise ValueError(f"queue {self.name!r}: {op} by {seconds} seconds (must be >= 0)")
+        topic, number = partition
+        failures: list[tuple[int, AckError]] = []
+        if not self._alo:
+            for i in range(0, len(runs), 2):
+                for offset in range(runs[i], runs[i + 1] + 1):
+                    bm = Bookmark(topic, number, offset)
+                    if sub is None:
+                        error = self._amo_finish(bm, op, now)
+                    else:
+                        error = self._release_slot(sub, bm)
+                    if error is not None:
+                        failures.append((offset, error))
+            return failures
+        by_partition = self._topics.get(topic)
+        part = None if by_partition is None else by_partition.get(number)
+        ack_at = self._ack_at
+        for i in range(0, len(runs), 2):
+            if part is None:
+                failures.extend((o, _UNKNOWN) for o in range(runs[i], runs[i + 1] + 1))
+                continue
+            for offset in range(runs[i], runs[i + 1] + 1):
+                error = ack_at(sub, part, offset, op, now, seconds)
+                if error is not None:
+                    failures.append((offset, error))
+        return failures
 
     def tick(self, now: float) -> None:
         leases = self._leases

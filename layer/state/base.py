@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -208,6 +208,12 @@ def message_key(queue: str, bookmark: Bookmark) -> bytes:
     )
 
 
+def _run_prefix(queue: str, partition: TopicPartition, first: int) -> bytes:
+    if first < 0 or partition.partition < 0:
+        raise StateError(f"run {partition.topic}/{partition.partition}/{first} is negative")
+    return partition_prefix(queue, partition.topic, partition.partition)
+
+
 def parse_message_key(key: bytes, prefix_len: int) -> Bookmark:
     """The bookmark of a key whose first ``prefix_len`` bytes are the queue prefix."""
     end = key.index(b"\x00", prefix_len)
@@ -278,6 +284,23 @@ class StoreBatch:
     def put_entry_value(self, queue: str, bookmark: Bookmark, value: bytes) -> None:
         """Put an entry as changelog value bytes (as ``codec.encode_change`` made them)."""
         self.ops.append((ENTRIES, message_key(queue, bookmark), bytes(value)))
+
+    def put_entry_values(
+        self, queue: str, partition: TopicPartition, first: int, count: int, value: bytes
+    ) -> None:
+        """``put_entry_value`` of one value for the offsets ``first .. first + count - 1`` (a
+        run of changes with one changelog record): the key prefix is made once."""
+        pack, ops = _OFFSET.pack, self.ops
+        prefix = _run_prefix(queue, partition, first)
+        ops.extend((ENTRIES, prefix + pack(o), value) for o in range(first, first + count))
+
+    def delete_messages(
+        self, queue: str, partition: TopicPartition, first: int, count: int
+    ) -> None:
+        """``delete_message`` of the offsets ``first .. first + count - 1``."""
+        pack, ops = _OFFSET.pack, self.ops
+        prefix = _run_prefix(queue, partition, first)
+        ops.extend((MESSAGES, prefix + pack(o), None) for o in range(first, first + count))
 
     def delete_entry(self, queue: str, bookmark: Bookmark) -> None:
         self.ops.append((ENTRIES, message_key(queue, bookmark), None))
@@ -362,7 +385,12 @@ class Store(Protocol):
 
     def entries(self, queue: str) -> Iterator[tuple[Bookmark, EntryState]]: ...
 
-    def entry_values(self, queue: str) -> Iterator[tuple[Bookmark, bytes]]: ...
+    def entry_values(
+        self, queue: str, below: Mapping[TopicPartition, int] | None = None
+    ) -> Iterator[tuple[Bookmark, bytes]]:
+        """The queue's entries as stored (changelog value bytes), in key order; a partition's
+        entries below its offset in ``below`` are left out without being read."""
+        ...
 
     def positions(self, queue: str) -> dict[TopicPartition, PartitionPosition]: ...
 
@@ -457,14 +485,30 @@ class KeyValueStore:
                 return
             start = page[-1][0] + b"\x00"
 
-    def entry_values(self, queue: str) -> Iterator[tuple[Bookmark, bytes]]:
+    def entry_values(
+        self, queue: str, below: Mapping[TopicPartition, int] | None = None
+    ) -> Iterator[tuple[Bookmark, bytes]]:
         """The queue's entries as stored: their changelog value bytes, in key order (by topic,
-        partition and offset)."""
+        partition and offset). A partition's entries below its offset in ``below`` (its
+        low-water mark) are skipped by seeking past them: the keys deleted there (one per
+        message the mark passed) are never stepped over."""
         self._check_open()
         prefix = queue_prefix(queue)
         n = len(prefix)
-        for key, value in self._iterate(ENTRIES, prefix, prefix_end(prefix)):
-            yield parse_message_key(key, n), value
+        ranges: list[tuple[bytes, bytes]] = []
+        start = prefix
+        skips = sorted(
+            (partition_prefix(queue, tp.topic, tp.partition), offset)
+            for tp, offset in (below or {}).items()
+        )
+        for part, offset in skips:
+            ranges.append((start, part))
+            start = part + _OFFSET.pack(max(offset, 0))
+        ranges.append((start, prefix_end(prefix)))
+        for lo, hi in ranges:
+            if lo < hi:
+                for key, value in self._iterate(ENTRIES, lo, hi):
+                    yield parse_message_key(key, n), value
 
     def entries(self, queue: str) -> Iterator[tuple[Bookmark, EntryState]]:
         self._check_open()

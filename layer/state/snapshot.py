@@ -87,8 +87,11 @@ def runs_of(entries: Iterable[tuple[int, bytes]]) -> list[Run]:
 def _state(store: Store, queue: str) -> dict[TopicPartition, tuple[int | None, list[Run]]]:
     """Each partition's (low-water mark, runs of entries at or above it) in the store."""
     lows = {tp: pos.low_water for tp, pos in store.positions(queue).items()}
+    marks = {tp: low for tp, low in lows.items() if low is not None}
     by_tp: dict[TopicPartition, list[tuple[int, bytes]]] = {}
-    for bm, value in store.entry_values(queue):
+    # read from each low-water mark on: below it are the deleted entries of every message it
+    # passed since the store last compacted, which a scan from the start would step over
+    for bm, value in store.entry_values(queue, below=marks):
         tp = TopicPartition(bm.topic, bm.partition)
         low = lows.get(tp)
         if low is not None and bm.offset < low:

@@ -44,6 +44,7 @@ from layer.api.service import (
     AckFailure,
     DeliveredMessage,
     DeliverySink,
+    OffsetRuns,
     QueueInfo,
     QueueStats,
 )
@@ -82,10 +83,10 @@ class MemorySubscription:
         self._service = service
 
     async def ack(
-        self, op: AckOp, bookmarks: Sequence[str], seconds: float = 0.0
+        self, op: AckOp, offsets: Sequence[OffsetRuns], seconds: float = 0.0
     ) -> list[AckFailure]:
         await asyncio.sleep(0)  # where the coordinator would wait for the changelog
-        return self._service.apply(self, op, bookmarks)
+        return self._service.apply(self, op, [t for runs in offsets for t in runs.bookmarks()])
 
     async def close(self) -> None:
         self._service.disconnect(self)

@@ -103,6 +103,30 @@ def test_ack_removes_the_message(engine_factory):
     assert (stats.done_total, stats.dead_lettered_total, stats.delivered_total) == (1, 0, 2)
 
 
+def test_ack_runs_acks_offset_runs_and_returns_only_the_refused(engine_factory):
+    engine = engine_factory(partitions=2)
+    add(engine, *range(6))
+    add(engine, 0, partition=1)
+    engine.subscribe("a", 4, 0.0)  # holds 0..3 of partition 0 (and nothing of partition 1)
+    engine.dispatch(0.0)
+    engine.drain()
+    refused = engine.ack_runs("a", TP0, [0, 1, 3, 4], ACK, 1.0)
+    # 4 is available: under strict leasing only its holder may ack it, and nobody holds it
+    assert refused == [(4, AckError.NOT_LEASE_HOLDER)]
+    done = [c for c in changes(engine) if isinstance(c, Done)]
+    assert [c.bookmark.offset for c in done] == [0, 1, 3]
+    assert engine.outstanding("a") == [bm(2)]
+    assert engine.ack_runs("a", TP0, [0, 0], ACK, 1.0) == [(0, AckError.UNKNOWN_BOOKMARK)]
+    assert engine.ack_runs("a", TP1, [0, 0], CANCEL, 1.0) == [(0, AckError.NOT_LEASED)]
+    unknown = TopicPartition("other", 0)
+    assert engine.ack_runs("a", unknown, [0, 1], ACK, 1.0) == [
+        (0, AckError.UNKNOWN_BOOKMARK),
+        (1, AckError.UNKNOWN_BOOKMARK),
+    ]
+    with pytest.raises(QueueError, match="not registered"):
+        engine.ack_runs("b", TP0, [2, 2], ACK, 1.0)
+
+
 def test_cancel_returns_the_message_with_one_more_cancel(engine_factory):
     engine = engine_factory()
     add(engine, 0)

@@ -21,7 +21,9 @@ from hypothesis.stateful import (
 
 from layer.engine.index import DONE, Entry
 from layer.engine.model import (
+    AckError,
     AckOp,
+    AckOutcome,
     Arrival,
     Bookmark,
     Done,
@@ -44,6 +46,33 @@ from layer.exceptions import QueueError
 TOPIC = "t"
 PARTITIONS = (0, 1)
 SUBSCRIPTIONS = ("s0", "s1", "s2")
+
+
+def ack_as_runs(
+    engine: QueueEngine,
+    name: str | None,
+    bookmarks: list[Bookmark],
+    op: AckOp,
+    now: float,
+    seconds: float = 0.0,
+) -> list[AckOutcome]:
+    """``engine.ack`` of sorted, distinct ``bookmarks`` through ``ack_runs``: partition by
+    partition, consecutive offsets joined into runs, as the wire carries them."""
+    refused: dict[Bookmark, AckError] = {}
+    by_partition: dict[tuple[str, int], list[int]] = {}
+    for b in bookmarks:
+        by_partition.setdefault((b.topic, b.partition), []).append(b.offset)
+    for (topic, partition), offsets in by_partition.items():
+        runs: list[int] = []
+        for o in offsets:
+            if runs and o == runs[-1] + 1:
+                runs[-1] = o
+            else:
+                runs += (o, o)
+        tp = TopicPartition(topic, partition)
+        for offset, error in engine.ack_runs(name, tp, runs, op, now, seconds):
+            refused[Bookmark(topic, partition, offset)] = error
+    return [AckOutcome(b, refused.get(b)) for b in bookmarks]
 
 
 @st.composite
@@ -255,7 +284,11 @@ class EngineMachine(RuleBasedStateMachine):
         handed = set(self.handed[name])
         # a delayed cancel is the routing machine's business (test_engine_routing_properties)
         delay = seconds if op is AckOp.EXTEND else 0.0
-        outcomes = self.engine.ack(name, bookmarks, op, self.now, delay)
+        if data.draw(st.booleans(), label="as runs"):  # what the wire carries: ack_runs
+            bookmarks = sorted(set(bookmarks))
+            outcomes = ack_as_runs(self.engine, name, bookmarks, op, self.now, delay)
+        else:
+            outcomes = self.engine.ack(name, bookmarks, op, self.now, delay)
         assert [o.bookmark for o in outcomes] == bookmarks
         accepted = set()
         for outcome in outcomes:
@@ -304,7 +337,11 @@ class EngineMachine(RuleBasedStateMachine):
         )
         holders = dict(self.holders)
         available = set(self.engine.available())
-        outcomes = self.engine.ack(None, bookmarks, op, self.now)
+        if data.draw(st.booleans(), label="as runs"):
+            bookmarks = sorted(bookmarks)
+            outcomes = ack_as_runs(self.engine, None, bookmarks, op, self.now)
+        else:
+            outcomes = self.engine.ack(None, bookmarks, op, self.now)
         accepted = set()
         for outcome in outcomes:
             b = outcome.bookmark

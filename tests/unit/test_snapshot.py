@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from layer.api.frames import Ack
 from layer.codec import (
     CHANGELOG_VALUE,
     ChangelogKey,
@@ -208,12 +209,13 @@ async def _traffic(b: Bench, rng: random.Random, rounds: int) -> list[Any]:
         rng.shuffle(held)
         if held:
             cut = rng.randrange(len(held) + 1)
-            acks = [f"{bm.topic}/{bm.partition}/{bm.offset}" for bm in held[:cut]]
-            cancels = [f"{bm.topic}/{bm.partition}/{bm.offset}" for bm in held[cut:][:3]]
-            if acks:
-                asyncio.ensure_future(handle.ack(AckOp.ACK, sorted(acks)))
+            acks, cancels = held[:cut], held[cut:][:3]
+            if acks:  # as the wire carries them: runs of offsets per partition
+                asyncio.ensure_future(handle.ack(AckOp.ACK, Ack.of(0, AckOp.ACK, acks).offsets))
             if cancels:
-                asyncio.ensure_future(handle.ack(AckOp.CANCEL, cancels))
+                asyncio.ensure_future(
+                    handle.ack(AckOp.CANCEL, Ack.of(0, AckOp.CANCEL, cancels).offsets)
+                )
             await asyncio.sleep(0)
         b.clock.now += 0.5
         await b.rounds.one()

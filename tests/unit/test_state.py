@@ -103,6 +103,22 @@ def test_entries_iterate_one_queue_in_bookmark_order(store: KeyValueStore) -> No
     assert list(store.entries("missing")) == []
 
 
+def test_entry_values_below_a_mark_are_left_out(store: KeyValueStore) -> None:
+    batch = StoreBatch()
+    for topic, partition in (("a", 0), ("a", 1), ("b", 0)):
+        batch.put_entry_values("q", TopicPartition(topic, partition), 0, 5, b"v")
+    batch.put_entry_value("qq", Bookmark("a", 0, 0), b"other queue")
+    store.write(batch)
+    every = [bm for bm, _ in store.entry_values("q")]
+    assert len(every) == 15
+    below = {TopicPartition("a", 1): 3, TopicPartition("b", 0): 0, TopicPartition("c", 0): 9}
+    got = [bm for bm, _ in store.entry_values("q", below=below)]
+    assert got == [bm for bm in every if (bm.topic, bm.partition) != ("a", 1) or bm.offset >= 3]
+    assert [bm for bm, _ in store.entry_values("q", below={TopicPartition("a", 0): 99})] == [
+        bm for bm in every if bm.topic != "a" or bm.partition != 0
+    ]
+
+
 def test_entry_values_from_the_changelog_are_stored_as_is(store: KeyValueStore) -> None:
     bm = Bookmark("t", 0, 5)
     _, leased = encode_change("q", Leased(bm, "sub-1", 12.5, 2, 1), at_ms=9)
