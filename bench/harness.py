@@ -387,7 +387,15 @@ def latency(
     achieved = (pub.count - 1) / max(1e-9, pub.last_sent - pub.first)
     delivered = (pub.count - 1) / max(1e-9, end - pub.first)
     sustained = min(achieved, delivered) >= SUSTAINED_SHARE * rate
-    observed = percentiles(got.latencies)
+    measured = percentiles(got.latencies)
+    stages = observed.pop("stages", None)
+    if stages and "server" in stages and measured:
+        # what the system's own stages do not cover: the wire and the consumer's client
+        stages["wire_and_client"] = {
+            q: round(measured[q] - stages["server"][q], 2)
+            for q in ("p50_ms", "p99_ms")
+            if q in stages["server"]
+        }
     res: dict[str, Any] = {
         "offered_msgs_per_s": rate,
         "achieved_msgs_per_s": round(achieved),
@@ -398,15 +406,17 @@ def latency(
         "message_bytes": size,
         "consumers": consumers,
         "count": len(got.latencies),
-        "latency": observed if sustained else None,
+        "latency": measured if sustained else None,
         "redelivered": got.redelivered,
         "unacked_after": left,
         **observed,
         "loadavg_before": load_before,
         "loadavg_after": loadavg(),
     }
+    if stages:
+        res["stages"] = stages
     if not sustained:
-        res["latency_while_overloaded"] = observed
+        res["latency_while_overloaded"] = measured
         res["note"] = (
             f"did not sustain {rate:.0f} msg/s offered: published at {achieved:.0f}/s, "
             f"delivered and acked at {delivered:.0f}/s"

@@ -1,0 +1,63 @@
+"""The latency stages (``layer.coordinator.stages``): weighted percentiles, and a round over the
+in-memory ports timing each stage once per batch with the batch's message count."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from confluent_kafka import Message
+
+from layer.coordinator.ingest import Fetched, PartitionStarted
+from layer.coordinator.stages import Stages
+from tests.unit.ports import TOPIC, TP
+from tests.unit.test_round import Bench
+
+
+def test_percentiles_weigh_each_sample_by_its_messages() -> None:
+    stages = Stages()
+    stages.add("commit", 0.001, 99)
+    stages.add("commit", 0.010, 1)
+    assert stages.percentiles("commit") == [0.001, 0.010]
+    stages.add("commit", 0.005, 0)  # a batch of no messages says nothing
+    assert stages.extra() == {"stage_commit_p50_ms": 1.0, "stage_commit_p99_ms": 10.0}
+    assert stages.percentiles("fetch") is None
+
+
+def test_the_window_keeps_the_latest_batches() -> None:
+    stages = Stages(window=2)
+    for seconds in (9.0, 0.002, 0.002):
+        stages.add("push", seconds, 5)
+    assert stages.percentiles("push", (0.5, 1.0)) == [0.002, 0.002]
+
+
+def test_a_round_times_fetch_wait_decide_and_commit_for_its_messages() -> None:
+    async def scenario() -> None:
+        b = Bench()
+        b.rt.stages = Stages()
+        _, sink = await b.subscribe()
+        now = time.time()
+        sent_ms = int((now - 0.020) * 1000)  # produced 20 ms before the fetch
+        messages = [
+            Message(topic=TOPIC, partition=0, offset=i, value=b'{"n": 1}', timestamp=(1, sent_ms))
+            for i in range(40)
+        ]
+        b.rt.take_fetched(Fetched(messages, {TP: 40}, [PartitionStarted(TP, 0)], now))
+        await b.rounds.one()
+        assert len(sink.messages) == 10  # the backlog
+        extra = b.rt.stages.extra()
+        assert set(extra) == {
+            f"stage_{s}_{q}_ms"
+            for s in ("fetch", "round_wait", "decide", "commit")
+            for q in ("p50", "p99")
+        }
+        assert 19.0 <= extra["stage_fetch_p50_ms"] <= 21.0
+        assert 0.0 <= extra["stage_round_wait_p50_ms"] < 60_000
+        # each stage weighs the messages it covers: all 40 waited for the round, 10 were delivered
+        assert sum(w for _s, w in b.rt.stages._samples["round_wait"]) == 40
+        assert sum(w for _s, w in b.rt.stages._samples["commit"]) == 10
+        assert sum(w for _s, w in b.rt.stages._samples["fetch"]) == 40
+        assert not b.rt.fetched_at  # every fetch of the inbox was admitted
+
+    asyncio.run(scenario())
+
