@@ -389,8 +389,9 @@ def latency(
     sustained = min(achieved, delivered) >= SUSTAINED_SHARE * rate
     measured = percentiles(got.latencies)
     stages = observed.pop("stages", None)
-    if stages and "server" in stages and measured:
-        # what the system's own stages do not cover: the wire and the consumer's client
+    if stages and "server" in stages and measured and sustained:
+        # what the system's own stages do not cover: the wire and the consumer's client (under
+        # overload the difference of two growing queues means nothing)
         stages["wire_and_client"] = {
             q: round(measured[q] - stages["server"][q], 2)
             for q in ("p50_ms", "p99_ms")

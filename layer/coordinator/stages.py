@@ -13,46 +13,64 @@ A message's way from its Kafka timestamp to the consumer, as the coordinator see
   client's end-to-end latency less this is the wire and the client.
 
 Each stage is timed with one clock reading per batch (a fetch, a round, a frame), never per
-message, and recorded with the batch's message count as its weight; the recorder keeps the last
-``window`` batches of each stage. Wall clock (``time.time``) throughout: the Kafka timestamp is
-one, and it compares across processes on one machine.
+message, and counted with the batch's message count as its weight in a histogram of
+log-spaced buckets (5% wide, 10 µs to 100 s: fixed memory, since the coordinator started).
+Wall clock (``time.time``) throughout: the Kafka timestamp is one, and it compares across
+processes on one machine.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import math
+from array import array
 
 __all__ = ["STAGES", "Stages"]
 
 STAGES = ("fetch", "round_wait", "decide", "commit", "push", "server")
 
+_LOW = 1e-5  # seconds: the first bucket's upper bound
+_GROWTH = 1.05  # each bucket's upper bound over the previous one's
+_BUCKETS = int(math.log(1e2 / _LOW, _GROWTH)) + 2  # the last holds everything beyond 100 s
+_LOG_GROWTH = math.log(_GROWTH)
+
+
+def _bucket(seconds: float) -> int:
+    if seconds <= _LOW:
+        return 0
+    return min(_BUCKETS - 1, 1 + int(math.log(seconds / _LOW) / _LOG_GROWTH))
+
+
+def _upper(bucket: int) -> float:
+    """A bucket's upper bound in seconds: what a percentile falling in it reports."""
+    return _LOW * _GROWTH**bucket
+
 
 class Stages:
-    """Weighted samples (seconds, messages) of each stage; percentiles on demand."""
+    """A histogram of messages per stage; percentiles on demand."""
 
-    def __init__(self, window: int = 20_000) -> None:
-        self._samples: dict[str, deque[tuple[float, int]]] = {
-            name: deque(maxlen=window) for name in STAGES
-        }
+    def __init__(self) -> None:
+        self._counts = {name: array("q", bytes(8 * _BUCKETS)) for name in STAGES}
 
     def add(self, stage: str, seconds: float, weight: int = 1) -> None:
         if weight > 0:
-            self._samples[stage].append((seconds, weight))
+            self._counts[stage][_bucket(seconds)] += weight
 
     def percentiles(self, stage: str, qs: tuple[float, ...] = (0.5, 0.99)) -> list[float] | None:
-        """The stage's seconds at each quantile of messages (None before any sample)."""
-        samples = sorted(self._samples[stage])
-        total = sum(w for _s, w in samples)
+        """The stage's seconds at each quantile of messages (None before any sample), within
+        one bucket (5%) above the true value."""
+        counts = self._counts[stage]
+        total = sum(counts)
         if not total:
             return None
         out = []
-        i = seen = 0
+        bucket = seen = 0
         for q in sorted(qs):
-            target = q * total
-            while i < len(samples) - 1 and seen + samples[i][1] <= target:
-                seen += samples[i][1]
-                i += 1
-            out.append(samples[i][0])
+            # the message at index int(q * total), as bench.harness.percentiles picks it
+            target = min(total - 1, int(q * total))
+            while seen + counts[bucket] <= target:
+                seen += counts[bucket]
+                bucket += 1
+            out.append(_upper(bucket))
         return out
 
     def extra(self) -> dict[str, float]:

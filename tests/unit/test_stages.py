@@ -18,17 +18,27 @@ def test_percentiles_weigh_each_sample_by_its_messages() -> None:
     stages = Stages()
     stages.add("commit", 0.001, 99)
     stages.add("commit", 0.010, 1)
-    assert stages.percentiles("commit") == [0.001, 0.010]
-    stages.add("commit", 0.005, 0)  # a batch of no messages says nothing
-    assert stages.extra() == {"stage_commit_p50_ms": 1.0, "stage_commit_p99_ms": 10.0}
+    p50, p99 = stages.percentiles("commit") or []
+    assert 0.001 <= p50 <= 0.00105  # within its bucket: 5% above at most
+    assert 0.010 <= p99 <= 0.0105
+    stages.add("commit", 5.0, 0)  # a batch of no messages says nothing
+    assert set(stages.extra()) == {"stage_commit_p50_ms", "stage_commit_p99_ms"}
     assert stages.percentiles("fetch") is None
 
 
-def test_the_window_keeps_the_latest_batches() -> None:
-    stages = Stages(window=2)
-    for seconds in (9.0, 0.002, 0.002):
-        stages.add("push", seconds, 5)
-    assert stages.percentiles("push", (0.5, 1.0)) == [0.002, 0.002]
+def test_percentiles_agree_with_the_sorted_values_within_a_bucket() -> None:
+    stages = Stages()
+    values = [i / 1000 for i in range(1, 1001)]  # 1 ms .. 1 s
+    for v in values:
+        stages.add("push", v)
+    for q, at in zip(
+        (0.5, 0.9, 0.99), stages.percentiles("push", (0.5, 0.9, 0.99)) or [], strict=True
+    ):
+        exact = values[int(q * len(values))]
+        assert exact <= at <= exact * 1.051
+    # out of range either way lands in the end buckets, never raises
+    stages.add("push", -0.5)
+    stages.add("push", 1e6)
 
 
 def test_a_round_times_fetch_wait_decide_and_commit_for_its_messages() -> None:
@@ -51,13 +61,12 @@ def test_a_round_times_fetch_wait_decide_and_commit_for_its_messages() -> None:
             for s in ("fetch", "round_wait", "decide", "commit")
             for q in ("p50", "p99")
         }
-        assert 19.0 <= extra["stage_fetch_p50_ms"] <= 21.0
+        assert 19.0 <= extra["stage_fetch_p50_ms"] <= 22.0
         assert 0.0 <= extra["stage_round_wait_p50_ms"] < 60_000
         # each stage weighs the messages it covers: all 40 waited for the round, 10 were delivered
-        assert sum(w for _s, w in b.rt.stages._samples["round_wait"]) == 40
-        assert sum(w for _s, w in b.rt.stages._samples["commit"]) == 10
-        assert sum(w for _s, w in b.rt.stages._samples["fetch"]) == 40
+        assert sum(b.rt.stages._counts["round_wait"]) == 40
+        assert sum(b.rt.stages._counts["commit"]) == 10
+        assert sum(b.rt.stages._counts["fetch"]) == 40
         assert not b.rt.fetched_at  # every fetch of the inbox was admitted
 
     asyncio.run(scenario())
-
