@@ -251,6 +251,7 @@ STAGE_NAMES = {
     "commit": "commit",
     "push": "push",
     "wire_and_client": "wire + client",
+    "ack": "ack to confirmed",
 }
 
 

@@ -10,7 +10,9 @@ A message's way from its Kafka timestamp to the consumer, as the coordinator see
 - ``commit``: the round's Kafka transaction, begun to durable (and applied to the store);
 - ``push``: handed to the subscription's stream to written to the transport;
 - ``server``: Kafka timestamp to written, per message: the whole of the coordinator's part, so a
-  client's end-to-end latency less this is the wire and the client.
+  client's end-to-end latency less this is the wire and the client;
+- ``ack``: an at-least-once ack batch received to confirmed (its done records durable), per
+  acked message.
 
 Each stage is timed with one clock reading per batch (a fetch, a round, a frame), never per
 message, and counted with the batch's message count as its weight in a histogram of
@@ -26,7 +28,7 @@ from array import array
 
 __all__ = ["STAGES", "Stages"]
 
-STAGES = ("fetch", "round_wait", "decide", "commit", "push", "server")
+STAGES = ("fetch", "round_wait", "decide", "commit", "push", "server", "ack")
 
 _LOW = 1e-5  # seconds: the first bucket's upper bound
 _GROWTH = 1.05  # each bucket's upper bound over the previous one's

@@ -10,7 +10,8 @@ from confluent_kafka import Message
 
 from layer.coordinator.ingest import Fetched, PartitionStarted
 from layer.coordinator.stages import Stages
-from tests.unit.ports import TOPIC, TP
+from layer.engine.model import AckOp
+from tests.unit.ports import TOPIC, TP, fetch
 from tests.unit.test_round import Bench
 
 
@@ -68,5 +69,24 @@ def test_a_round_times_fetch_wait_decide_and_commit_for_its_messages() -> None:
         assert sum(b.rt.stages._counts["commit"]) == 10
         assert sum(b.rt.stages._counts["fetch"]) == 40
         assert not b.rt.fetched_at  # every fetch of the inbox was admitted
+
+    asyncio.run(scenario())
+
+
+def test_an_ack_is_timed_from_received_to_confirmed_per_acked_message() -> None:
+    async def scenario() -> None:
+        b = Bench()
+        b.rt.stages = Stages()
+        handle, _sink = await b.subscribe()
+        fetch(b.rt, [b'{"n": 0}', b'{"n": 1}', b'{"n": 2}'])
+        await b.rounds.one()
+        ack = asyncio.ensure_future(handle.ack(AckOp.ACK, ["orders/0/0", "orders/0/2"]))
+        await asyncio.sleep(0.01)  # taken, waiting on the next commit: not confirmed yet
+        assert not ack.done() and not sum(b.rt.stages._counts["ack"])
+        await b.rounds.one()
+        assert await ack == []
+        assert sum(b.rt.stages._counts["ack"]) == 2
+        p50, _p99 = b.rt.stages.percentiles("ack") or []
+        assert 0.01 <= p50 < 60.0
 
     asyncio.run(scenario())
