@@ -250,7 +250,7 @@ STAGE_NAMES = {
     "decide": "decide",
     "commit": "commit",
     "push": "push",
-    "wire_and_client": "wire + client",
+    "wire_and_client": "wire + client (p50)",
     "ack": "ack to confirmed",
 }
 
@@ -263,7 +263,8 @@ def stage_notes(results: dict[str, Any]) -> list[str]:
     for rate, r in zip(rates, results.get("latency", {}).get("qlayer", []), strict=False):
         stages = r.get("stages") or {}
         parts = [
-            f"{label} {stages[k].get('p50_ms', '?')} / {stages[k].get('p99_ms', '?')}"
+            f"{label} "
+            + " / ".join(str(stages[k][q]) for q in ("p50_ms", "p99_ms") if q in stages[k])
             for k, label in STAGE_NAMES.items()
             if k in stages
         ]
