@@ -387,7 +387,15 @@ def latency(
     achieved = (pub.count - 1) / max(1e-9, pub.last_sent - pub.first)
     delivered = (pub.count - 1) / max(1e-9, end - pub.first)
     sustained = min(achieved, delivered) >= SUSTAINED_SHARE * rate
-    observed = percentiles(got.latencies)
+    measured = percentiles(got.latencies)
+    stages = observed.pop("stages", None)
+    if stages and "p50_ms" in stages.get("server", {}) and measured and sustained:
+        # What the system's own stages do not cover: the wire and the consumer's client. The
+        # median only: a tail of a difference is not the difference of the tails (and under
+        # overload the difference of two growing queues means nothing).
+        stages["wire_and_client"] = {
+            "p50_ms": round(measured["p50_ms"] - stages["server"]["p50_ms"], 2)
+        }
     res: dict[str, Any] = {
         "offered_msgs_per_s": rate,
         "achieved_msgs_per_s": round(achieved),
@@ -398,15 +406,17 @@ def latency(
         "message_bytes": size,
         "consumers": consumers,
         "count": len(got.latencies),
-        "latency": observed if sustained else None,
+        "latency": measured if sustained else None,
         "redelivered": got.redelivered,
         "unacked_after": left,
         **observed,
         "loadavg_before": load_before,
         "loadavg_after": loadavg(),
     }
+    if stages:
+        res["stages"] = stages
     if not sustained:
-        res["latency_while_overloaded"] = observed
+        res["latency_while_overloaded"] = measured
         res["note"] = (
             f"did not sustain {rate:.0f} msg/s offered: published at {achieved:.0f}/s, "
             f"delivered and acked at {delivered:.0f}/s"

@@ -285,6 +285,7 @@ class QLayer(_OnBroker):
             "coordinator_cpu_s": round(cpu, 2),
             "coordinator_cpu_us_per_msg": round(cpu / max(1, messages) * 1e6, 1),
             "coordinator_rss_mib": round(coord.rss() / 2**20, 1),
+            **observed_stats(coord.stats().extra),
         }
 
     def delete(self, target: dict[str, Any]) -> None:
@@ -310,6 +311,29 @@ class QLayer(_OnBroker):
             "grpcio": version("grpcio"),
             "rocksdict": version("rocksdict"),
         }
+
+
+def observed_stats(extra: dict[str, float]) -> dict[str, Any]:
+    """What the coordinator's stats say of a run: its rounds (each one Kafka transaction at
+    most) and its latency stages."""
+    return {"coordinator_rounds": int(extra.get("rounds_total", 0)), "stages": stages_of(extra)}
+
+
+def stages_of(extra: dict[str, float]) -> dict[str, dict[str, float]]:
+    """The coordinator's latency stages from its stats extras (``stage_<name>_p50_ms``...),
+    in the order a message goes through them (``layer.coordinator.stages``)."""
+    from layer.coordinator.stages import STAGES
+
+    out: dict[str, dict[str, float]] = {}
+    for name in STAGES:
+        at = {
+            q: extra[f"stage_{name}_{q}_ms"]
+            for q in ("p50", "p99")
+            if f"stage_{name}_{q}_ms" in extra
+        }
+        if at:
+            out[name] = {f"{q}_ms": v for q, v in at.items()}
+    return out
 
 
 # --- the consumer processes ------------------------------------------------------------------

@@ -204,6 +204,7 @@ def markdown(results: dict[str, Any], source: Path | str | None = None) -> str:
         for r in runs:
             if r.get("note"):
                 notes.append(f"- {HEADS[s]}: {r['note']}.")
+    notes += stage_notes(results)
     peers = results.get("memory_restart_peers") or {}
     if any("queued" in r for r in peers.values()):
         notes.append(
@@ -241,6 +242,39 @@ def markdown(results: dict[str, Any], source: Path | str | None = None) -> str:
     if notes:
         out += "\n\n" + "\n".join(notes)
     return out + "\n\n" + context(results, source)
+
+
+STAGE_NAMES = {
+    "fetch": "fetch",
+    "round_wait": "wait for the round",
+    "decide": "decide",
+    "commit": "commit",
+    "push": "push",
+    "wire_and_client": "wire + client (p50)",
+    "ack": "ack to confirmed",
+}
+
+
+def stage_notes(results: dict[str, Any]) -> list[str]:
+    """qlayer's latency by stage at each rate (p50 / p99 ms of each stage on its own; the
+    coordinator's ``layer.coordinator.stages``), so the next cut is visible."""
+    rates = results["workload"]["latency_rates"]
+    notes = []
+    for rate, r in zip(rates, results.get("latency", {}).get("qlayer", []), strict=False):
+        stages = r.get("stages") or {}
+        parts = [
+            f"{label} "
+            + " / ".join(str(stages[k][q]) for q in ("p50_ms", "p99_ms") if q in stages[k])
+            for k, label in STAGE_NAMES.items()
+            if k in stages
+        ]
+        if parts:
+            notes.append(
+                f"- qlayer's stages at {rate:,.0f} msg/s, p50 / p99 ms each: "
+                + "; ".join(parts)
+                + "."
+            )
+    return notes
 
 
 def context(results: dict[str, Any], source: Path | str | None = None) -> str:

@@ -39,6 +39,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NoReturn, TypeVar
@@ -148,21 +150,54 @@ _END = _End()
 _Outgoing = list[DeliveredMessage] | AckResult | Error | Replaced | _SinkClosed | _End
 
 
+#: (queue, stage, seconds, messages): a latency stage timed here (layer.coordinator.stages)
+PushTimer = Callable[[str, str, float, int], None]
+
+
 class _StreamSink:
     """The DeliverySink of one stream: everything to write goes through one queue, so the
     stream's single writer sends it in order and batches what piled up meanwhile."""
 
-    def __init__(self) -> None:
+    def __init__(self, pushed: PushTimer | None = None) -> None:
         self._out: asyncio.Queue[_Outgoing] = asyncio.Queue()
         self.unsent = 0  # messages delivered here and not yet written (see DeliverySink)
+        self._pushed = pushed
+        # (wall clock delivered, messages of that delivery not written yet), oldest first
+        self._delivered_at: deque[list[float]] = deque()
 
     def deliver(self, messages: Sequence[DeliveredMessage]) -> None:
         if messages:
             self.unsent += len(messages)
             self._out.put_nowait(list(messages))
+            if self._pushed is not None:
+                self._delivered_at.append([time.time(), float(len(messages))])
 
-    def sent(self, count: int) -> None:
+    def sent(self, messages: Sequence[DeliveredMessage], writing: float) -> None:
+        """These messages are written to the transport, a write begun at ``writing`` (wall
+        clock; the stages end there: when the write's await returns, the client may have had
+        them for a while on a busy loop)."""
+        count = len(messages)
         self.unsent -= count
+        if self._pushed is None or not count:
+            return
+        # timed per frame: the time since each delivery it carries, and the whole way from
+        # the Kafka timestamp of its first and last message
+        now = writing
+        queue = messages[0].queue
+        marks = self._delivered_at
+        left = count
+        while left > 0 and marks:
+            mark = marks[0]
+            n = min(left, int(mark[1]))
+            self._pushed(queue, "push", now - mark[0], n)
+            left -= n
+            mark[1] -= n
+            if mark[1] <= 0:
+                marks.popleft()
+        ends = (messages[0],) if count == 1 else (messages[0], messages[-1])
+        for m in ends:
+            if m.timestamp_ms > 0:
+                self._pushed(queue, "server", now - m.timestamp_ms / 1000.0, count // len(ends))
 
     def close(self, reason: str, error: QLayerError | None = None) -> None:
         self._out.put_nowait(_SinkClosed(reason, error))
@@ -609,7 +644,8 @@ class ApiServer:
                 f"the first frame must be Subscribe, got {type(first).__name__}",
             )
         await self._check(context, principal, "Subscribe", first.queue)
-        sink = _StreamSink()
+        # a service that times its stages (the coordinator's ``record_stage``) gets the push
+        sink = _StreamSink(getattr(self._service, "record_stage", None))
         subscription = await self._open(first, sink, context)
         closer = _Closer(subscription, self._unclosed)
         watched = self._streams[closer] = _Watched(principal, first.queue, sink)
@@ -755,5 +791,6 @@ class ApiServer:
                 return
             for frame in _message_frames(messages):
                 # waits while the client's HTTP/2 window is full (it does not read)
+                writing = time.time()
                 await context.write(frame)
-                sink.sent(len(frame.messages))
+                sink.sent(frame.messages, writing)

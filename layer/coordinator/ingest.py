@@ -76,6 +76,7 @@ class Fetched:
     messages: list[Message]
     high_watermarks: dict[TopicPartition, int]
     started: list[PartitionStarted]
+    at: float = 0.0  # wall clock when the reader had it (latency stages)
 
 
 class IngestReader:
@@ -293,7 +294,7 @@ class IngestReader:
                     )
                     if high >= 0:
                         hw[tp] = high
-                self._on_batch(Fetched(good, hw, started))
+                self._on_batch(Fetched(good, hw, started, time.time()))
                 if good:
                     wait_ms = self._wait.fetched(
                         time.monotonic(), partial(self._caught_up, consumer)

@@ -194,6 +194,9 @@ class Round:
         self.views: list[ExtraRecord] = []
         self.batch = StoreBatch()  # written once the records are durable (step 4)
         self.pushes: list[Push] = []
+        # wall clock marks for the latency stages (layer.coordinator.stages)
+        self.started = time.time()
+        self.sent_at = self.durable_at = 0.0
 
     @property
     def for_changelog(self) -> bool:
@@ -336,6 +339,7 @@ class Round:
     async def commit(self) -> None:
         """Steps 3 and 4."""
         offsets: Offsets = {}
+        self.sent_at = time.time()
         sending = self.send()
         if sending is not None:
             # done again until durable, however long Kafka is away: deliveries and ack
@@ -344,6 +348,16 @@ class Round:
             if self.pushes and self._clock() - self.now > LATE_ROUND:
                 restart_leases(self.pushes, self._clock())
         self.apply(offsets)
+        self.durable_at = time.time()
+
+    def time_stages(self) -> None:
+        """Its decide and commit stages, for each queue it delivers from (committed rounds)."""
+        for rt, by_sub in self.pushes:
+            stages = rt.stages
+            if stages is not None:
+                n = sum(len(messages) for _sub, messages in by_sub)
+                stages.add("decide", self.sent_at - self.started, n)
+                stages.add("commit", self.durable_at - self.sent_at, n)
 
     def hand_out(self) -> None:
         """Step 5: the deliveries, to the subscriptions still open."""
@@ -469,6 +483,7 @@ class Rounds:
         if snapshots is not None:
             snapshots.committed()
         self.count += 1
+        r.time_stages()
         r.hand_out()
         self._signal.answer()
         if committing and self._timings is not None:

@@ -21,6 +21,7 @@ from layer.config import QueueConfig
 from layer.coordinator.counters import Counters
 from layer.coordinator.ingest import Fetched, bookmark_of
 from layer.coordinator.publish_route import PublishRoute
+from layer.coordinator.stages import Stages
 from layer.documents import DocumentReader
 from layer.engine.model import Arrival, Bookmark, Change, LowWater, TopicPartition
 from layer.engine.queue import QueueEngine
@@ -104,6 +105,10 @@ class QueueRuntime:
     # Write a run record (layer.state.base.RunRecord) for every message admitted: the store's
     # run records cover the queue (set by the restore when they do).
     record_runs: bool = False
+    # Where deliveries' time goes (set by the coordinator); with it, fetches are timed.
+    stages: Stages | None = None
+    # (wall clock fetched, messages of that fetch still in the inbox), oldest first
+    fetched_at: deque[list[float]] = field(default_factory=deque)
 
     def __post_init__(self) -> None:
         self.exprs = Expressions(self.config)
@@ -174,6 +179,32 @@ class QueueRuntime:
         for tp, high in fetched.high_watermarks.items():
             self.engine.set_high_watermark(tp, high)
         self.inbox.extend(fetched.messages)
+        if self.stages is not None and fetched.messages and fetched.at:
+            self._time_fetch(fetched, self.stages)
+
+    def _time_fetch(self, fetched: Fetched, stages: Stages) -> None:
+        """The fetch stage of up to 16 of its messages, evenly spaced, each weighing for the
+        ones it stands for; the fetch is remembered for the round that admits it."""
+        messages = fetched.messages
+        step = max(1, len(messages) // 16)
+        for msg in messages[::step]:
+            ts = msg.timestamp()[1]
+            if ts > 0:
+                stages.add("fetch", fetched.at - ts / 1000.0, step)
+        self.fetched_at.append([fetched.at, float(len(messages))])
+
+    def _time_admitted(self, taken: int, stages: Stages) -> None:
+        """``taken`` messages left the inbox: the round-wait stage of their fetches."""
+        started = time.time()
+        marks = self.fetched_at
+        while taken > 0 and marks:
+            mark = marks[0]
+            n = min(taken, int(mark[1]))
+            stages.add("round_wait", started - mark[0], n)
+            taken -= n
+            mark[1] -= n
+            if mark[1] <= 0:
+                marks.popleft()
 
     def admit(self, now: float, batch: StoreBatch, limit: int = 4096) -> int:
         """Move fetched messages from the inbox into the engine, as far as its room allows.
@@ -196,6 +227,7 @@ class QueueRuntime:
         restored_done = self.restored_done
         payload_cache, cache_size = self.payload_cache, self.payload_cache_size
         admitted = 0
+        before = len(inbox)
         run_tp: TopicPartition | None = None
         run_start = 0
         run_times: list[float] = []
@@ -257,6 +289,8 @@ class QueueRuntime:
                 batch.put_run(name, tp, bookmark.offset, times, stored.priority, whole=True)
         if run_times:
             flush()
+        if self.stages is not None:
+            self._time_admitted(before - len(inbox), self.stages)
         self.counters.ingested += admitted
         for tp, position in read_to.items():
             engine.mark_read(tp, position)
@@ -290,6 +324,7 @@ class QueueRuntime:
                 "rounds_total": rounds,
                 "stalled_subscriptions": sum(sub.stalled for sub in self.subscriptions.values()),
                 "fetch_wait_ms": float(fetch_wait_ms),
+                **(self.stages.extra() if self.stages is not None else {}),
             },
         )
 

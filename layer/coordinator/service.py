@@ -65,6 +65,7 @@ from layer.coordinator.round import (
 )
 from layer.coordinator.runtime import QueueRuntime, lookup
 from layer.coordinator.snapshots import Snapshots
+from layer.coordinator.stages import Stages
 from layer.coordinator.subscriptions import SubscriptionHandle, Subscriptions
 from layer.coordinator.topics import check_view_topic, needed_topics
 from layer.documents import DocumentReader
@@ -213,6 +214,7 @@ class Coordinator:
 
     def _serve_queue(self, rt: QueueRuntime) -> None:
         """Start reading a restored queue's topics (and routing its publishes)."""
+        rt.stages = Stages()
         self._readers[rt.name] = self._start_reader(rt)
         if routes_publishes(rt.config):
             self._start_route(rt)
@@ -285,6 +287,12 @@ class Coordinator:
     def _on_fetched(self, rt: QueueRuntime, fetched: Fetched) -> None:
         rt.take_fetched(fetched)
         self._signal.wake()
+
+    def record_stage(self, queue: str, stage: str, seconds: float, messages: int) -> None:
+        """A latency stage the API timed (the push: ``layer.coordinator.stages``)."""
+        rt = self._runtimes.get(queue)
+        if rt is not None and rt.stages is not None:
+            rt.stages.add(stage, seconds, messages)
 
     def _all_readers(self) -> list[IngestReader]:
         readers = list(self._readers.values())

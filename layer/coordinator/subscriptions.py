@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -236,6 +237,7 @@ class Subscriptions:
         self, sub: SubscriptionState, op: AckOp, offsets: Sequence[OffsetRuns], seconds: float
     ) -> list[AckFailure]:
         self._check_alive()
+        received = time.time()
         if sub.closed:
             return [
                 AckFailure(t, ErrorCode.SUBSCRIPTION_CLOSED, "the subscription is closed")
@@ -268,6 +270,9 @@ class Subscriptions:
         )
         if accepted and op is not AckOp.EXTEND and alo:
             await self._next_commit()  # answered once the done records are committed
+            stages = self._runtimes[sub.queue].stages if sub.queue in self._runtimes else None
+            if stages is not None:
+                stages.add("ack", time.time() - received, accepted)
         return failures
 
     def _ack_in_queues(
