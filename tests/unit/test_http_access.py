@@ -1,4 +1,5 @@
-"""Permissions on HTTP routes (layer.coordinator.http_access): the hook routes call."""
+"""Permissions on the HTTP listener's routes (layer.coordinator.access.HttpAccess): the one
+hook the router asks, with the gRPC API's principals and grants."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from pathlib import Path
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from layer.api.access import Access, Right, token_hash
-from layer.coordinator.http import Request, Response, Router
-from layer.coordinator.http_access import authorize, guarded, hook, principal_of, query_param
+from layer.api.access import Access, token_hash
+from layer.coordinator.access import HttpAccess
+from layer.coordinator.http import HttpError, Request, Response, Router
 
 
 def access(tmp_path: Path) -> Access:
@@ -24,63 +25,52 @@ def access(tmp_path: Path) -> Access:
     return Access(tokens_file=path, admin_token="adm")
 
 
-def request(query: str = "", token: str | None = None) -> Request:
+def request(path: str, token: str | None = None, method: str = "GET") -> Request:
     headers = {"authorization": f"Bearer {token}"} if token else {}
-    return Request("GET", "/api/browse", query, "HTTP/1.1", headers)
+    return Request(method, path, "", "HTTP/1.1", headers)
 
 
 async def ok(_request: Request) -> Response:
     return Response.json(200, {"ok": True})
 
 
-def test_a_guarded_route_answers_401_403_or_the_handler(tmp_path: Path) -> None:
-    router = Router()
-    route = guarded(access(tmp_path), ok, right=Right.BROWSE, queue_param="queue")
-    router.add("GET", "/api/browse", route)
+def test_a_route_answers_401_403_or_the_handler(tmp_path: Path) -> None:
+    router = Router(authorize=HttpAccess(access(tmp_path)).authorize)
+    router.add("GET", "/api/queues/{queue}/browse", ok, right="browse", queue_param="queue")
+    router.add("POST", "/api/reload", ok, right="admin")
+    router.add("GET", "/healthz", ok)
 
-    def get(query: str, token: str | None) -> tuple[int, dict[str, str], dict[str, str]]:
-        response = asyncio.run(router.dispatch(request(query, token)))
+    def call(req: Request) -> tuple[int, dict[str, str], dict[str, str]]:
+        response = asyncio.run(router.dispatch(req))
         return response.status, json.loads(response.body), dict(response.headers)
 
-    status, body, headers = get("queue=orders-eu", None)
+    status, body, headers = call(request("/api/queues/orders-eu/browse"))
     assert status == 401 and body["error"].startswith("missing bearer token")
     assert headers["WWW-Authenticate"] == 'Bearer realm="qlayer"'
-    status, body, _ = get("queue=orders-eu", "wrong")
+    status, body, _ = call(request("/api/queues/orders-eu/browse", "wrong"))
     assert (status, body["error"]) == (401, "unknown bearer token")
-    status, body, _ = get("queue=payments", "viewer-token")
-    assert status == 403
-    assert body == {
-        "error": "principal 'viewer' lacks 'browse' on queue 'payments'",
-        "code": "permission_denied",
-    }
-    assert get("queue=orders-eu", "viewer-token")[:2] == (200, {"ok": True})
-    assert get("queue=payments", "adm")[0] == 200  # the legacy admin token: every right
-
-
-def test_authorize_and_principal_of_for_routes_that_check_themselves(tmp_path: Path) -> None:
-    acl = access(tmp_path)
-    viewer = principal_of(acl, request(token="viewer-token"))
-    assert not isinstance(viewer, Response) and viewer.name == "viewer"
-    assert acl.visible(viewer, Right.BROWSE, ["orders-eu", "payments"]) == {"orders-eu"}
-    denied = authorize(acl, request(token="viewer-token"), Right.ADMIN, "orders-eu")
-    assert isinstance(denied, Response) and denied.status == 403
-    assert query_param(request("queue=a%20b&x=1"), "queue") == "a b"
-    assert query_param(request("x=1"), "queue") is None
-    open_ = Access()  # nothing configured: the listener stays open, as before
-    assert principal_of(open_, request()) == authorize(open_, request(), Right.ADMIN, "q")
-
-
-def test_one_hook_for_a_router(tmp_path: Path) -> None:
-    check = hook(access(tmp_path))
-    assert check(request(token="viewer-token"), "browse", "orders-eu") is None
-    assert check(request(token="viewer-token"), Right.BROWSE, None) is None  # authenticated
-    denied = check(request(token="viewer-token"), "publish", "orders-eu")
-    assert denied is not None and denied.status == 403
-    assert json.loads(denied.body)["error"] == (
-        "principal 'viewer' lacks 'publish' on queue 'orders-eu'"
+    status, body, _ = call(request("/api/queues/payments/browse", "viewer-token"))
+    assert (status, body) == (
+        403,
+        {"error": "principal 'viewer' lacks 'browse' on queue 'payments'"},
     )
-    missing = check(request(), "browse", "orders-eu")
-    assert missing is not None and missing.status == 401
+    assert call(request("/api/queues/orders-eu/browse", "viewer-token"))[:2] == (200, {"ok": True})
+    assert call(request("/api/queues/payments/browse", "adm"))[0] == 200  # legacy admin token
+    # a route without a queue covers every queue: admin on "*" for a reload
+    status, body, _ = call(request("/api/reload", "viewer-token", "POST"))
+    assert status == 403 and "lacks 'admin' on every queue" in body["error"]
+    assert call(request("/api/reload", "adm", "POST"))[0] == 200
+    assert call(request("/healthz"))[0] == 200  # a route without a right needs no token
+
+
+def test_the_overview_lists_only_what_the_caller_may_browse(tmp_path: Path) -> None:
+    http = HttpAccess(access(tmp_path))
+    overview = request("/api/queues", "viewer-token")
+    http.authorize(overview, "browse", None)  # authenticated is enough: the list is filtered
+    assert http.visible(overview, ["orders-eu", "payments"]) == {"orders-eu"}
+    open_ = HttpAccess(Access())  # nothing configured: the listener stays open, as before
+    open_.authorize(request("/api/reload"), "admin", None)
+    assert open_.visible(request("/api/queues"), ["a", "b"]) == {"a", "b"}
 
 
 @settings(max_examples=300, deadline=None)
@@ -91,13 +81,13 @@ def test_one_hook_for_a_router(tmp_path: Path) -> None:
 @example(value=" bearer   user ", queue="q")
 def test_any_authorization_header_is_401_or_allowed(value: str, queue: str) -> None:
     """Whatever the header (parse_head hands over any latin-1 text), the check answers 401
-    with a reason or lets a valid token's principal through; it never fails."""
-    acl = Access(tokens_file=None, auth_token="user")
-    headers = {"authorization": value}
-    outcome = authorize(acl, Request("GET", "/api", "", "HTTP/1.1", headers), Right.BROWSE, queue)
-    if isinstance(outcome, Response):
-        assert outcome.status == 401
-        assert json.loads(outcome.body)["code"] == "unauthenticated"
+    with a reason or lets a valid token's principal through; it never fails otherwise."""
+    http = HttpAccess(Access(tokens_file=None, auth_token="user"))
+    req = Request("GET", "/api", "", "HTTP/1.1", {"authorization": value})
+    try:
+        http.authorize(req, "browse", queue)
+    except HttpError as exc:
+        assert exc.status == 401 and str(exc)
     else:
         scheme, _, token = value.strip().partition(" ")
         assert (scheme.lower(), token.strip()) == ("bearer", "user")
