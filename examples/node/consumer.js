@@ -81,6 +81,7 @@ function main() {
   const acked = [];
   const cancelled = [];
   const failed = [];
+  let cancelsSent = 0; // sent, confirmed or not: an earlier frame's cancels may be in flight
   let nextRequest = 1;
   let closing = false;
 
@@ -114,10 +115,10 @@ function main() {
         const toAck = [];
         for (const m of frame.messages.messages) {
           if (m.barrier) continue; // barriers are never acked
-          const plannedCancels = cancelled.length + toCancel.length;
-          if (m.cancels === 0 && plannedCancels < args.cancel) toCancel.push(m);
+          if (m.cancels === 0 && cancelsSent + toCancel.length < args.cancel) toCancel.push(m);
           else toAck.push(m);
         }
+        cancelsSent += toCancel.length;
         send('ACK_OP_CANCEL', toCancel);
         send('ACK_OP_ACK', toAck);
         break;

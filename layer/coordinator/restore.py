@@ -101,6 +101,11 @@ class KafkaSource:
                 [KafkaPartition(tp.topic, tp.partition, offset) for tp, offset in starts.items()]
             )
             pending = set(starts)
+            # A partition's backlog ends at its high watermark as first seen: publishers that go
+            # on meanwhile are the live reader's (an end-of-partition event may never come while
+            # they publish, and on Tansu not even when they stop: its watermark can lag).
+            ends: dict[TopicPartition, int] = {}
+            reached: dict[TopicPartition, int] = {}
             last = time.monotonic()
             while pending and time.monotonic() - last < self.BACKLOG_IDLE_S:
                 msgs = consumer.consume(10_000, 0.5)
@@ -109,6 +114,9 @@ class KafkaSource:
                     err = m.error()
                     if err is None:
                         good.append(m)
+                        reached[TopicPartition(cast(str, m.topic()), cast(int, m.partition()))] = (
+                            cast(int, m.offset()) + 1
+                        )
                     elif err.code() == KafkaError._PARTITION_EOF:
                         pending.discard(
                             TopicPartition(cast(str, m.topic()), cast(int, m.partition()))
@@ -126,6 +134,11 @@ class KafkaSource:
                     )
                     if hw >= 0:
                         high[tp] = hw
+                        ends.setdefault(tp, hw)
+                for tp in list(pending):
+                    end = ends.get(tp)
+                    if end is not None and reached.get(tp, starts[tp]) >= end:
+                        pending.discard(tp)
                 yield Fetched(good, high, [])
         finally:
             consumer.close()

@@ -159,6 +159,10 @@ def test_every_route_asks_for_its_right(broker, coordinator_factory, names) -> N
     for path in actions:
         assert request(a, path, "POST", body={"filter": "/x = 1"})[0] == 401, path
         status, body, _ = request(a, path, "POST", token=TOKEN, body={"filter": "/x = 1"})
-        assert status == 403 and "admin" in json.loads(body)["error"], path
+        # the legacy auth_token may do what it may through the API: all but a reload
+        if path == "/api/reload":
+            assert status == 403 and "admin token" in json.loads(body)["error"], (path, body)
+        else:
+            assert status == 200, (path, body)
         status, body, _ = request(a, path, "POST", token=ADMIN, body={"filter": "/x = 1"})
         assert status == 200, (path, body)

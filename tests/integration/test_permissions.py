@@ -4,7 +4,10 @@ unknown-subject client certificates refused; a known subject is its principal)."
 
 from __future__ import annotations
 
+import json
 import signal
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -96,7 +99,7 @@ def served(broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Se
         home / "qlayer.toml",
         broker.bootstrap_servers,
         _queues(queue, other),
-        {"id": f"perm-{suffix}", "tokens_file": str(path)},
+        {"id": f"perm-{suffix}", "tokens_file": str(path), "http": "127.0.0.1:0"},
     )
     proc = CoordinatorProcess(cfg, home / "state", home / "coordinator.log")
     proc.start()
@@ -113,6 +116,7 @@ CALLS: dict[str, Callable[[QueueClient, str], object]] = {
     "Stats": lambda c, q: c.stats(q),
     "ListQueues": lambda c, q: [info.name for info in c.queues()],
     "Browse": lambda c, q: c.browse(q),
+    "DeadLetters": lambda c, q: c.dead_letters(q),
     "AckWhere": lambda c, q: c.ack_where(q, "/n = -1"),
     "Redrive": lambda c, q: c.redrive(q),
     "Reload": lambda c, q: c.reload().applied,
@@ -482,3 +486,44 @@ def test_revoking_consume_ends_open_streams_and_returns_their_leases(
                 wait_until(lambda: other.next(timeout=1), timeout=30).bookmark for _ in range(2)
             }
             assert again == published
+
+
+def _http(served: Served, method: str, path: str, principal: str | None) -> tuple[int, Any]:
+    """``method path`` on the coordinator's HTTP listener as ``principal`` (None: no token)."""
+    headers = {"Content-Type": "application/json"}
+    if principal is not None:
+        headers["Authorization"] = f"Bearer {served.tokens[principal]}"
+    assert served.proc.http_address is not None
+    request = urllib.request.Request(
+        f"http://{served.proc.http_address}{path}",
+        data=b"{}" if method == "POST" else None,
+        headers=headers,
+        method=method,
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def test_the_console_api_asks_the_same_grants(served: Served) -> None:
+    q, other = served.queue, served.other
+    # the overview lists the queues the caller may browse, nothing else
+    status, listed = _http(served, "GET", "/api/queues", "only-browse")
+    assert status == 200 and [entry["queue"] for entry in listed] == [q]
+    status, listed = _http(served, "GET", "/api/queues", "no-browse")
+    assert status == 200 and listed == []
+    assert _http(served, "GET", "/api/queues", None)[0] == 401
+    # a queue's page and browse need browse on that queue
+    assert _http(served, "GET", f"/api/queues/{q}", "only-browse")[0] == 200
+    status, body = _http(served, "GET", f"/api/queues/{other}", "only-browse")
+    assert status == 403 and f"lacks 'browse' on queue '{other}'" in body["error"]
+    status, body = _http(served, "GET", f"/api/queues/{q}/browse", "no-browse")
+    assert status == 403 and f"principal 'no-browse' lacks 'browse' on queue '{q}'" in body["error"]
+    # the actions need admin: on the queue, and on every queue for a reload
+    status, body = _http(served, "POST", f"/api/queues/{q}/redrive", "no-admin")
+    assert status == 403 and "lacks 'admin'" in body["error"]
+    status, body = _http(served, "POST", "/api/reload", "only-browse")
+    assert status == 403 and "lacks 'admin' on every queue" in body["error"]
+    assert _http(served, "POST", "/api/reload", "only-admin")[0] == 200
