@@ -66,7 +66,12 @@ from connectors.spark_kafka.reading import (
     consume_range,
     message_offset,
 )
-from connectors.spark_kafka.source import KafkaBatchReader, KafkaDataSource, KafkaStreamReader
+from connectors.spark_kafka.source import (
+    KafkaBatchReader,
+    KafkaDataSource,
+    KafkaStreamReader,
+    register_once,
+)
 from layer.engine.model import Bookmark, ViewChange
 from layer.exceptions import BrokerError, ConfigError, SerializationError
 from layer.viewcodec import decode_round
@@ -435,6 +440,5 @@ class ViewDataSource(KafkaDataSource):
 
 
 def register_view(spark: SparkSession) -> str:
-    """Register the ``qlayer_view`` data source with ``spark``; return the format name."""
-    spark.dataSource.register(ViewDataSource)
-    return VIEW_FORMAT
+    """Register the ``qlayer_view`` data source with ``spark`` (once); return the format name."""
+    return register_once(spark, ViewDataSource)
