@@ -351,7 +351,7 @@ def _arrow_types(pa: Any) -> list[Any]:
         pa.int32(),  # partition
         pa.int64(),  # offset
         pa.binary(),  # key
-        pa.list_(header),  # headers
+        pa.list_(pa.field("element", header)),  # headers, named as Spark 4.3 checks
         pa.binary(),  # value
         pa.int64(),  # priority
         pa.int32(),  # deliveries
@@ -367,12 +367,18 @@ _COLUMNS = [field.name for field in view_schema().fields]
 
 
 def view_batch(pa: Any, rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
-    """An Arrow batch of ``view_schema()`` rows."""
+    """An Arrow batch of ``view_schema()`` rows, with its exact schema (Spark 4.3 compares the
+    nullability of each column and the names of list items)."""
     columns = zip(*rows, strict=True)
-    arrays = [
-        pa.array(column, kind) for column, kind in zip(columns, _arrow_types(pa), strict=True)
-    ]
-    return pa.RecordBatch.from_arrays(arrays, names=_COLUMNS)
+    kinds = _arrow_types(pa)
+    arrays = [pa.array(column, kind) for column, kind in zip(columns, kinds, strict=True)]
+    schema = pa.schema(
+        [
+            pa.field(field.name, kind, nullable=field.nullable)
+            for field, kind in zip(view_schema().fields, kinds, strict=True)
+        ]
+    )
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 # -- readers and the source ------------------------------------------------------------------
