@@ -58,7 +58,13 @@ from pyspark.sql.types import (
 )
 
 from connectors.spark_kafka.broker import BrokerView
-from connectors.spark_kafka.options import KafkaSourceOptions, boolean_option
+from connectors.spark_kafka.options import (
+    KafkaSourceOptions,
+    Offsets,
+    boolean_option,
+    offsets_from_json,
+    offsets_to_json,
+)
 from connectors.spark_kafka.reading import (
     ROWS_PER_ARROW_BATCH,
     KafkaInputPartition,
@@ -75,6 +81,7 @@ from connectors.spark_kafka.source import (
 from layer.engine.model import Bookmark, ViewChange
 from layer.exceptions import BrokerError, ConfigError, SerializationError
 from layer.viewcodec import decode_round
+from layer.viewgen import generation_of, generations, is_snapshot
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -136,27 +143,40 @@ class ViewSourceOptions:
 
 
 class ViewInputPartition(KafkaInputPartition):
-    """A range of a view topic; ``snapshot``: read it as the live contents at its end."""
+    """A range of a view topic; ``snapshot``: read it as the live contents at its end;
+    ``continuation``: a stream goes on into a newer generation, whose snapshot records only
+    repeat what it has read (they are skipped)."""
 
-    def __init__(self, topic: str, partition: int, start: int, end: int, snapshot: bool) -> None:
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        start: int,
+        end: int,
+        snapshot: bool,
+        continuation: bool = False,
+    ) -> None:
         super().__init__(topic, partition, start, end)
         self.snapshot = snapshot
+        self.continuation = continuation
 
     def __repr__(self) -> str:
-        kind = "snapshot" if self.snapshot else "changes"
+        kind = "snapshot" if self.snapshot else "after" if self.continuation else "changes"
         return (
             f"ViewInputPartition({self.topic}/{self.partition} [{self.start}, {self.end}) {kind})"
         )
 
 
 def _check_topics(options: KafkaSourceOptions) -> None:
-    """A subscribed view topic must exist: reading none would look like an empty queue."""
+    """A subscribed view topic must exist (one of its generations): reading none would look
+    like an empty queue."""
     subscription = options.subscription
     wanted = set(subscription.topics) | {topic for topic, _p in subscription.partitions}
     if not wanted:
         return
     with BrokerView(options) as broker:
-        missing = sorted(wanted - set(broker.topics()))
+        topics = broker.topics()
+    missing = sorted(topic for topic in wanted if not generations(topic, topics))
     if missing:
         raise ConfigError(
             f"view topic {', '.join(missing)} does not exist at {options.bootstrap_servers}: a"
@@ -164,8 +184,74 @@ def _check_topics(options: KafkaSourceOptions) -> None:
         )
 
 
-def _mark(options: ViewSourceOptions, ranges: Sequence[InputPartition]) -> list[ViewInputPartition]:
-    """The ranges, each marked snapshot when it starts at its partition's beginning."""
+def _generational(options: KafkaSourceOptions) -> bool:
+    """Whether the read follows the subscribed view topics' generations (``layer.viewgen``):
+    with ``subscribe`` and no offsets that name partitions."""
+    return options.subscription.kind == "subscribe" and not any(
+        spec is not None and spec.kind == "specific"
+        for spec in (options.starting_offsets, options.ending_offsets)
+    )
+
+
+def _reading(
+    options: KafkaSourceOptions, broker: BrokerView, floor: Mapping[str, int] | None = None
+) -> KafkaSourceOptions:
+    """``options`` subscribed to the generations to read of each subscribed view topic: with
+    no ``floor``, the newest one holding records; else every one from ``floor[view topic]``."""
+    if not _generational(options):
+        return options
+    topics = broker.topics()
+    chosen: list[str] = []
+    for view_topic in options.subscription.topics:
+        found = generations(view_topic, topics)
+        if floor is not None:
+            low = floor.get(view_topic, found[-1][0] if found else 0)
+            chosen.extend(topic for number, topic in found if number >= low)
+            continue
+        pick = None
+        for _number, topic in reversed(found):
+            latest = broker.latest([(topic, p) for p in topics[topic]])
+            if pick is None:
+                pick = topic  # the newest, if none holds records
+            if any(end > 0 for end in latest.values()):
+                pick = topic
+                break
+        chosen.append(pick or view_topic)
+    subscription = dataclasses.replace(options.subscription, topics=tuple(chosen))
+    return dataclasses.replace(options, subscription=subscription)
+
+
+def _floor(options: KafkaSourceOptions, offsets: Mapping[tuple[str, int], int]) -> dict[str, int]:
+    """Per subscribed view topic, the oldest of its generations ``offsets`` name."""
+    floor: dict[str, int] = {}
+    for view_topic in options.subscription.topics:
+        numbers = [generation_of(view_topic, topic) for topic, _p in offsets]
+        present = [n for n in numbers if n is not None]
+        if present:
+            floor[view_topic] = min(present)
+    return floor
+
+
+def _superseded(
+    options: KafkaSourceOptions, topic: str, offsets: Iterable[tuple[str, int]]
+) -> bool:
+    """Whether ``topic`` is a generation older than one ``offsets`` already name (a stream went
+    on into the newer one, so it had read all of the older one, which was done by then)."""
+    for view_topic in options.subscription.topics:
+        number = generation_of(view_topic, topic)
+        if number is not None:
+            return any((generation_of(view_topic, t) or -1) > number for t, _p in offsets)
+    return False
+
+
+def _mark(
+    options: ViewSourceOptions,
+    ranges: Sequence[InputPartition],
+    continuing: Iterable[tuple[str, int]] = (),
+) -> list[ViewInputPartition]:
+    """The ranges, each marked snapshot when it starts at its partition's beginning (but the
+    ``continuing`` ones, newer generations a stream goes on into)."""
+    after = set(continuing)
     tasks = [r for r in ranges if isinstance(r, KafkaInputPartition)]
     starts: dict[tuple[str, int], int] = {}
     if options.snapshot and tasks:
@@ -177,7 +263,10 @@ def _mark(options: ViewSourceOptions, ranges: Sequence[InputPartition]) -> list[
             t.partition,
             t.start,
             t.end,
-            snapshot=options.snapshot and t.start <= starts[(t.topic, t.partition)],
+            snapshot=options.snapshot
+            and (t.topic, t.partition) not in after
+            and t.start <= starts[(t.topic, t.partition)],
+            continuation=(t.topic, t.partition) in after,
         )
         for t in tasks
     ]
@@ -191,6 +280,8 @@ _GAP = 5_000
 # Changes expanded and fetched at a time (bounds a task's memory on a long range of changes).
 _CHUNK = 20_000
 
+Headers = list[tuple[str, bytes | None]] | None
+
 #: a change with its round's queue and time and the round's place (partition, offset) in the
 #: view topic
 Placed = tuple[ViewChange, str, int, int, int]
@@ -200,11 +291,14 @@ def _changes(options: ViewSourceOptions, task: KafkaInputPartition) -> Iterator[
     """The changes of the view records in ``task``, as ``Placed``, in lists of about
     ``_CHUNK``; rounds of other queues (``queue`` option) are passed over."""
     wanted = None if options.queue is None else options.queue.encode()
+    skip_snapshot = isinstance(task, ViewInputPartition) and task.continuation
     chunk: list[Placed] = []
     for records in consume_range(options.kafka, task):
         for message in records:
             value = message.value()
             if not value or (wanted is not None and message.key() != wanted):
+                continue
+            if skip_snapshot and is_snapshot(cast(Headers, message.headers())):
                 continue
             offset = message_offset(message)
             try:
@@ -393,6 +487,8 @@ class ViewBatchReader(KafkaBatchReader):
 
     def partitions(self) -> list[InputPartition]:
         _check_topics(self._view.kafka)
+        with BrokerView(self._view.kafka) as broker:
+            self._options = _reading(self._view.kafka, broker)
         return list(_mark(self._view, super().partitions()))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -413,8 +509,34 @@ class ViewStreamReader(KafkaStreamReader):
             self._checked = True
         return super().initialOffset()
 
+    def _initial_offsets(self) -> Offsets:
+        if self._initial is None:
+            with BrokerView(self._view.kafka) as broker:
+                self._options = _reading(self._view.kafka, broker)
+        return super()._initial_offsets()
+
+    def latestOffset(self, *args: Any) -> dict:
+        """Up to the end of every generation from the oldest the stream is in."""
+        start = offsets_from_json(args[0]) if len(args) == 2 else self._position
+        if start is None:
+            start = self._initial_offsets()
+        with BrokerView(self._view.kafka) as broker:
+            self._options = _reading(self._view.kafka, broker, _floor(self._view.kafka, start))
+        return super().latestOffset(*args)
+
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        return _mark(self._view, super().partitions(start, end))
+        begin, until = offsets_from_json(start), offsets_from_json(end)
+        kafka = self._view.kafka
+        if _generational(kafka):
+            # a generation deleted after the stream went on into a newer one is no data loss
+            begin = {
+                tp: offset
+                for tp, offset in begin.items()
+                if tp in until or not _superseded(kafka, tp[0], begin)
+            }
+        continuing = [tp for tp in until if tp not in begin] if _generational(kafka) else []
+        ranges = super().partitions(offsets_to_json(begin), end)
+        return _mark(self._view, ranges, continuing)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_view_range(self._view, as_range(partition, VIEW_FORMAT))

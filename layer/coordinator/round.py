@@ -278,7 +278,12 @@ class Round:
             records.append(_run_record(topic, name, run, count, run_key, run_value))
         if effects.view:
             assert rt.config.view_topic is not None  # the engine tracks views for it only
-            self.views.append(view_record(rt.config.view_topic, name, effects.view, self.now_ms))
+            if rt.views is not None:  # the generation being written (view_history)
+                rt.views.write(rt, effects.view, self.now_ms, self.views)
+            else:
+                self.views.append(
+                    view_record(rt.config.view_topic, name, effects.view, self.now_ms)
+                )
         if effects.deliveries:
             self.pushes.append((rt, materialize(rt, effects.deliveries, payloads)))
 

@@ -12,7 +12,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from confluent_kafka import Message
 
@@ -26,6 +26,9 @@ from layer.engine.queue import QueueEngine
 from layer.exceptions import UnknownQueue
 from layer.expr import Expression, compile_expression
 from layer.state.base import Store, StoreBatch, StoredMessage
+
+if TYPE_CHECKING:
+    from layer.coordinator.view_history import ViewHistory
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +116,8 @@ class QueueRuntime:
     # Write a run record (layer.state.base.RunRecord) for every message admitted: the store's
     # run records cover the queue (set by the restore when they do).
     record_runs: bool = False
+    # Where its view rounds go (view_topic): the generation being written (set by the restore)
+    views: ViewHistory | None = None
 
     def __post_init__(self) -> None:
         self.exprs = Expressions(self.config)
