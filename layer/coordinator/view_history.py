@@ -76,6 +76,8 @@ class _Lineage:
     tail: int = 0  # changes written to the generation since
     queues: dict[str, QueueRuntime] = field(default_factory=dict)
     pending: Future[None] | None = None  # the next generation's topic being made
+    # bytes (keys and values) written to each generation still kept, by this process
+    written: dict[int, int] = field(default_factory=dict)
 
 
 def before_round(live: Sequence[ViewChange], changes: ViewChanges) -> list[ViewChange]:
@@ -188,8 +190,12 @@ class ViewHistory:
                 self._begin(line, rt, changes, now_ms, out)
         if line.pending is None and self._due(line):
             line.pending = self._pool.submit(self._prepare, view_topic, line.generation + 1)
-        out.append(view_record(line.topic, rt.name, changes, now_ms))
+        record = view_record(line.topic, rt.name, changes, now_ms)
+        out.append(record)
         line.tail += len(changes)
+        line.written[line.generation] = (
+            line.written.get(line.generation, 0) + len(record[1]) + len(record[2])
+        )
 
     def _due(self, line: _Lineage) -> bool:
         return self._clock() - line.began >= line.interval and line.tail >= max(
@@ -224,15 +230,20 @@ class ViewHistory:
             key = q.name.encode()
             for i in range(0, max(len(live), 1), SNAPSHOT_CHUNK):
                 chunk = ViewChanges.of(live[i : i + SNAPSHOT_CHUNK])
-                out.append((topic, key, encode_round(q.name, chunk, now_ms), _SNAPSHOT_HEADERS))
+                value = encode_round(q.name, chunk, now_ms)
+                out.append((topic, key, value, _SNAPSHOT_HEADERS))
+                line.written[generation] = line.written.get(generation, 0) + len(key) + len(value)
+        for old in [n for n in line.written if n < generation - KEPT]:
+            del line.written[old]  # deleted by _prepare
         log.info(
             "view topic %s: generation %s began with a snapshot of %s messages (the last one"
-            " held %s changes after its snapshot of %s)",
+            " held %s changes after its snapshot of %s); generations kept hold %s bytes",
             line.view_topic,
             generation,
             size,
             line.tail,
             line.snapshot_size,
+            sum(line.written.values()),
             extra={"view_topic": line.view_topic},
         )
         line.generation, line.topic = generation, topic
