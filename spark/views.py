@@ -81,9 +81,13 @@ def queue_contents(
             snapshot=True,
         )  # fmt: skip
         return _with_message(frame, settings, schema).select(*CONTENT_COLUMNS)
+    # a snapshot is read by as many tasks as the session runs at once (each fetches a share)
+    splits = settings.options.get("splits") or str(spark.sparkContext.defaultParallelism)
+    options = {k: v for k, v in settings.options.items() if k != "splits"}
     frame = (
         spark.read.format(_register(spark))
-        .options(**settings.options, startingOffsets="earliest", snapshot="true", queue=queue)
+        .options(**options, startingOffsets="earliest", snapshot="true", queue=queue)
+        .option("splits", splits)
         .load()
     )
     return _with_message(frame, settings, schema).select(*CONTENT_COLUMNS)

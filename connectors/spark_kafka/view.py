@@ -128,6 +128,7 @@ class ViewSourceOptions:
     kafka: KafkaSourceOptions
     snapshot: bool = True
     queue: str | None = None
+    splits: int = 1
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ViewSourceOptions:
@@ -137,9 +138,15 @@ class ViewSourceOptions:
                 raise ConfigError(f"option {key!r} is not supported by {VIEW_FORMAT}: {why}")
         snapshot = boolean_option("snapshot", given.pop("snapshot", "true"))
         queue = given.pop("queue", None)
+        splits_text = given.pop("splits", "1")
+        if not splits_text.isdigit() or not 1 <= int(splits_text) <= 1024:
+            raise ConfigError(
+                f"option 'splits' must be an integer from 1 to 1024, got {splits_text!r}"
+            )
         given.setdefault("kafka.isolation.level", "read_committed")
         given.setdefault("startingoffsets", "earliest")
-        return cls(KafkaSourceOptions.parse(given, source=VIEW_FORMAT), snapshot, queue)
+        kafka = KafkaSourceOptions.parse(given, source=VIEW_FORMAT)
+        return cls(kafka, snapshot, queue, int(splits_text))
 
 
 class ViewInputPartition(KafkaInputPartition):
@@ -155,10 +162,13 @@ class ViewInputPartition(KafkaInputPartition):
         end: int,
         snapshot: bool,
         continuation: bool = False,
+        shard: int = 0,
+        shards: int = 1,
     ) -> None:
         super().__init__(topic, partition, start, end)
         self.snapshot = snapshot
         self.continuation = continuation
+        self.shard, self.shards = shard, shards  # a snapshot's messages: this share of them
 
     def __repr__(self) -> str:
         kind = "snapshot" if self.snapshot else "after" if self.continuation else "changes"
@@ -222,13 +232,20 @@ def _reading(
 
 
 def _floor(options: KafkaSourceOptions, offsets: Mapping[tuple[str, int], int]) -> dict[str, int]:
-    """Per subscribed view topic, the oldest of its generations ``offsets`` name."""
+    """Per subscribed view topic, the oldest of its generations a stream at ``offsets`` still
+    reads: the newest one it has read records of (every older one was done before that one's
+    first record was written), else the oldest it names. Older ones are no longer asked
+    about, so their deletion never happens under the stream's consumers."""
     floor: dict[str, int] = {}
     for view_topic in options.subscription.topics:
-        numbers = [generation_of(view_topic, topic) for topic, _p in offsets]
-        present = [n for n in numbers if n is not None]
-        if present:
-            floor[view_topic] = min(present)
+        named = [
+            (number, offset)
+            for (topic, _p), offset in offsets.items()
+            if (number := generation_of(view_topic, topic)) is not None
+        ]
+        if named:
+            begun = [number for number, offset in named if offset > 0]
+            floor[view_topic] = max(begun) if begun else min(number for number, _o in named)
     return floor
 
 
@@ -316,12 +333,38 @@ def _changes(options: ViewSourceOptions, task: KafkaInputPartition) -> Iterator[
         yield chunk
 
 
+def _split(ranges: list[ViewInputPartition], splits: int) -> list[ViewInputPartition]:
+    """Each snapshot range as ``splits`` tasks: each reads the whole range (12 bytes a change)
+    but keeps, and fetches the messages of, its share of the bookmarks only (blocks of
+    ``_BLOCK`` offsets, so the fetches stay runs). Ranges of changes stay whole."""
+    if splits <= 1:
+        return ranges
+    out = []
+    for r in ranges:
+        if not r.snapshot:
+            out.append(r)
+            continue
+        out.extend(
+            ViewInputPartition(r.topic, r.partition, r.start, r.end, True, False, i, splits)
+            for i in range(splits)
+        )
+    return out
+
+
+_BLOCK = 4096
+
+
 def _snapshot(options: ViewSourceOptions, task: KafkaInputPartition) -> list[Placed]:
-    """The live contents at the end of ``task``: per bookmark its last change, if +1."""
+    """The live contents at the end of ``task``: per bookmark its last change, if +1 (of the
+    task's share of the bookmarks, when a snapshot is split)."""
     last: dict[tuple[str, Bookmark], Placed] = {}
+    shard, shards = (task.shard, task.shards) if isinstance(task, ViewInputPartition) else (0, 1)
     for chunk in _changes(options, task):
         for placed in chunk:
-            key = (placed[1], placed[0].bookmark)
+            bm = placed[0].bookmark
+            if shards > 1 and (bm.offset // _BLOCK + bm.partition) % shards != shard:
+                continue
+            key = (placed[1], bm)
             if placed[0].sign > 0:
                 last[key] = placed
             else:
@@ -489,7 +532,7 @@ class ViewBatchReader(KafkaBatchReader):
         _check_topics(self._view.kafka)
         with BrokerView(self._view.kafka) as broker:
             self._options = _reading(self._view.kafka, broker)
-        return list(_mark(self._view, super().partitions()))
+        return list(_split(_mark(self._view, super().partitions()), self._view.splits))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_view_range(self._view, as_range(partition, VIEW_FORMAT))
