@@ -17,9 +17,11 @@ rounds that follow it are the changes since. A generation is complete by itself:
 start and reduced (per bookmark its last change, kept if +1), it is the live contents. The
 coordinator (``layer.coordinator.view_history``) starts a new generation once the one it writes
 holds more changes than a snapshot would, at most every ``view_snapshot_interval``, and deletes
-every generation older than the two before the new one. A reader (``connectors.spark_kafka.view``) starts
-at the newest generation that holds records and, in a stream, goes on into each newer one past
-its snapshot (which only repeats what the older generation already said).
+every generation older than the two before the new one. A reader
+(``connectors.spark_kafka.view``) starts at the newest generation that holds records and, in a
+stream, goes on into each newer one past its snapshot (which only repeats what the older
+generation already said), and stops asking about the older ones once it has read records of a
+newer one.
 """
 
 from __future__ import annotations
