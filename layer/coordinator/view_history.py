@@ -45,8 +45,10 @@ __all__ = ["VIEW_TOPIC_CONFIG", "ViewHistory", "before_round"]
 
 #: how every generation is created: nothing is removed but by deleting a whole generation
 VIEW_TOPIC_CONFIG = {"cleanup.policy": "delete", "retention.ms": "-1"}
-# Changes per snapshot record (~12 bytes each: ~600 kB a record, under every broker's limit)
-SNAPSHOT_CHUNK = 50_000
+# Changes per snapshot record: 21 bytes each packed (partition, offset, sign, counts), so ~420 kB
+# a record, under the 1 MB that librdkafka and brokers take by default (50,000 was over it:
+# the transaction was refused with MSG_SIZE_TOO_LARGE, again and again, at 1.7M live messages)
+SNAPSHOT_CHUNK = 20_000
 _SNAPSHOT_HEADERS = [(SNAPSHOT_HEADER, SNAPSHOT_MARK)]
 # Generations kept before the one being written: a stream that reads the oldest of them has
 # (KEPT - 1) generations' time (at least view_snapshot_interval each) to go on to the next
