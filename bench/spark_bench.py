@@ -165,6 +165,20 @@ def timed(action: Any) -> tuple[float, Any]:
     return time.monotonic() - started, result
 
 
+def patient_stats(client: QueueClient, queue: str) -> Any:
+    """The queue's stats, asked again while the coordinator is too busy to answer in time (a
+    view snapshot of millions of messages holds its event loop for seconds)."""
+    from layer.exceptions import ClientError
+
+    for _ in range(30):
+        try:
+            return client.stats(queue)[0]
+        except ClientError as exc:
+            say(f"  stats: {exc}; asking again")
+            time.sleep(2)
+    return client.stats(queue)[0]
+
+
 class PeakMemory:
     """The peak resident memory of Spark's processes while running: the JVM (driver and, on
     local[N], the executor) and its Python workers, sampled every 0.2 s."""
@@ -244,7 +258,7 @@ def batch_view(spark: Any, broker: EmbeddedBroker, workdir: Path, messages: int)
         say(f"published {messages:,} orders in {time.monotonic() - started:.1f}s")
         with QueueClient(coordinator.address) as client:
             last = time.monotonic()
-            while (stats := client.stats("big")[0]).available < messages:
+            while (stats := patient_stats(client, "big")).available < messages:
                 if time.monotonic() - last > 10:
                     say(f"  queued {stats.available:,} of {messages:,}")
                     last = time.monotonic()

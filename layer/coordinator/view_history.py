@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from connectors.admin import TopicSpec
 from connectors.kafka import read_watermarks
 from layer.coordinator.view import view_record
-from layer.engine.model import ViewChange, ViewChanges
+from layer.engine.model import Bookmark, ViewChange, ViewChanges
 from layer.viewcodec import encode_round
 from layer.viewgen import SNAPSHOT_HEADER, SNAPSHOT_MARK, generation_topic, generations
 
@@ -83,14 +83,15 @@ class _Lineage:
 
 
 def before_round(live: Sequence[ViewChange], changes: ViewChanges) -> list[ViewChange]:
-    """The live contents before a round, from those after it (``live``) and its changes."""
-    contents = {change.bookmark: change for change in live}
-    for change in reversed(list(changes)):
-        if change.sign > 0:
-            contents.pop(change.bookmark, None)
-        else:
-            contents[change.bookmark] = change._replace(sign=1)
-    return list(contents.values())
+    """The live contents before a round, from those after it (``live``) and its changes: a
+    message the round changed was in them if its first change is -1 (it left); the others are
+    as they are now. Only the round's changes are indexed, not the live contents."""
+    first: dict[Bookmark, ViewChange] = {}
+    for change in changes:
+        first.setdefault(change.bookmark, change)
+    before = [change for change in live if change.bookmark not in first]
+    before.extend(change._replace(sign=1) for change in first.values() if change.sign < 0)
+    return before
 
 
 class ViewHistory:
