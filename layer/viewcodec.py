@@ -42,9 +42,10 @@ def _bytes(data: bytes) -> bytes:
 def encode_round(queue: str, changes: ViewChanges, at_ms: int) -> bytes:
     """One round's changes as a ``ViewRound`` (format byte first, as ``layer.codec`` writes)."""
     bookmarks = changes.bookmarks
-    first = bookmarks[0].topic
-    if all(bm.topic == first for bm in bookmarks):
-        topics, topic_index = [first], b""
+    if not bookmarks:  # a snapshot of an empty queue (layer.viewgen)
+        topics, topic_index = [], b""
+    elif all(bm.topic == bookmarks[0].topic for bm in bookmarks):
+        topics, topic_index = [bookmarks[0].topic], b""
     else:
         index: dict[str, int] = {}
         for bm in bookmarks:

@@ -14,14 +14,18 @@ and never lease::
 
 from spark.aggregates import live_aggregate
 from spark.messages import message_column, spark_type_of
+from spark.session import java_problem, local_session, prepare
 from spark.settings import ViewSettings, view_settings
 from spark.views import CONTENT_COLUMNS, queue_contents, queue_contents_stream
 
 __all__ = [
     "CONTENT_COLUMNS",
     "ViewSettings",
+    "java_problem",
     "live_aggregate",
+    "local_session",
     "message_column",
+    "prepare",
     "queue_contents",
     "queue_contents_stream",
     "spark_type_of",

@@ -7,16 +7,21 @@ its changes, keep the last change per bookmark (batch), and fetch the changed me
 underlying topics on the executors. The rows are those of ``qlayer_view``, so everything built on
 them is the same.
 
-Differences from ``qlayer_view``: a stream's first micro-batch holds every change since the start
-of the view topic (whose signed sums are the live contents), not the contents reduced per
-bookmark; and the option ``queue`` is applied as a filter on the record key.
+Differences from ``qlayer_view``: a stream's first micro-batch holds every change of the view
+topic's generations (``layer.viewgen``; whose signed sums are the live contents), not the
+contents reduced per bookmark; and the option ``queue`` is applied as a filter on the record key.
+Every generation of the view topic is read (``subscribePattern``), in order; the snapshots of the
+generations newer than the oldest one there only repeat what comes before them, so they are
+left out.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from connectors.spark_kafka.broker import BrokerView
 from connectors.spark_kafka.options import KafkaSourceOptions
 from connectors.spark_kafka.view import (
     Placed,
@@ -28,6 +33,7 @@ from connectors.spark_kafka.view import (
 )
 from layer.engine.model import Bookmark, ViewChange
 from layer.viewcodec import decode_round
+from layer.viewgen import SNAPSHOT_HEADER, SNAPSHOT_MARK, generations
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -37,7 +43,7 @@ if TYPE_CHECKING:
 EXPANDED = (
     "sign INT, queue STRING, topic STRING, partition INT, offset BIGINT, deliveries INT,"
     " cancels INT, priority BIGINT, at_ms BIGINT, view_partition INT, view_offset BIGINT,"
-    " seq INT"
+    " seq INT, generation INT"
 )
 
 
@@ -58,18 +64,31 @@ def read_changes(
     given = {k: v for k, v in options.items() if k.lower() not in ("queue", "snapshot")}
     given.setdefault("kafka.isolation.level", "read_committed")  # the coordinator's transactions
     fetch = ViewSourceOptions.parse({**given, "queue": queue}).kafka
+    view_topic = given.pop("subscribe")
+    with BrokerView(fetch) as broker:
+        present = generations(view_topic, broker.topics())
+    oldest = present[0][0] if present else 0
+    given["subscribePattern"] = re.escape(view_topic) + r"(\.g[1-9][0-9]*)?"
     reader = spark.readStream if stream else spark.read
+    generation = F.when(F.col("topic") == view_topic, F.lit(0)).otherwise(
+        F.regexp_extract("topic", r"\.g([0-9]+)$", 1).cast("int")
+    )
+    snapshot_record = F.exists(
+        "headers", lambda h: (h.key == SNAPSHOT_HEADER) & (h.value == F.lit(SNAPSHOT_MARK))
+    )
+    # a record without headers has NULL ones: not a snapshot record (NULL would drop it)
+    repeated = (generation > oldest) & F.coalesce(snapshot_record, F.lit(False))
     records = (
         reader.format(kafka_format)
-        .options(**given, startingOffsets="earliest")
+        .options(**given, startingOffsets="earliest", includeHeaders="true")
         .load()
-        .where(F.col("key") == F.lit(queue.encode()))
-        .select("value", "partition", "offset")
+        .where((F.col("key") == F.lit(queue.encode())) & ~repeated)
+        .select("value", "partition", "offset", generation.alias("generation"))
     )
     changes = records.mapInArrow(_expand, EXPANDED)
     if snapshot:
         last = Window.partitionBy("topic", "partition", "offset").orderBy(
-            F.desc("view_partition"), F.desc("view_offset"), F.desc("seq")
+            F.desc("generation"), F.desc("view_partition"), F.desc("view_offset"), F.desc("seq")
         )
         changes = (
             changes.withColumn("_n", F.row_number().over(last))
@@ -86,10 +105,11 @@ def _expand(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     names = [part.split()[0] for part in EXPANDED.split(",")]
     for batch in batches:
         rows: list[tuple[Any, ...]] = []
-        for value, view_partition, view_offset in zip(
+        for value, view_partition, view_offset, generation in zip(
             batch.column("value").to_pylist(),
             batch.column("partition").to_pylist(),
             batch.column("offset").to_pylist(),
+            batch.column("generation").to_pylist(),
             strict=True,
         ):
             if not value:
@@ -101,12 +121,12 @@ def _expand(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
                 rows.append(
                     (change.sign, round_.queue, bm.topic, bm.partition, bm.offset,
                      change.deliveries, change.cancels, priority, round_.at_ms,
-                     view_partition, view_offset, seq)
+                     view_partition, view_offset, seq, generation)
                 )  # fmt: skip
         if rows:
             columns = list(zip(*rows, strict=True))
             i32, i64, text = pa.int32(), pa.int64(), pa.string()
-            types = [i32, text, text, i32, i64, i32, i32, i64, i64, i32, i64, i32]
+            types = [i32, text, text, i32, i64, i32, i32, i64, i64, i32, i64, i32, i32]
             arrays = [pa.array(c, t) for c, t in zip(columns, types, strict=True)]
             yield pa.RecordBatch.from_arrays(arrays, names=names)
 

@@ -99,7 +99,8 @@ def _avro_column(avro_schema: str, schema: DataType | None, where: str) -> Colum
             return None
         return convert(doc)
 
-    return F.udf(decode, spark_type)(F.col("value"))
+    # useArrow named: without it Spark 4.3 warns that it cannot infer it from type hints
+    return F.udf(decode, spark_type, useArrow=False)(F.col("value"))
 
 
 @lru_cache(maxsize=16)

@@ -14,12 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from connectors.spark_kafka.source import FORMAT as KAFKA_FORMAT
-from connectors.spark_kafka.source import register
-from connectors.spark_kafka.view import VIEW_FORMAT, ViewDataSource
+from connectors.spark_kafka.view import VIEW_FORMAT
 from layer.exceptions import ConfigError
 from spark.kafka_path import read_changes
 from spark.messages import SchemaLike, message_column
+from spark.session import prepare
 from spark.settings import ConfigLike, ViewSettings, view_settings
 
 if TYPE_CHECKING:
@@ -82,9 +81,13 @@ def queue_contents(
             snapshot=True,
         )  # fmt: skip
         return _with_message(frame, settings, schema).select(*CONTENT_COLUMNS)
+    # a snapshot is read by as many tasks as the session runs at once (each fetches a share)
+    splits = settings.options.get("splits") or str(spark.sparkContext.defaultParallelism)
+    options = {k: v for k, v in settings.options.items() if k != "splits"}
     frame = (
         spark.read.format(_register(spark))
-        .options(**settings.options, startingOffsets="earliest", snapshot="true", queue=queue)
+        .options(**options, startingOffsets="earliest", snapshot="true", queue=queue)
+        .option("splits", splits)
         .load()
     )
     return _with_message(frame, settings, schema).select(*CONTENT_COLUMNS)
@@ -154,13 +157,12 @@ def _with_message(frame: DataFrame, settings: ViewSettings, schema: SchemaLike) 
 
 
 def _kafka(spark: SparkSession, kafka_format: str) -> str:
-    """``kafka_format``, registered first if it is this project's ``qlayer_kafka``."""
-    if kafka_format == KAFKA_FORMAT:
-        register(spark)
+    """``kafka_format``, with the session prepared (``qlayer_kafka`` registered)."""
+    prepare(spark)
     return kafka_format
 
 
 def _register(spark: SparkSession) -> str:
-    """``qlayer_view``, registered with this session (registering again is harmless)."""
-    spark.dataSource.register(ViewDataSource)
+    """``qlayer_view``, with the session prepared: its Python workers, its data sources."""
+    prepare(spark)
     return VIEW_FORMAT

@@ -64,6 +64,7 @@ from connectors.spark_kafka.source import (
     KafkaStreamReader,
     kafka_schema,
     register,
+    register_once,
 )
 from connectors.spark_kafka.view import (
     VIEW_FORMAT,
@@ -96,6 +97,7 @@ __all__ = [
     "rate_limit",
     "read_range",
     "register",
+    "register_once",
     "register_view",
     "view_schema",
 ]

@@ -204,7 +204,7 @@ class _ArrowBatch:
         names = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
         if self._include_headers:
             header = pa.struct([("key", pa.string()), ("value", pa.binary())])
-            columns.append(pa.array(self._headers, pa.list_(header)))
+            columns.append(pa.array(self._headers, pa.list_(pa.field("element", header))))
             names.append("headers")
         self._clear()
         return pa.RecordBatch.from_arrays(columns, names=names)

@@ -290,7 +290,25 @@ class KafkaDataSource(DataSource):
         return KafkaStreamReader(self._parsed)
 
 
+# The Python data sources registered through register_once, per session: registering one again
+# makes Spark log a WARN ("replaced a previously registered data source").
+_REGISTERED = "_qlayer_data_sources"
+
+
+def register_once(spark: SparkSession, source: type[DataSource]) -> str:
+    """Register the data source class ``source`` with ``spark`` unless it was already (through
+    this function); return its format name."""
+    name = source.name()
+    done: set[str] | None = getattr(spark, _REGISTERED, None)
+    if done is None:
+        done = set()
+        setattr(spark, _REGISTERED, done)
+    if name not in done:
+        spark.dataSource.register(source)
+        done.add(name)
+    return name
+
+
 def register(spark: SparkSession) -> str:
-    """Register the ``qlayer_kafka`` data source with ``spark``; return the format name."""
-    spark.dataSource.register(KafkaDataSource)
-    return FORMAT
+    """Register the ``qlayer_kafka`` data source with ``spark`` (once); return the format name."""
+    return register_once(spark, KafkaDataSource)

@@ -58,7 +58,13 @@ from pyspark.sql.types import (
 )
 
 from connectors.spark_kafka.broker import BrokerView
-from connectors.spark_kafka.options import KafkaSourceOptions, boolean_option
+from connectors.spark_kafka.options import (
+    KafkaSourceOptions,
+    Offsets,
+    boolean_option,
+    offsets_from_json,
+    offsets_to_json,
+)
 from connectors.spark_kafka.reading import (
     ROWS_PER_ARROW_BATCH,
     KafkaInputPartition,
@@ -66,10 +72,16 @@ from connectors.spark_kafka.reading import (
     consume_range,
     message_offset,
 )
-from connectors.spark_kafka.source import KafkaBatchReader, KafkaDataSource, KafkaStreamReader
+from connectors.spark_kafka.source import (
+    KafkaBatchReader,
+    KafkaDataSource,
+    KafkaStreamReader,
+    register_once,
+)
 from layer.engine.model import Bookmark, ViewChange
 from layer.exceptions import BrokerError, ConfigError, SerializationError
 from layer.viewcodec import decode_round
+from layer.viewgen import generation_of, generations, is_snapshot
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -116,6 +128,7 @@ class ViewSourceOptions:
     kafka: KafkaSourceOptions
     snapshot: bool = True
     queue: str | None = None
+    splits: int = 1
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ViewSourceOptions:
@@ -125,33 +138,55 @@ class ViewSourceOptions:
                 raise ConfigError(f"option {key!r} is not supported by {VIEW_FORMAT}: {why}")
         snapshot = boolean_option("snapshot", given.pop("snapshot", "true"))
         queue = given.pop("queue", None)
+        splits_text = given.pop("splits", "1")
+        if not splits_text.isdigit() or not 1 <= int(splits_text) <= 1024:
+            raise ConfigError(
+                f"option 'splits' must be an integer from 1 to 1024, got {splits_text!r}"
+            )
         given.setdefault("kafka.isolation.level", "read_committed")
         given.setdefault("startingoffsets", "earliest")
-        return cls(KafkaSourceOptions.parse(given, source=VIEW_FORMAT), snapshot, queue)
+        kafka = KafkaSourceOptions.parse(given, source=VIEW_FORMAT)
+        return cls(kafka, snapshot, queue, int(splits_text))
 
 
 class ViewInputPartition(KafkaInputPartition):
-    """A range of a view topic; ``snapshot``: read it as the live contents at its end."""
+    """A range of a view topic; ``snapshot``: read it as the live contents at its end;
+    ``continuation``: a stream goes on into a newer generation, whose snapshot records only
+    repeat what it has read (they are skipped)."""
 
-    def __init__(self, topic: str, partition: int, start: int, end: int, snapshot: bool) -> None:
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        start: int,
+        end: int,
+        snapshot: bool,
+        continuation: bool = False,
+        shard: int = 0,
+        shards: int = 1,
+    ) -> None:
         super().__init__(topic, partition, start, end)
         self.snapshot = snapshot
+        self.continuation = continuation
+        self.shard, self.shards = shard, shards  # a snapshot's messages: this share of them
 
     def __repr__(self) -> str:
-        kind = "snapshot" if self.snapshot else "changes"
+        kind = "snapshot" if self.snapshot else "after" if self.continuation else "changes"
         return (
             f"ViewInputPartition({self.topic}/{self.partition} [{self.start}, {self.end}) {kind})"
         )
 
 
 def _check_topics(options: KafkaSourceOptions) -> None:
-    """A subscribed view topic must exist: reading none would look like an empty queue."""
+    """A subscribed view topic must exist (one of its generations): reading none would look
+    like an empty queue."""
     subscription = options.subscription
     wanted = set(subscription.topics) | {topic for topic, _p in subscription.partitions}
     if not wanted:
         return
     with BrokerView(options) as broker:
-        missing = sorted(wanted - set(broker.topics()))
+        topics = broker.topics()
+    missing = sorted(topic for topic in wanted if not generations(topic, topics))
     if missing:
         raise ConfigError(
             f"view topic {', '.join(missing)} does not exist at {options.bootstrap_servers}: a"
@@ -159,8 +194,81 @@ def _check_topics(options: KafkaSourceOptions) -> None:
         )
 
 
-def _mark(options: ViewSourceOptions, ranges: Sequence[InputPartition]) -> list[ViewInputPartition]:
-    """The ranges, each marked snapshot when it starts at its partition's beginning."""
+def _generational(options: KafkaSourceOptions) -> bool:
+    """Whether the read follows the subscribed view topics' generations (``layer.viewgen``):
+    with ``subscribe`` and no offsets that name partitions."""
+    return options.subscription.kind == "subscribe" and not any(
+        spec is not None and spec.kind == "specific"
+        for spec in (options.starting_offsets, options.ending_offsets)
+    )
+
+
+def _reading(
+    options: KafkaSourceOptions, broker: BrokerView, floor: Mapping[str, int] | None = None
+) -> KafkaSourceOptions:
+    """``options`` subscribed to the generations to read of each subscribed view topic: with
+    no ``floor``, the newest one holding records; else every one from ``floor[view topic]``."""
+    if not _generational(options):
+        return options
+    topics = broker.topics()
+    chosen: list[str] = []
+    for view_topic in options.subscription.topics:
+        found = generations(view_topic, topics)
+        if floor is not None:
+            low = floor.get(view_topic, found[-1][0] if found else 0)
+            chosen.extend(topic for number, topic in found if number >= low)
+            continue
+        pick = None
+        for _number, topic in reversed(found):
+            latest = broker.latest([(topic, p) for p in topics[topic]])
+            if pick is None:
+                pick = topic  # the newest, if none holds records
+            if any(end > 0 for end in latest.values()):
+                pick = topic
+                break
+        chosen.append(pick or view_topic)
+    subscription = dataclasses.replace(options.subscription, topics=tuple(chosen))
+    return dataclasses.replace(options, subscription=subscription)
+
+
+def _floor(options: KafkaSourceOptions, offsets: Mapping[tuple[str, int], int]) -> dict[str, int]:
+    """Per subscribed view topic, the oldest of its generations a stream at ``offsets`` still
+    reads: the newest one it has read records of (every older one was done before that one's
+    first record was written), else the oldest it names. Older ones are no longer asked
+    about, so their deletion never happens under the stream's consumers."""
+    floor: dict[str, int] = {}
+    for view_topic in options.subscription.topics:
+        named = [
+            (number, offset)
+            for (topic, _p), offset in offsets.items()
+            if (number := generation_of(view_topic, topic)) is not None
+        ]
+        if named:
+            begun = [number for number, offset in named if offset > 0]
+            floor[view_topic] = max(begun) if begun else min(number for number, _o in named)
+    return floor
+
+
+def _superseded(
+    options: KafkaSourceOptions, topic: str, offsets: Iterable[tuple[str, int]]
+) -> bool:
+    """Whether ``topic`` is a generation older than one ``offsets`` already name (a stream went
+    on into the newer one, so it had read all of the older one, which was done by then)."""
+    for view_topic in options.subscription.topics:
+        number = generation_of(view_topic, topic)
+        if number is not None:
+            return any((generation_of(view_topic, t) or -1) > number for t, _p in offsets)
+    return False
+
+
+def _mark(
+    options: ViewSourceOptions,
+    ranges: Sequence[InputPartition],
+    continuing: Iterable[tuple[str, int]] = (),
+) -> list[ViewInputPartition]:
+    """The ranges, each marked snapshot when it starts at its partition's beginning (but the
+    ``continuing`` ones, newer generations a stream goes on into)."""
+    after = set(continuing)
     tasks = [r for r in ranges if isinstance(r, KafkaInputPartition)]
     starts: dict[tuple[str, int], int] = {}
     if options.snapshot and tasks:
@@ -172,7 +280,10 @@ def _mark(options: ViewSourceOptions, ranges: Sequence[InputPartition]) -> list[
             t.partition,
             t.start,
             t.end,
-            snapshot=options.snapshot and t.start <= starts[(t.topic, t.partition)],
+            snapshot=options.snapshot
+            and (t.topic, t.partition) not in after
+            and t.start <= starts[(t.topic, t.partition)],
+            continuation=(t.topic, t.partition) in after,
         )
         for t in tasks
     ]
@@ -186,6 +297,8 @@ _GAP = 5_000
 # Changes expanded and fetched at a time (bounds a task's memory on a long range of changes).
 _CHUNK = 20_000
 
+Headers = list[tuple[str, bytes | None]] | None
+
 #: a change with its round's queue and time and the round's place (partition, offset) in the
 #: view topic
 Placed = tuple[ViewChange, str, int, int, int]
@@ -195,11 +308,14 @@ def _changes(options: ViewSourceOptions, task: KafkaInputPartition) -> Iterator[
     """The changes of the view records in ``task``, as ``Placed``, in lists of about
     ``_CHUNK``; rounds of other queues (``queue`` option) are passed over."""
     wanted = None if options.queue is None else options.queue.encode()
+    skip_snapshot = isinstance(task, ViewInputPartition) and task.continuation
     chunk: list[Placed] = []
     for records in consume_range(options.kafka, task):
         for message in records:
             value = message.value()
             if not value or (wanted is not None and message.key() != wanted):
+                continue
+            if skip_snapshot and is_snapshot(cast(Headers, message.headers())):
                 continue
             offset = message_offset(message)
             try:
@@ -217,12 +333,38 @@ def _changes(options: ViewSourceOptions, task: KafkaInputPartition) -> Iterator[
         yield chunk
 
 
+def _split(ranges: list[ViewInputPartition], splits: int) -> list[ViewInputPartition]:
+    """Each snapshot range as ``splits`` tasks: each reads the whole range (12 bytes a change)
+    but keeps, and fetches the messages of, its share of the bookmarks only (blocks of
+    ``_BLOCK`` offsets, so the fetches stay runs). Ranges of changes stay whole."""
+    if splits <= 1:
+        return ranges
+    out = []
+    for r in ranges:
+        if not r.snapshot:
+            out.append(r)
+            continue
+        out.extend(
+            ViewInputPartition(r.topic, r.partition, r.start, r.end, True, False, i, splits)
+            for i in range(splits)
+        )
+    return out
+
+
+_BLOCK = 4096
+
+
 def _snapshot(options: ViewSourceOptions, task: KafkaInputPartition) -> list[Placed]:
-    """The live contents at the end of ``task``: per bookmark its last change, if +1."""
+    """The live contents at the end of ``task``: per bookmark its last change, if +1 (of the
+    task's share of the bookmarks, when a snapshot is split)."""
     last: dict[tuple[str, Bookmark], Placed] = {}
+    shard, shards = (task.shard, task.shards) if isinstance(task, ViewInputPartition) else (0, 1)
     for chunk in _changes(options, task):
         for placed in chunk:
-            key = (placed[1], placed[0].bookmark)
+            bm = placed[0].bookmark
+            if shards > 1 and (bm.offset // _BLOCK + bm.partition) % shards != shard:
+                continue
+            key = (placed[1], bm)
             if placed[0].sign > 0:
                 last[key] = placed
             else:
@@ -346,7 +488,7 @@ def _arrow_types(pa: Any) -> list[Any]:
         pa.int32(),  # partition
         pa.int64(),  # offset
         pa.binary(),  # key
-        pa.list_(header),  # headers
+        pa.list_(pa.field("element", header)),  # headers, named as Spark 4.3 checks
         pa.binary(),  # value
         pa.int64(),  # priority
         pa.int32(),  # deliveries
@@ -362,12 +504,18 @@ _COLUMNS = [field.name for field in view_schema().fields]
 
 
 def view_batch(pa: Any, rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
-    """An Arrow batch of ``view_schema()`` rows."""
+    """An Arrow batch of ``view_schema()`` rows, with its exact schema (Spark 4.3 compares the
+    nullability of each column and the names of list items)."""
     columns = zip(*rows, strict=True)
-    arrays = [
-        pa.array(column, kind) for column, kind in zip(columns, _arrow_types(pa), strict=True)
-    ]
-    return pa.RecordBatch.from_arrays(arrays, names=_COLUMNS)
+    kinds = _arrow_types(pa)
+    arrays = [pa.array(column, kind) for column, kind in zip(columns, kinds, strict=True)]
+    schema = pa.schema(
+        [
+            pa.field(field.name, kind, nullable=field.nullable)
+            for field, kind in zip(view_schema().fields, kinds, strict=True)
+        ]
+    )
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 # -- readers and the source ------------------------------------------------------------------
@@ -382,7 +530,9 @@ class ViewBatchReader(KafkaBatchReader):
 
     def partitions(self) -> list[InputPartition]:
         _check_topics(self._view.kafka)
-        return list(_mark(self._view, super().partitions()))
+        with BrokerView(self._view.kafka) as broker:
+            self._options = _reading(self._view.kafka, broker)
+        return list(_split(_mark(self._view, super().partitions()), self._view.splits))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_view_range(self._view, as_range(partition, VIEW_FORMAT))
@@ -402,8 +552,34 @@ class ViewStreamReader(KafkaStreamReader):
             self._checked = True
         return super().initialOffset()
 
+    def _initial_offsets(self) -> Offsets:
+        if self._initial is None:
+            with BrokerView(self._view.kafka) as broker:
+                self._options = _reading(self._view.kafka, broker)
+        return super()._initial_offsets()
+
+    def latestOffset(self, *args: Any) -> dict:
+        """Up to the end of every generation from the oldest the stream is in."""
+        start = offsets_from_json(args[0]) if len(args) == 2 else self._position
+        if start is None:
+            start = self._initial_offsets()
+        with BrokerView(self._view.kafka) as broker:
+            self._options = _reading(self._view.kafka, broker, _floor(self._view.kafka, start))
+        return super().latestOffset(*args)
+
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        return _mark(self._view, super().partitions(start, end))
+        begin, until = offsets_from_json(start), offsets_from_json(end)
+        kafka = self._view.kafka
+        if _generational(kafka):
+            # a generation deleted after the stream went on into a newer one is no data loss
+            begin = {
+                tp: offset
+                for tp, offset in begin.items()
+                if tp in until or not _superseded(kafka, tp[0], begin)
+            }
+        continuing = [tp for tp in until if tp not in begin] if _generational(kafka) else []
+        ranges = super().partitions(offsets_to_json(begin), end)
+        return _mark(self._view, ranges, continuing)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_view_range(self._view, as_range(partition, VIEW_FORMAT))
@@ -435,6 +611,5 @@ class ViewDataSource(KafkaDataSource):
 
 
 def register_view(spark: SparkSession) -> str:
-    """Register the ``qlayer_view`` data source with ``spark``; return the format name."""
-    spark.dataSource.register(ViewDataSource)
-    return VIEW_FORMAT
+    """Register the ``qlayer_view`` data source with ``spark`` (once); return the format name."""
+    return register_once(spark, ViewDataSource)

@@ -525,6 +525,7 @@ _QUEUE_KEYS = (
     "exclusive",
     "redelivery_backoff",
     "view_topic",
+    "view_snapshot_interval",
 )
 _QUEUE_PENDING: tuple[str, ...] = ()  # AMPS options whose implementation comes later
 
@@ -580,6 +581,9 @@ def _queue(
         dead_letter_topic=section.get("dead_letter_topic", None, _topic),
         default_publish_target=section.get("default_publish_target", None, _topic),
         view_topic=section.get("view_topic", None, _topic),
+        view_snapshot_interval=section.get(
+            "view_snapshot_interval", 60.0, _duration(allow_zero=False)
+        ),
         leasing=section.get("leasing", Leasing.STRICT, _choice(Leasing)),
         start_from=section.get("start_from", StartFrom.EARLIEST, _choice(StartFrom)),
         avro_schema=section.get("avro_schema", None, _path(base_dir)),

@@ -196,6 +196,8 @@ class QueueConfig:
     default_publish_target: str | None = None
     # Spark views: publish every change of the live contents here (layer.coordinator.view)
     view_topic: str | None = None
+    # at most this often a new generation of the view topic begins (layer.viewgen)
+    view_snapshot_interval: float = 60.0
     leasing: Leasing = Leasing.STRICT
     start_from: StartFrom = StartFrom.EARLIEST
     avro_schema: Path | None = None  # only for message_type avro

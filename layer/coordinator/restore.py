@@ -23,6 +23,7 @@ import uuid
 from array import array
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterator, Mapping
+from functools import partial
 from typing import Any, Protocol, TypeVar, cast
 
 from confluent_kafka import Consumer, KafkaError
@@ -37,6 +38,7 @@ from layer.coordinator.ingest import Fetched
 from layer.coordinator.round import Changelog
 from layer.coordinator.runtime import QueueRuntime
 from layer.coordinator.view import read_view, reconcile, view_record
+from layer.coordinator.view_history import ViewHistory
 from layer.engine.model import Arrival, Bookmark, TopicPartition, ViewChange, ViewChanges
 from layer.engine.queue import QueueEngine
 from layer.state.base import RunRecord, Store, StoreBatch
@@ -164,8 +166,10 @@ class Restore:
         clock: Callable[[], float],
         progress: Callable[[str], None],
         health: Health,
+        views: ViewHistory | None = None,
     ) -> None:
         self._store = store
+        self._views = views  # the view topics' generations (None: one topic, kept whole)
         self._source = source
         self._changelog = changelog  # where view corrections are committed
         self._changelog_topic = changelog_topic
@@ -420,9 +424,17 @@ class Restore:
         return 1
 
     async def reconcile_view(self, rt: QueueRuntime) -> None:
-        """Step 3: bring the view topic to what this restart rebuilt."""
-        topic = rt.config.view_topic
-        assert topic is not None
+        """Step 3: bring the view topic (the generation being written) to what this restart
+        rebuilt."""
+        base = rt.config.view_topic
+        assert base is not None
+        topic: str = base
+        views = self._views
+        generation = 0
+        if views is not None:
+            generation, topic = await self._until_reachable(
+                f"find the generation of view topic {base}", partial(views.current, base)
+            )
         published = await self._until_reachable(
             f"read view topic {topic}", lambda: self._source.read_view(topic, rt.name)
         )
@@ -434,6 +446,9 @@ class Restore:
             record = view_record(topic, rt.name, ViewChanges.of(corrections), now_ms)
             await self._changelog.commit([], [record])
         engine.view_synced()
+        if views is not None:
+            views.attach(rt, generation, len(live))
         self._progress(
             f"view of queue={rt.name}: {len(live)} live messages, {len(corrections)} corrections"
+            f" ({topic})"
         )

@@ -304,7 +304,12 @@ class Round:
             )
         if effects.view:
             assert rt.config.view_topic is not None  # the engine tracks views for it only
-            self.views.append(view_record(rt.config.view_topic, name, effects.view, self.now_ms))
+            if rt.views is not None:  # the generation being written (view_history)
+                rt.views.write(rt, effects.view, self.now_ms, self.views)
+            else:
+                self.views.append(
+                    view_record(rt.config.view_topic, name, effects.view, self.now_ms)
+                )
         if effects.deliveries:
             # counted with the round whose commit makes them durable (its counters go with it)
             rt.counters.delivered += len(effects.deliveries)

@@ -12,7 +12,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from confluent_kafka import Message
 
@@ -28,6 +28,9 @@ from layer.engine.queue import QueueEngine
 from layer.exceptions import UnknownQueue
 from layer.expr import Expression, compile_expression
 from layer.state.base import Store, StoreBatch, StoredMessage
+
+if TYPE_CHECKING:
+    from layer.coordinator.view_history import ViewHistory
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +112,8 @@ class QueueRuntime:
     stages: Stages | None = None
     # (wall clock fetched, messages of that fetch still in the inbox), oldest first
     fetched_at: deque[list[float]] = field(default_factory=deque)
+    # Where its view rounds go (view_topic): the generation being written (set by the restore)
+    views: ViewHistory | None = None
 
     def __post_init__(self) -> None:
         self.exprs = Expressions(self.config)

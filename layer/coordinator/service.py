@@ -68,6 +68,7 @@ from layer.coordinator.snapshots import Snapshots
 from layer.coordinator.stages import Stages
 from layer.coordinator.subscriptions import SubscriptionHandle, Subscriptions
 from layer.coordinator.topics import check_view_topic, needed_topics
+from layer.coordinator.view_history import ViewHistory
 from layer.documents import DocumentReader
 from layer.engine.model import AckOp, Bookmark
 from layer.exceptions import (
@@ -153,6 +154,9 @@ class Coordinator:
             snapshots=self._snapshots,
             timings=timings,
         )
+        self._views = ViewHistory(
+            TopicAdmin(self._base_settings), consumer_settings(self._base_settings, profile)
+        )
         self._restore = Restore(
             store,
             KafkaSource(consumer_settings(self._base_settings, profile)),
@@ -162,6 +166,7 @@ class Coordinator:
             clock=clock,
             progress=self._progress,
             health=self.health,
+            views=self._views,
         )
         self._pump_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -324,6 +329,7 @@ class Coordinator:
         await self._publisher.stop()
         await asyncio.to_thread(self._durable.close)
         self._changelog.shutdown()
+        self._views.close()
         await asyncio.to_thread(self._watch.stop)
 
     # ----------------------------------------------------------------------------------------
@@ -666,6 +672,8 @@ class Coordinator:
         they begin, so this one lands before the next round's)."""
         last = Round(self._store, self._changelog, self._clock)
         last.record(rt, rt.engine.drain())
+        if rt.views is not None:
+            rt.views.detach(rt)
         # durable before anything goes on: the commit is redone until Kafka takes it
         sending = last.send()
         return None if sending is None else (sending, last)

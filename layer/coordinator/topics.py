@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from connectors.admin import TopicSpec
 from layer.config import Config, QueueConfig
 from layer.coordinator.publish_route import routes_publishes
+from layer.coordinator.view_history import VIEW_TOPIC_CONFIG
 from layer.exceptions import ConfigError
 
 __all__ = ["check_view_topic", "needed_topics"]
@@ -33,9 +34,9 @@ def needed_topics(cfg: Config, queues: Sequence[QueueConfig]) -> list[TopicSpec]
         if routes_publishes(q):
             specs.append(TopicSpec(q.name, partitions=1))
         if q.view_topic:
-            # every round is kept: a queue's rounds share one key (layer.coordinator.view)
-            config = {"cleanup.policy": "delete", "retention.ms": "-1"}
-            specs.append(TopicSpec(q.view_topic, partitions=1, config=config))
+            # a generation keeps every round: a queue's rounds share one key; whole generations
+            # are deleted once a newer one's snapshot makes them obsolete (layer.viewgen)
+            specs.append(TopicSpec(q.view_topic, partitions=1, config=VIEW_TOPIC_CONFIG))
     return list({spec.name: spec for spec in specs}.values())
 
 

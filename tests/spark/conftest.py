@@ -6,9 +6,6 @@ A missing Java or PySpark fails the tests that need them; it never skips them.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import sys
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -17,36 +14,20 @@ from typing import Any
 import pytest
 
 from connectors.spark_kafka import FORMAT
-
-
-def _java_problem() -> str | None:
-    """Why Spark cannot start a JVM here, or None."""
-    java_home = os.environ.get("JAVA_HOME")
-    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
-    if java is None or not os.access(java, os.X_OK):
-        where = f"$JAVA_HOME={java_home}" if java_home else "PATH"
-        return f"no java executable found on {where}: install a JDK 17 (scripts/bootstrap.sh does)"
-    probe = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
-    if probe.returncode != 0:
-        return f"{java} -version failed: {probe.stderr.strip()}"
-    return None
+from spark.session import java_problem, prepare
 
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """A ``local[2]`` SparkSession with small shuffles, no UI, and ``qlayer_kafka`` registered."""
-    problem = _java_problem()
+    problem = java_problem()
     if problem is not None:
-        pytest.fail(f"Spark needs Java: {problem}", pytrace=False)
-    # Spark's Python workers must run this interpreter (the venv's), or they cannot import
-    # connectors.spark_kafka and fail to connect back.
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+        pytest.fail(problem, pytrace=False)
+    # The session's Python workers run this interpreter (the venv's) without PYSPARK_PYTHON:
+    # prepare() below sees to it (tests/spark/test_spark_session.py checks it in a fresh process).
     # Bind the driver to loopback, not whatever interface the host name resolves to.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
-
-    from connectors.spark_kafka import register
 
     session = (
         SparkSession.builder.master("local[2]")
@@ -63,7 +44,7 @@ def spark() -> Iterator[Any]:
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
-    register(session)
+    prepare(session)
     yield session
     session.stop()
 

@@ -1,0 +1,100 @@
+"""Getting a SparkSession ready for the views: Python workers, data sources, Java.
+
+Three things a new user otherwise trips over:
+
+- Spark starts its Python workers with ``$PYSPARK_PYTHON`` (default ``python3``), which is not the
+  interpreter that has ``confluent_kafka`` and this package installed unless a virtualenv happens
+  to be first on ``PATH``: the workers then fail with ``ModuleNotFoundError``. Unless the user set
+  ``PYSPARK_PYTHON`` (or ``spark.pyspark.python``), the views run the workers with the running
+  interpreter.
+- Registering a Python data source a second time in a session makes Spark log a WARN (``data
+  source ... replaced a previously registered data source``): each format is registered once.
+- Without Java, PySpark fails with a long gateway error: :func:`local_session` says so in one line.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from connectors.spark_kafka.source import register
+from connectors.spark_kafka.view import register_view
+from layer.exceptions import ConfigError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["java_problem", "local_session", "prepare", "worker_python"]
+
+PYTHON_ENV = "PYSPARK_PYTHON"
+
+
+def java_problem() -> str | None:
+    """Why Spark cannot start a JVM here (one line), or None."""
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+    if java is None or not os.access(java, os.X_OK):
+        where = f"$JAVA_HOME={java_home}" if java_home else "PATH"
+        return (
+            f"Spark needs Java 17 or newer, and no java executable was found on {where}:"
+            " install a JDK 17 (scripts/bootstrap.sh does) or set JAVA_HOME"
+        )
+    try:
+        probe = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"Spark needs Java 17 or newer: {java} -version failed: {exc}"
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"Spark needs Java 17 or newer: {java} -version failed: {last}"
+    return None
+
+
+def worker_python() -> str:
+    """The interpreter Spark's Python workers should run: ``$PYSPARK_PYTHON`` if set, else this
+    one (which has ``confluent_kafka`` and qlayer installed)."""
+    return os.environ.get(PYTHON_ENV) or sys.executable
+
+
+def prepare(spark: SparkSession) -> SparkSession:
+    """Point ``spark``'s Python workers at this interpreter unless the user chose one, and
+    register the qlayer data sources (once). Returns ``spark``."""
+    context = spark.sparkContext
+    chosen = os.environ.get(PYTHON_ENV) or context.getConf().get("spark.pyspark.python")
+    if not chosen:
+        # SparkContext read $PYSPARK_PYTHON (unset: "python3") when it started; the workers of
+        # the data sources and UDFs registered from now on take this attribute.
+        context.pythonExec = sys.executable
+    register(spark)
+    register_view(spark)
+    return spark
+
+
+def local_session(master: str = "local[2]", app: str = "qlayer", **conf: str) -> SparkSession:
+    """A SparkSession on this machine, ready for the views (:func:`prepare`): the driver on
+    loopback, no UI, UTC. ``conf``: more Spark settings (``spark.sql.shuffle.partitions="4"``;
+    pass them as a dict with ``**``). ``ConfigError`` in one line when Java is missing."""
+    problem = java_problem()
+    if problem is not None:
+        raise ConfigError(problem)
+    os.environ.setdefault(PYTHON_ENV, sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+    )
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return prepare(spark)
