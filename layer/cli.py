@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import json
 import logging
 import math
@@ -527,16 +526,6 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _bytes_json(data: bytes | None) -> Any:
-    """Bytes for a JSON line: UTF-8 text when they are, else ``{"base64": ...}``; None as null."""
-    if data is None:
-        return None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return {"base64": base64.b64encode(data).decode("ascii")}
-
-
 def _shown(data: bytes | None, width: int) -> str:
     """Bytes for a table cell: one line, control characters escaped, cut to ``width``."""
     if data is None:
@@ -547,15 +536,17 @@ def _shown(data: bytes | None, width: int) -> str:
 
 
 def cmd_browse(args: argparse.Namespace) -> int:
+    from layer.api.service import bytes_json
+
     with _client(args) as client:
         messages = client.browse(args.queue, filter=args.filter, limit=args.limit)
     if args.json:
         for m in messages:
             record = {
                 "bookmark": m.bookmark,
-                "key": _bytes_json(m.key),
-                "value": _bytes_json(m.value),
-                "headers": [[k, _bytes_json(v)] for k, v in m.headers],
+                "key": bytes_json(m.key),
+                "value": bytes_json(m.value),
+                "headers": [[k, bytes_json(v)] for k, v in m.headers],
                 "deliveries": m.deliveries,
                 "cancels": m.cancels,
                 "timestamp_ms": m.timestamp_ms,
@@ -577,6 +568,8 @@ def cmd_browse(args: argparse.Namespace) -> int:
 
 
 def cmd_dead_letters(args: argparse.Namespace) -> int:
+    from layer.api.service import bytes_json
+
     with _client(args) as client:
         letters = client.dead_letters(args.queue, filter=args.filter, limit=args.limit)
     if args.json:
@@ -588,9 +581,9 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
                 "detail": d.detail,
                 "deliveries": d.deliveries,
                 "cancels": d.cancels,
-                "key": _bytes_json(d.key),
-                "payload": _bytes_json(d.payload),
-                "headers": [[k, _bytes_json(v)] for k, v in d.headers],
+                "key": bytes_json(d.key),
+                "payload": bytes_json(d.payload),
+                "headers": [[k, bytes_json(v)] for k, v in d.headers],
                 "message_timestamp_ms": d.message_timestamp_ms,
                 "dead_lettered_at_ms": d.dead_lettered_at_ms,
                 "redriven": d.redriven,

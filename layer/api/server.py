@@ -525,6 +525,16 @@ class ApiServer:
             )
         return request
 
+    async def _admitted(
+        self, context: grpc.aio.ServicerContext, request: object, kind: type[T], rpc: str
+    ) -> tuple[Principal, T]:
+        """A unary call's caller and request, once authenticated, well-formed and allowed
+        (``RPC_RIGHTS[rpc]`` on the queue the request names, if it names one)."""
+        principal = await self._caller(context)
+        req = await self._request(context, request, kind)
+        await self._check(context, principal, rpc, getattr(req, "queue", None))
+        return principal, req
+
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
@@ -534,9 +544,7 @@ class ApiServer:
     # --- unary calls --------------------------------------------------------------------------
 
     async def _publish(self, request: object, context: grpc.aio.ServicerContext) -> Published:
-        principal = await self._caller(context)
-        req = await self._request(context, request, Publish)
-        await self._check(context, principal, "Publish", req.queue)
+        _, req = await self._admitted(context, request, Publish, "Publish")
         try:
             bookmark = await self._service.publish(req.queue, req.value, req.key, req.headers)
         except QLayerError as exc:
@@ -544,9 +552,7 @@ class ApiServer:
         return Published(bookmark)
 
     async def _stats(self, request: object, context: grpc.aio.ServicerContext) -> StatsReply:
-        principal = await self._caller(context)
-        req = await self._request(context, request, Stats)
-        await self._check(context, principal, "Stats", req.queue)
+        principal, req = await self._admitted(context, request, Stats, "Stats")
         try:
             stats = await self._service.stats(req.queue)
         except QLayerError as exc:
@@ -556,9 +562,7 @@ class ApiServer:
         return StatsReply(list(stats))
 
     async def _list_queues(self, request: object, context: grpc.aio.ServicerContext) -> QueueList:
-        principal = await self._caller(context)
-        await self._request(context, request, ListQueues)
-        await self._check(context, principal, "ListQueues", None)
+        principal, _ = await self._admitted(context, request, ListQueues, "ListQueues")
         try:
             queues = self._service.queues()
         except QLayerError as exc:
@@ -566,9 +570,7 @@ class ApiServer:
         return QueueList([q for q in queues if principal.allows(Right.BROWSE, q.name)])
 
     async def _browse(self, request: object, context: grpc.aio.ServicerContext) -> BrowseReply:
-        principal = await self._caller(context)
-        req = await self._request(context, request, Browse)
-        await self._check(context, principal, "Browse", req.queue)
+        _, req = await self._admitted(context, request, Browse, "Browse")
         try:
             messages = await self._service.browse(req.queue, req.filter, req.limit)
         except QLayerError as exc:
@@ -576,9 +578,7 @@ class ApiServer:
         return BrowseReply(list(messages))
 
     async def _ack_where(self, request: object, context: grpc.aio.ServicerContext) -> AckWhereReply:
-        principal = await self._caller(context)
-        req = await self._request(context, request, AckWhere)
-        await self._check(context, principal, "AckWhere", req.queue)
+        _, req = await self._admitted(context, request, AckWhere, "AckWhere")
         try:
             result = await self._service.ack_where(req.queue, req.filter, req.expire)
         except QLayerError as exc:
@@ -586,9 +586,7 @@ class ApiServer:
         return AckWhereReply(result.acked, result.skipped)
 
     async def _redrive(self, request: object, context: grpc.aio.ServicerContext) -> RedriveReply:
-        principal = await self._caller(context)
-        req = await self._request(context, request, Redrive)
-        await self._check(context, principal, "Redrive", req.queue)
+        _, req = await self._admitted(context, request, Redrive, "Redrive")
         if req.limit is not None and req.limit < 0:
             await _abort(
                 context, grpc.StatusCode.INVALID_ARGUMENT, f"limit must be >= 0, got {req.limit}"
@@ -602,9 +600,7 @@ class ApiServer:
     async def _dead_letters(
         self, request: object, context: grpc.aio.ServicerContext
     ) -> DeadLettersReply:
-        principal = await self._caller(context)
-        req = await self._request(context, request, DeadLetters)
-        await self._check(context, principal, "DeadLetters", req.queue)
+        _, req = await self._admitted(context, request, DeadLetters, "DeadLetters")
         try:
             letters = await self._service.dead_letters(req.queue, req.filter, req.limit)
         except QLayerError as exc:
@@ -612,9 +608,7 @@ class ApiServer:
         return DeadLettersReply(letters)
 
     async def _reload(self, request: object, context: grpc.aio.ServicerContext) -> ReloadReply:
-        principal = await self._caller(context)
-        await self._request(context, request, Reload)
-        await self._check(context, principal, "Reload", None)
+        await self._admitted(context, request, Reload, "Reload")
         try:
             # the tokens file first, applied only once the config reload went through: a
             # file that does not load refuses the reload and nothing changes

@@ -6,6 +6,7 @@ coordinator implements it. Everything runs on one asyncio loop.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -13,6 +14,17 @@ from typing import Protocol
 from layer.api.errors import ErrorCode
 from layer.engine.model import AckOp, Bookmark
 from layer.exceptions import QLayerError
+
+
+def bytes_json(data: bytes | None) -> str | dict[str, str] | None:
+    """Bytes (a key, a payload, a header value) as JSON shows them: UTF-8 text when they are,
+    else ``{"base64": ...}``; None as null. The CLI's JSON lines and the console use it."""
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(data).decode("ascii")}
 
 
 # Built per message: not frozen (a frozen __init__ costs ~6x), and never mutated.

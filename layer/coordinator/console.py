@@ -13,7 +13,6 @@ The JSON mirrors the gRPC API's answers (``layer.api.service``); errors are
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import enum
 from collections.abc import Awaitable, Callable, Iterable
@@ -22,7 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
-from layer.api.service import DeadLetter, DeliveredMessage, QueueService, QueueStats
+from layer.api.service import DeadLetter, DeliveredMessage, QueueService, QueueStats, bytes_json
 from layer.config import QueueConfig
 from layer.coordinator.http import HttpError, Request, Response, Router
 from layer.exceptions import InvalidRequest, QLayerError, UnknownQueue
@@ -59,15 +58,6 @@ def _static_files() -> dict[str, tuple[bytes, str]]:
     return files
 
 
-def _bytes(data: bytes | None) -> Any:
-    if data is None:
-        return None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return {"base64": base64.b64encode(data).decode("ascii")}
-
-
 def _plain(value: Any) -> Any:
     """A config value as JSON (enums by value, paths as text, tuples as lists)."""
     if isinstance(value, enum.Enum):
@@ -86,9 +76,9 @@ def _stats(s: QueueStats) -> dict[str, Any]:
 def _message(m: DeliveredMessage) -> dict[str, Any]:
     return {
         "bookmark": str(m.bookmark),
-        "key": _bytes(m.key),
-        "value": _bytes(m.value),
-        "headers": [[k, _bytes(v)] for k, v in m.headers],
+        "key": bytes_json(m.key),
+        "value": bytes_json(m.value),
+        "headers": [[k, bytes_json(v)] for k, v in m.headers],
         "deliveries": m.deliveries,
         "cancels": m.cancels,
         "timestamp_ms": m.timestamp_ms,
@@ -98,8 +88,8 @@ def _message(m: DeliveredMessage) -> dict[str, Any]:
 
 def _letter(d: DeadLetter) -> dict[str, Any]:
     out = dataclasses.asdict(d)
-    out["key"], out["payload"] = _bytes(d.key), _bytes(d.payload)
-    out["headers"] = [[k, _bytes(v)] for k, v in d.headers]
+    out["key"], out["payload"] = bytes_json(d.key), bytes_json(d.payload)
+    out["headers"] = [[k, bytes_json(v)] for k, v in d.headers]
     return out
 
 
