@@ -90,6 +90,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--messages", type=int, help="messages per throughput run (default 200,000)")
     p.add_argument("--seconds", type=float, help="length of each latency point (default 20)")
+    p.add_argument(
+        "--rates",
+        default=",".join(f"{r:.0f}" for r in RATES),
+        help="comma-separated msg/s offered in the latency points (default 1000,10000)",
+    )
     p.add_argument("--queued", type=int, help="messages queued for memory/restart (default 1M)")
     p.add_argument("--window", type=int, default=100, help="unacked messages per consumer")
     p.add_argument(
@@ -112,6 +117,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--systems: unknown {', '.join(unknown) or '(none)'}; from {', '.join(SYSTEMS)}")
     if args.window < 1:
         p.error("--window must be at least 1")
+    try:
+        args.rates = [float(r) for r in args.rates.split(",") if r.strip()]
+    except ValueError:
+        p.error(f"--rates: not a list of numbers: {args.rates!r}")
+    if not args.rates or min(args.rates) <= 0:
+        p.error("--rates: give at least one rate, each above 0")
     quick = {"messages": 10_000, "seconds": 4.0, "queued": 50_000, "budget": 10.0}
     full = {"messages": 200_000, "seconds": 20.0, "queued": 1_000_000, "budget": 40.0}
     for key, value in (quick if args.quick else full).items():
@@ -290,7 +301,7 @@ def bench(args: argparse.Namespace, name: str, bootstrap: str, embedded: bool) -
             "consumer_window": args.window,
             "throughput_messages": args.messages,
             "sizes": list(SIZES),
-            "latency_rates": list(RATES),
+            "latency_rates": list(args.rates),
             "latency_seconds": args.seconds,
             "latency_message_bytes": LATENCY_SIZE,
             "sustained_share": harness.SUSTAINED_SHARE,
@@ -334,7 +345,7 @@ def bench(args: argparse.Namespace, name: str, bootstrap: str, embedded: bool) -
                 )  # fmt: skip
                 results["throughput"].setdefault(s, []).append(r)
                 log.info("  %s %d B: %s", s, size, _fmt_tp(r))
-        for rate in RATES if args.latency else ():
+        for rate in args.rates if args.latency else ():
             for s, system in systems.items():
                 r = run.step(
                     f"{s}: latency at {rate:,.0f} msg/s for {args.seconds:.0f} s",
