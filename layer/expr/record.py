@@ -66,13 +66,19 @@ def header_value(record: Record | None, name: str) -> str | list[str | None] | N
     """
     if record is None:
         return None
-    found: list[str | None] = []
+    first: str | None = None
+    found = False
+    more: list[str | None] | None = None
     for key, value in record.headers:
         if key == name:
-            found.append(None if value is None else _text(value))
-    if not found:
-        return None
-    return found[0] if len(found) == 1 else found
+            text = None if value is None else _text(value)
+            if not found:
+                first, found = text, True
+            elif more is None:
+                more = [first, text]
+            else:
+                more.append(text)
+    return first if more is None else more
 
 
 def timestamp_seconds(record: Record | None) -> float | None:
