@@ -87,6 +87,16 @@ def test_qpid_priorities_from_the_jms_priority_header(broker, coordinator_factor
         # two levels: the higher (9, 5, 7) in arrival order, then the lower (3, 0, absent = 4,
         # unreadable = 4) in arrival order
         assert ids(client.browse(two)) == [1, 3, 5, 0, 2, 4, 6]
+        assert ids(client.browse(ten)) == [1, 5, 3, 4, 6, 0, 2]
+    # restored with the state wiped, from the changelog and the topics: the same order (the
+    # headers are read again)
+    c.kill()
+    c.wipe_state()
+    c.start()
+    with QueueClient(c.address) as client:
+        wait_available(client, two, 7)
+        wait_available(client, ten, 7)
+        assert ids(client.browse(two)) == [1, 3, 5, 0, 2, 4, 6]
         # ten levels: by JMS priority, absent and unreadable ones as 4, oldest first among equals
         with client.subscribe(ten, max_backlog=10) as sub:
             assert ids(drain(sub)) == [1, 5, 3, 4, 6, 0, 2]
