@@ -376,14 +376,16 @@ class QueueRuntime:
             },
         )
 
-    def document(self, store: Store, bookmark: Bookmark) -> object:
-        """The parsed message, for subscription filters (None when gone or unparseable)."""
+    def document(
+        self, store: Store, bookmark: Bookmark, stored: StoredMessage | None = None
+    ) -> object:
+        """The parsed message, for subscription filters (None when gone or unparseable);
+        ``stored``: its local copy, if the caller has it."""
         docs = self._docs
         if bookmark in docs:
             return docs[bookmark]
-        stored = self.payload_cache.get(bookmark)
         if stored is None:
-            stored = store.get_messages(self.name, [bookmark])[0]
+            stored = self.stored_message(store, bookmark)
         doc = None
         if stored is not None and self.exprs.reader is not None:
             doc = self.exprs.reader.read(stored.value)[0]
@@ -408,7 +410,7 @@ class QueueRuntime:
             if stored is None:
                 return False
             record = record_of(stored, bookmark)
-            return expression.matches(document(store, bookmark), None, record)
+            return expression.matches(document(store, bookmark, stored), None, record)
 
         return match_record
 
