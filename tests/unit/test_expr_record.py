@@ -201,3 +201,59 @@ def test_header_value_is_every_value_of_that_name_in_order(
     else:
         assert value(f"HEADER('{name}')", record) is None  # a list: NULL to operators
         assert value(f"HEADER('{name}') IS NULL", record) is False
+
+
+# -- a header behaves as a top-level text field ----------------------------------------------------
+
+_TEXTS = st.text(alphabet="ab1 .-", max_size=4)
+_LEAVES = st.one_of(
+    st.sampled_from(("@a", "@b", "@c")),
+    st.integers(-3, 3).map(str),
+    st.sampled_from(("1.5", "TRUE", "FALSE", "NULL", "'1'", "'a'", "' 1 '", "''")),
+    _TEXTS.map(lambda t: f"'{t}'"),
+)
+
+
+def _grow(children: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    return st.one_of(
+        st.builds(
+            lambda a, op, b: f"({a} {op} {b})",
+            children,
+            st.sampled_from(("=", "!=", "<", ">=", "+", "*", "AND", "OR")),
+            children,
+        ),
+        st.builds(lambda a: f"(NOT {a})", children),
+        st.builds(lambda a: f"({a} IS NULL)", children),
+        st.builds(lambda a: f"({a} IN ('1', 1, 'a'))", children),
+        st.builds(lambda a: f"({a} LIKE '^a')", children),
+        st.builds(lambda a: f"UPPER({a})", children),
+        st.builds(lambda a, b: f"COALESCE({a}, {b})", children, children),
+    )
+
+
+_SHAPES = st.recursive(_LEAVES, _grow, max_leaves=10)
+_FIELD_VALUES = st.dictionaries(
+    st.sampled_from(("a", "b", "c")), _TEXTS | st.lists(_TEXTS, min_size=2, max_size=3)
+)
+
+
+@given(_SHAPES, _FIELD_VALUES)
+def test_a_header_is_null_and_compares_as_a_text_field_does(
+    shape: str, fields: dict[str, str | list[str]]
+) -> None:
+    """HEADER('a') over a record gives what /a gives over a document holding the same text (a
+    repeated header as an array of texts): the same NULL rules, comparisons and keys."""
+    on_doc = compile_expression(shape.replace("@", "/"))
+    on_record = compile_expression(
+        shape.replace("@a", "HEADER('a')").replace("@b", "HEADER('b')").replace("@c", "HEADER('c')")
+    )
+    headers = [
+        (name, text.encode())
+        for name, value in fields.items()
+        for text in ([value] if isinstance(value, str) else value)
+    ]
+    record = Record(headers=headers)
+    assert on_record.evaluate(None, 0.0, record) == on_doc.evaluate(fields, 0.0)
+    assert on_record.matches(None, 0.0, record) == on_doc.matches(fields, 0.0)
+    assert on_record.key(None, 0.0, record) == on_doc.key(fields, 0.0)
+    assert on_record.priority(None, 0.0, record) == on_doc.priority(fields, 0.0)
