@@ -631,8 +631,9 @@ def _check_queue(queue: QueueConfig, section: _Section, coordinator: Coordinator
     """The rules that relate options to each other."""
     for option in ("priority", "barrier"):
         if queue.target_queue_depth and getattr(queue, option) is not None:
+            given = "priorities" if option == "priority" and queue.priorities else option
             raise section.error(
-                "target_queue_depth", f"cannot be combined with {option!r} (as AMPS does)"
+                "target_queue_depth", f"cannot be combined with {given!r} (as AMPS does)"
             )
     for option, text in queue.expressions.items():
         if queue.message_type == MessageType.BYTES:

@@ -116,3 +116,10 @@ def test_the_readmes_record_expression_example_loads() -> None:
     q = loads(block, source="README.md", env={}).queue("jobs")
     assert q.group_key == "HEADER('JMSXGroupID')"
     assert set(q.expressions) == {"priority", "group_key", "filter"}
+
+
+def test_priorities_with_target_queue_depth_names_priorities() -> None:
+    assert error("priorities = 4\ntarget_queue_depth = 10") == (
+        "config.toml: queue 'orders': option 'target_queue_depth': cannot be combined with "
+        "'priorities' (as AMPS does)"
+    )
