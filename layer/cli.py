@@ -45,7 +45,9 @@ FILTER_HELP = (
     "  \"/symbol = 'IBM' AND /qty > 100\"\n"
     "  \"/region IN ('EU', 'US') OR /order/priority >= 5\"\n"
     "  \"/symbol LIKE '^IB'\"   (a regular expression)\n"
-    "Field paths look like XPath: /order/qty, /items[0]/qty (0-based). Quote the whole filter\n"
+    "  \"HEADER('region') = 'EU' AND KEY() LIKE '^cust-'\"   (the Kafka record's fields)\n"
+    "Field paths look like XPath: /order/qty, /items[0]/qty (0-based). KEY(), HEADER('name'),\n"
+    "TIMESTAMP() (seconds), TOPIC() and PARTITION() read the record. Quote the whole filter\n"
     "for the shell; an invalid one is refused with the column of the problem (exit code 2)."
 )
 

@@ -12,6 +12,7 @@ import os
 import re
 import tomllib
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -41,6 +42,7 @@ from layer.config.model import (
 from layer.documents import load_avro_schema
 from layer.durations import format_value, parse_duration
 from layer.engine.model import Fairness, GroupMode, Leasing, Semantics
+from layer.engine.priorities import JMS_PRIORITY_HEADER, MAX_LEVELS, MIN_LEVELS
 from layer.exceptions import ConfigError, ExpressionError, SerializationError
 from layer.expr import compile_expression
 
@@ -526,6 +528,9 @@ _QUEUE_KEYS = (
     "redelivery_backoff",
     "view_topic",
     "view_snapshot_interval",
+    # Qpid's queue types in one line (layer.engine.priorities; the LVQ's key header)
+    "priorities",
+    "lvq",
 )
 _QUEUE_PENDING: tuple[str, ...] = ()  # AMPS options whose implementation comes later
 
@@ -567,11 +572,12 @@ def _queue(
         ),
         fairness=fairness,
         priority=section.get("priority", None, _expression),
+        priorities=section.get("priorities", None, _integer(MIN_LEVELS, MAX_LEVELS)),
         barrier=section.get("barrier", None, _expression),
         filter=section.get("filter", None, _expression),
         group_key=section.get("group_key", None, _expression),
         group_mode=section.get("group_mode", GroupMode.STICKY, _choice(GroupMode)),
-        conflate_key=section.get("conflate_key", None, _expression),
+        conflate_key=_conflate_key(section),
         exclusive=section.get("exclusive", False, _boolean),
         redelivery_backoff=section.get("redelivery_backoff", None, _backoff),
         target_queue_depth=section.get("target_queue_depth", 0, _integer(0)),
@@ -588,22 +594,58 @@ def _queue(
         start_from=section.get("start_from", StartFrom.EARLIEST, _choice(StartFrom)),
         avro_schema=section.get("avro_schema", None, _path(base_dir)),
     )
+    if queue.priorities is not None and queue.priority is None:
+        # Qpid: the JMS priority header, JMS's default 4 when absent (layer.engine.priorities)
+        queue = replace(queue, priority=_JMS_PRIORITY)
     _check_queue(queue, section, coordinator)
     return queue
+
+
+_JMS_PRIORITY = f"HEADER('{JMS_PRIORITY_HEADER}')"
+_QPID_LVQ_KEY = "HEADER('qpid.LVQ_key')"  # the Qpid broker's default LVQ key property
+_LVQ_KINDS = {"qpid": _QPID_LVQ_KEY}
+
+
+def _conflate_key(section: _Section) -> str | None:
+    """``conflate_key``, or the key of the ``lvq`` kind (``lvq = "qpid"``: the qpid.LVQ_key
+    header, as a Qpid LVQ conflates by default); not both."""
+    conflate_key = section.get("conflate_key", None, _expression)
+    lvq = section.get("lvq", None, _lvq)
+    if lvq is None:
+        return conflate_key
+    if conflate_key is not None:
+        raise section.error(
+            "lvq", f"sets conflate_key to {_LVQ_KINDS[lvq]}: give lvq or conflate_key, not both"
+        )
+    return _LVQ_KINDS[lvq]
+
+
+def _lvq(value: object) -> str:
+    if value not in _LVQ_KINDS:
+        choices = ", ".join(format_value(kind) for kind in _LVQ_KINDS)
+        raise ValueError(f"expected one of {choices}, got {format_value(value)}")
+    return cast(str, value)
 
 
 def _check_queue(queue: QueueConfig, section: _Section, coordinator: CoordinatorConfig) -> None:
     """The rules that relate options to each other."""
     for option in ("priority", "barrier"):
         if queue.target_queue_depth and getattr(queue, option) is not None:
+            given = "priorities" if option == "priority" and queue.priorities else option
             raise section.error(
-                "target_queue_depth", f"cannot be combined with {option!r} (as AMPS does)"
+                "target_queue_depth", f"cannot be combined with {given!r} (as AMPS does)"
             )
-    for option in queue.expressions:
+    for option, text in queue.expressions.items():
         if queue.message_type == MessageType.BYTES:
-            raise section.error(
-                option, 'needs message_type "json" or "avro": a "bytes" queue has no fields'
-            )
+            # the Kafka record's fields (KEY(), HEADER(...)) are there whatever the payload
+            if compile_expression(text).uses_document:
+                raise section.error(
+                    option,
+                    'needs message_type "json" or "avro" to read field paths: a "bytes" queue'
+                    " has no fields (KEY(), HEADER('name'), TIMESTAMP(), TOPIC() and"
+                    " PARTITION() read the Kafka record)",
+                )
+            continue
         if queue.message_type == MessageType.AVRO and queue.avro_schema is None:
             raise section.error(option, 'needs avro_schema to read the fields of "avro" messages')
     if queue.group_mode != GroupMode.STICKY and queue.group_key is None:

@@ -180,6 +180,9 @@ class QueueConfig:
     fairness: Fairness = cast(Fairness, None)
     # AMPS expressions (layer.expr), validated at load; the coordinator compiles them.
     priority: str | None = None  # e.g. "/price * /qty": highest first, NULL lowest
+    # Qpid priority queue: this many levels (2-10) over JMS priorities 0-9 (absent: 4), from
+    # ``priority`` (the loader's default: HEADER('JMSPriority')); layer.engine.priorities
+    priorities: int | None = None
     barrier: str | None = None  # matching messages are barriers
     filter: str | None = None  # only matching messages of the underlying topics enter the queue
     group_key: str | None = None  # message groups: one consumer per group at a time

@@ -89,13 +89,13 @@ async def move(
     queue: str,
     changelog_topic: str,
     target: str,
-    matches: Callable[[bytes | None], bool] | None,
+    matches: Callable[[Mapping[str, Any]], bool] | None,
     limit: int | None,
     store: Store,
     changelog: Changelog,
     now_ms: int,
 ) -> RedriveResult:
-    """Publish again the letters not redriven before that match (a payload predicate), up to
+    """Publish again the letters not redriven before that match (a predicate on the envelope), up to
     ``limit``; each copy and its changelog record in one transaction, then in the store."""
     done = {bm for bm, _ in store.entries(queue + REDRIVE_SUFFIX)}
     records: list[ChangelogRecord] = []
@@ -106,7 +106,7 @@ async def move(
         if letter in done:
             already += 1
             continue
-        if matches is not None and not matches(envelope["payload"]):
+        if matches is not None and not matches(envelope):
             unmatched += 1
             continue
         if limit is not None and len(extra) >= limit:

@@ -52,6 +52,7 @@ FIXED_OPTIONS: dict[str, str] = {
     "message_type": "the queued messages were parsed as the old type",
     "avro_schema": "the queued messages were parsed with the old schema",
     "priority": "the queued messages are ordered by the old expression",
+    "priorities": "the queued messages are ordered by their levels under the old value",
     "barrier": "the queued messages were held or released by the old expression",
     "filter": "the queued messages were admitted by the old filter",
     "group_key": "the queued messages were grouped by the old expression",

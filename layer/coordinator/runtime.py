@@ -24,9 +24,10 @@ from layer.coordinator.publish_route import PublishRoute
 from layer.coordinator.stages import Stages
 from layer.documents import DocumentReader
 from layer.engine.model import Arrival, Bookmark, Change, LowWater, TopicPartition
+from layer.engine.priorities import qpid_level
 from layer.engine.queue import QueueEngine
 from layer.exceptions import UnknownQueue
-from layer.expr import Expression, compile_expression
+from layer.expr import Expression, Record, compile_expression
 from layer.state.base import Store, StoreBatch, StoredMessage
 
 if TYPE_CHECKING:
@@ -51,9 +52,24 @@ def deliver_after(headers: tuple[tuple[str, bytes | None], ...]) -> float | None
 
 
 class Expressions:
-    """A queue's compiled expressions and the reader of its documents."""
+    """A queue's compiled expressions and the reader of its documents.
 
-    __slots__ = ("reader", "priority", "barrier", "filter", "group", "conflate", "needed")
+    ``uses_record``: some expression reads the Kafka record (KEY(), HEADER(...), ...), so a
+    ``Record`` is built for each message; otherwise none is. ``levels``: the Qpid priority levels
+    (``priorities``), into which the priority expression's value is mapped.
+    """
+
+    __slots__ = (
+        "reader",
+        "priority",
+        "barrier",
+        "filter",
+        "group",
+        "conflate",
+        "needed",
+        "uses_record",
+        "levels",
+    )
 
     def __init__(self, config: QueueConfig) -> None:
         compiled = {opt: compile_expression(text) for opt, text in config.expressions.items()}
@@ -63,9 +79,27 @@ class Expressions:
         self.group = compiled.get("group_key")
         self.conflate = compiled.get("conflate_key")
         self.needed = bool(compiled)
-        # json queues always parse: a payload that is not JSON is reported with its dead letter
-        parse = self.needed or config.message_type == "json"
+        self.uses_record = any(e.uses_record for e in compiled.values())
+        self.levels = config.priorities
+        # json queues always parse: a payload that is not JSON is reported with its dead letter;
+        # a bytes queue's expressions read only the record (the loader refuses field paths)
+        documents = config.message_type != "bytes"
+        parse = (self.needed and documents) or config.message_type == "json"
         self.reader = DocumentReader(config.message_type, config.avro_schema) if parse else None
+
+    def priority_of(self, doc: object, record: Record | None) -> int | None:
+        """The message's priority: the expression's value, as a Qpid level with ``priorities``."""
+        if self.priority is None:
+            return None
+        value = self.priority.priority(doc, None, record)
+        return value if self.levels is None else qpid_level(value, self.levels)
+
+
+def record_of(stored: StoredMessage, bookmark: Bookmark) -> Record:
+    """The Kafka fields of a queued message, for expressions that read them."""
+    return Record(
+        stored.key, stored.headers, stored.timestamp_ms, bookmark.topic, bookmark.partition
+    )
 
 
 @dataclass(slots=True)
@@ -133,15 +167,16 @@ class QueueRuntime:
         restored = self.restored_delays.pop(bookmark, None)
         if restored is not None and (not_before is None or restored > not_before):
             not_before = restored
+        record = record_of(stored, bookmark) if exprs.uses_record else None
         return Arrival(
             bookmark,
             stored.timestamp_ms / 1000.0 if stored.timestamp_ms else now,
             stored.priority,
             0,  # delivery and cancel counts: the engine's restored ones, if any
             0,
-            None if exprs.group is None else exprs.group.key(doc, wall),
-            None if exprs.conflate is None else exprs.conflate.key(doc, wall),
-            exprs.barrier is not None and exprs.barrier.matches(doc, wall),
+            None if exprs.group is None else exprs.group.key(doc, wall, record),
+            None if exprs.conflate is None else exprs.conflate.key(doc, wall, record),
+            exprs.barrier is not None and exprs.barrier.matches(doc, wall, record),
             not_before,
         )
 
@@ -153,21 +188,29 @@ class QueueRuntime:
         exprs = self.exprs
         doc: object = None
         error: str | None = None
+        headers = tuple(cast(list[tuple[str, bytes | None]], msg.headers() or []))
+        _ts_type, ts = msg.timestamp()
+        timestamp_ms = ts if ts and ts > 0 else 0
+        record = None
+        if exprs.uses_record:
+            record = Record(msg.key(), headers, timestamp_ms, msg.topic(), msg.partition())
         if exprs.reader is not None:
             doc, error = exprs.reader.read(value)
             if error is not None:
                 self.counters.unparseable += 1
-            elif exprs.filter is not None and not exprs.filter.matches(doc):
-                self.counters.filtered += 1
-                return None, None
-        headers = cast(list[tuple[str, bytes | None]], msg.headers() or [])
-        _ts_type, ts = msg.timestamp()
+        if (
+            error is None
+            and exprs.filter is not None
+            and not exprs.filter.matches(doc, None, record)
+        ):
+            self.counters.filtered += 1
+            return None, None
         stored = StoredMessage(
             key=msg.key(),
             value=value,
-            headers=tuple(headers),
-            timestamp_ms=ts if ts and ts > 0 else 0,
-            priority=None if exprs.priority is None else exprs.priority.priority(doc),
+            headers=headers,
+            timestamp_ms=timestamp_ms,
+            priority=exprs.priority_of(doc, record),
             error=error,
         )
         return stored, doc
@@ -333,14 +376,16 @@ class QueueRuntime:
             },
         )
 
-    def document(self, store: Store, bookmark: Bookmark) -> object:
-        """The parsed message, for subscription filters (None when gone or unparseable)."""
+    def document(
+        self, store: Store, bookmark: Bookmark, stored: StoredMessage | None = None
+    ) -> object:
+        """The parsed message, for subscription filters (None when gone or unparseable);
+        ``stored``: its local copy, if the caller has it."""
         docs = self._docs
         if bookmark in docs:
             return docs[bookmark]
-        stored = self.payload_cache.get(bookmark)
         if stored is None:
-            stored = store.get_messages(self.name, [bookmark])[0]
+            stored = self.stored_message(store, bookmark)
         doc = None
         if stored is not None and self.exprs.reader is not None:
             doc = self.exprs.reader.read(stored.value)[0]
@@ -352,11 +397,29 @@ class QueueRuntime:
     def matcher(self, store: Store, expression: Expression) -> Callable[[Bookmark], bool]:
         """A subscription's content filter as the engine's predicate on bookmarks."""
         document = self.document
+        if not expression.uses_record:
 
-        def match(bookmark: Bookmark) -> bool:
-            return expression.matches(document(store, bookmark))
+            def match(bookmark: Bookmark) -> bool:
+                return expression.matches(document(store, bookmark))
 
-        return match
+            return match
+        stored_message = self.stored_message
+
+        def match_record(bookmark: Bookmark) -> bool:
+            stored = stored_message(store, bookmark)
+            if stored is None:
+                return False
+            record = record_of(stored, bookmark)
+            return expression.matches(document(store, bookmark, stored), None, record)
+
+        return match_record
+
+    def stored_message(self, store: Store, bookmark: Bookmark) -> StoredMessage | None:
+        """The local copy of a queued message: from the cache, else from the store."""
+        stored = self.payload_cache.get(bookmark)
+        if stored is None:
+            stored = store.get_messages(self.name, [bookmark])[0]
+        return stored
 
     def payloads(
         self, store: Store, bookmarks: list[Bookmark]

@@ -24,9 +24,9 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from connectors.admin import TopicAdmin
 from connectors.kafka import (
@@ -78,7 +78,7 @@ from layer.exceptions import (
     QLayerError,
     QueueRemoved,
 )
-from layer.expr import Expression, compile_expression
+from layer.expr import Expression, Record, compile_expression
 from layer.state.base import Store
 from layer.state.changelog import ChangelogWriter, DurableChangelog
 
@@ -418,17 +418,17 @@ class Coordinator:
         except ConfigError as exc:
             raise InvalidRequest(str(exc)) from None
         expression = compile_expression(filter) if filter is not None else None
-        if expression is not None and rt.exprs.reader is None:
-            raise InvalidRequest(f"queue {queue!r} holds {q.message_type} messages: no filter")
+        if expression is not None and expression.uses_document and rt.exprs.reader is None:
+            raise InvalidRequest(
+                f"queue {queue!r} holds {q.message_type} messages: no filter on fields"
+            )
         if limit is not None and limit < 0:
             raise InvalidRequest(f"limit must be >= 0, got {limit}")
         if not self._watch.reachable:
             raise self._watch.unreachable_error(f"redrive of queue {queue!r}")
         matches = None
         if expression is not None:
-            reader = rt.exprs.reader
-            assert reader is not None
-            matches = partial(_matches, expression, reader)
+            matches = partial(_matches, expression, rt.exprs.reader)
         async with self._redrive_lock:
             settings = consumer_settings(self._base_settings, self._profile)
             letters = await asyncio.to_thread(
@@ -468,9 +468,9 @@ class Coordinator:
         if topic is None:
             raise InvalidRequest(f"queue {queue!r} has no dead_letter_topic")
         expression = compile_expression(filter) if filter is not None else None
-        if expression is not None and rt.exprs.reader is None:
+        if expression is not None and expression.uses_document and rt.exprs.reader is None:
             raise InvalidRequest(
-                f"queue {queue!r} holds {rt.config.message_type} messages: no filter"
+                f"queue {queue!r} holds {rt.config.message_type} messages: no filter on fields"
             )
         if limit is not None and limit < 0:
             raise InvalidRequest(f"limit must be >= 0, got {limit}")
@@ -484,10 +484,8 @@ class Coordinator:
         for where, env in letters:
             if limit is not None and len(out) >= limit:
                 break
-            if expression is not None:
-                assert reader is not None
-                if not _matches(expression, reader, env["payload"]):
-                    continue
+            if expression is not None and not _matches(expression, reader, env):
+                continue
             out.append(
                 DeadLetter(
                     bookmark=str(where),
@@ -692,5 +690,18 @@ class Coordinator:
         log.info("queue=%s removed; its state is kept", rt.name, extra={"queue": rt.name})
 
 
-def _matches(expression: Expression, reader: DocumentReader, payload: bytes | None) -> bool:
-    return expression.matches(reader.read(payload)[0])
+def _matches(
+    expression: Expression, reader: DocumentReader | None, envelope: Mapping[str, Any]
+) -> bool:
+    """A dead letter's filter: over its payload and its original record's Kafka fields."""
+    doc = None if reader is None else reader.read(envelope["payload"])[0]
+    if not expression.uses_record:
+        return expression.matches(doc)
+    record = Record(
+        envelope["key"],
+        [(h["key"], h["value"]) for h in envelope["headers"]],
+        envelope["message_timestamp_ms"],
+        envelope["topic"],
+        envelope["partition"],
+    )
+    return expression.matches(doc, None, record)

@@ -120,10 +120,11 @@ class Subscriptions:
         if filter is None:
             return None
         expression = compile_expression(filter)  # ExpressionError: the caller's mistake
-        if rt.exprs.reader is None:
+        if rt.exprs.reader is None and expression.uses_document:
             raise InvalidRequest(
                 f"queue {rt.name!r} holds {rt.config.message_type} messages: "
-                "content filters need json or avro (with avro_schema)"
+                "filters on fields need json or avro (with avro_schema); KEY(), HEADER('name'),"
+                " TIMESTAMP(), TOPIC() and PARTITION() read the Kafka record"
             )
         return rt.matcher(self._store, expression)
 

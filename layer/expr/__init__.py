@@ -36,10 +36,17 @@ The language, loosest binding first::
   ``COALESCE(a, b, ...)`` (the first that is not NULL), ``ABS(x)``, ``ROUND(x)`` and
   ``ROUND(x, digits)`` (half away from zero), ``NOW()`` (seconds since the epoch; see
   ``Expression.evaluate``).
+- The Kafka record's own fields (any case): ``KEY()`` (the key as UTF-8 text), ``HEADER('name')``
+  (the header's value as UTF-8 text, a list of texts when the header repeats; the name is a
+  string literal, matched exactly), ``TIMESTAMP()`` (seconds since the epoch, as NOW()),
+  ``TOPIC()`` and ``PARTITION()``. Absent, or not UTF-8, is NULL, as a missing field is; a
+  repeated header is a list, so NULL to operators, but ``key`` uses it. A header's text compares
+  with numbers as a numeric string does (``HEADER('JMSPriority') > 4``). See ``layer.expr.record``.
 - Limits: at most 64 KiB of UTF-8 and 100 levels of nesting; beyond, ``ExpressionError``.
 """
 
 from layer.exceptions import ExpressionError
 from layer.expr.expression import Expression, compile_expression
+from layer.expr.record import Record
 
-__all__ = ["Expression", "ExpressionError", "compile_expression"]
+__all__ = ["Expression", "ExpressionError", "Record", "compile_expression"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from layer.expr import nodes
+from layer.expr.record import Record
 from layer.expr.values import COMPARISONS, comparable, text_to_number
 
 __all__ = [
@@ -21,7 +22,8 @@ __all__ = [
     "top_field",
 ]
 
-Code = Callable[[object, float], object]
+# (document, NOW()'s value, the Kafka record or None) -> value
+Code = Callable[[object, float, Record | None], object]
 
 
 def not3(value: object) -> object:
@@ -42,14 +44,14 @@ def path_code(steps: tuple[str | int, ...]) -> Code:
     if len(steps) == 1 and type(steps[0]) is str:
         key = steps[0]
 
-        def field(doc: object, now: float) -> object:
+        def field(doc: object, now: float, rec: Record | None) -> object:
             return doc.get(key) if isinstance(doc, dict) else None
 
         return field
     if len(steps) == 2 and type(steps[0]) is str and type(steps[1]) is str:
         outer, inner = steps
 
-        def field2(doc: object, now: float) -> object:
+        def field2(doc: object, now: float, rec: Record | None) -> object:
             if isinstance(doc, dict):
                 value = doc.get(outer)
                 if isinstance(value, dict):
@@ -58,7 +60,7 @@ def path_code(steps: tuple[str | int, ...]) -> Code:
 
         return field2
 
-    def walk(doc: object, now: float) -> object:
+    def walk(doc: object, now: float, rec: Record | None) -> object:
         value = doc
         for step in steps:
             if isinstance(step, str):
@@ -91,7 +93,7 @@ def compare_const(op: str, code: Code, constant: object, field: str | None) -> C
     kind = type(constant)
     if field is not None and kind is str:
 
-        def field_versus_text(doc: object, now: float) -> object:
+        def field_versus_text(doc: object, now: float, rec: Record | None) -> object:
             value = doc.get(field) if isinstance(doc, dict) else None
             if type(value) is str:
                 return compare(value, constant)
@@ -100,7 +102,7 @@ def compare_const(op: str, code: Code, constant: object, field: str | None) -> C
         return field_versus_text
     if field is not None and (kind is int or kind is float):
 
-        def field_versus_number(doc: object, now: float) -> object:
+        def field_versus_number(doc: object, now: float, rec: Record | None) -> object:
             value = doc.get(field) if isinstance(doc, dict) else None
             kind = type(value)
             if kind is int or kind is float:
@@ -111,8 +113,8 @@ def compare_const(op: str, code: Code, constant: object, field: str | None) -> C
     if isinstance(constant, str):
         as_number = text_to_number(constant)
 
-        def versus_text(doc: object, now: float) -> object:
-            value = code(doc, now)
+        def versus_text(doc: object, now: float, rec: Record | None) -> object:
+            value = code(doc, now, rec)
             if type(value) is str:
                 return compare(value, constant)
             kind = type(value)
@@ -123,8 +125,8 @@ def compare_const(op: str, code: Code, constant: object, field: str | None) -> C
         return versus_text
     if kind is int or kind is float:
 
-        def versus_number(doc: object, now: float) -> object:
-            value = code(doc, now)
+        def versus_number(doc: object, now: float, rec: Record | None) -> object:
+            value = code(doc, now, rec)
             kind = type(value)
             if kind is int or kind is float:
                 return compare(value, constant)
@@ -135,8 +137,8 @@ def compare_const(op: str, code: Code, constant: object, field: str | None) -> C
 
         return versus_number
 
-    def versus_bool(doc: object, now: float) -> object:
-        value = code(doc, now)
+    def versus_bool(doc: object, now: float, rec: Record | None) -> object:
+        value = code(doc, now, rec)
         return compare(value, constant) if value is True or value is False else None
 
     return versus_bool
@@ -162,8 +164,8 @@ def in_constants(code: Code, values: list[object], negated: bool) -> Code:
     if_no_match_for_bool = None if has_null or texts or has_number else False
     all_numbers = numbers | text_numbers
 
-    def in_constants(doc: object, now: float) -> object:
-        value = code(doc, now)
+    def in_constants(doc: object, now: float, rec: Record | None) -> object:
+        value = code(doc, now, rec)
         kind = type(value)
         result: object
         if kind is str:

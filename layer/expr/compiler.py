@@ -1,6 +1,7 @@
 """Syntax tree to nested closures, folding whatever does not depend on the document.
 
-Every closure takes ``(doc, now)`` and returns a value (see ``layer.expr.values``). A sub-tree
+Every closure takes ``(doc, now, rec)`` (``rec``: the Kafka record, see ``layer.expr.record``,
+or None) and returns a value (see ``layer.expr.values``). A sub-tree
 whose inputs are all constants is run once here and replaced by its value, so ``/qty > 2 * 50``
 costs what ``/qty > 100`` does. Comparisons, IN and BETWEEN against constants get closures that
 test the common types first; the general rules are the fallback, so the fast paths never change
@@ -14,6 +15,7 @@ each evaluation as a last guard.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from layer.exceptions import ExpressionError
 from layer.expr import nodes
@@ -27,9 +29,10 @@ from layer.expr.closures import (
     top_field,
 )
 from layer.expr.functions import FUNCTIONS
+from layer.expr.record import Record, header_value, key_text, timestamp_seconds
 from layer.expr.values import ARITHMETIC, COMPARISONS, FLOAT_ARITHMETIC, to_number
 
-__all__ = ["Code", "compile_tree"]
+__all__ = ["Code", "Uses", "compile_tree"]
 
 _Compiled = Code | nodes.Const
 
@@ -37,17 +40,29 @@ _FLIPPED = {"=": "=", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 _ERRORS = (ArithmeticError, ValueError, TypeError, MemoryError, RecursionError)
 
 
-def compile_tree(text: str, tree: nodes.Node) -> tuple[Code, bool]:
-    """The closure for ``tree`` and whether it reads NOW() (so evaluate needs the time)."""
+def compile_tree(text: str, tree: nodes.Node) -> tuple[Code, Uses]:
+    """The closure for ``tree`` and what it reads besides constants."""
     compiler = _Compiler(text)
-    return _code(compiler.compile(tree)), compiler.uses_now
+    code = _code(compiler.compile(tree))
+    return code, Uses(compiler.uses_now, compiler.uses_record, compiler.uses_document)
+
+
+@dataclass(frozen=True, slots=True)
+class Uses:
+    """What an expression reads: NOW() (evaluation needs the time), the Kafka record (KEY,
+    HEADER, TIMESTAMP, TOPIC, PARTITION: callers build a ``Record``), the document (a field
+    path: the payload must be parsed)."""
+
+    now: bool = False
+    record: bool = False
+    document: bool = False
 
 
 def _code(compiled: _Compiled) -> Code:
     if isinstance(compiled, nodes.Const):
         value = compiled.value
 
-        def constant(doc: object, now: float) -> object:
+        def constant(doc: object, now: float, rec: Record | None) -> object:
             return value
 
         return constant
@@ -58,7 +73,7 @@ def _fold(code: Code, node: nodes.Node, *parts: _Compiled) -> _Compiled:
     """``code``, or its value if every part it depends on is a constant."""
     if all(isinstance(part, nodes.Const) for part in parts):
         try:
-            value = code(None, 0.0)
+            value = code(None, 0.0, None)
         except Exception:
             value = None
         return nodes.Const(value, pos=node.pos)
@@ -69,6 +84,8 @@ class _Compiler:
     def __init__(self, text: str) -> None:
         self.text = text
         self.uses_now = False
+        self.uses_record = False
+        self.uses_document = False
 
     def compile(self, node: nodes.Node) -> _Compiled:
         method = getattr(self, f"_{type(node).__name__.lower()}")
@@ -81,6 +98,7 @@ class _Compiler:
         return node
 
     def _path(self, node: nodes.Path) -> _Compiled:
+        self.uses_document = True
         return path_code(node.steps)
 
     def _unary(self, node: nodes.Unary) -> _Compiled:
@@ -88,8 +106,8 @@ class _Compiler:
         inner = _code(operand)
         negate = node.op == "-"
 
-        def unary(doc: object, now: float) -> object:
-            number = to_number(inner(doc, now))
+        def unary(doc: object, now: float, rec: Record | None) -> object:
+            number = to_number(inner(doc, now, rec))
             if number is None:
                 return None
             return -number if negate else number
@@ -101,13 +119,13 @@ class _Compiler:
         lcode, rcode = _code(left), _code(right)
         op, float_op = ARITHMETIC[node.op], FLOAT_ARITHMETIC[node.op]
 
-        def arithmetic(doc: object, now: float) -> object:
-            a = lcode(doc, now)
+        def arithmetic(doc: object, now: float, rec: Record | None) -> object:
+            a = lcode(doc, now, rec)
             kind = type(a)
             x = a if kind is int or kind is float else to_number(a)
             if x is None:
                 return None
-            b = rcode(doc, now)
+            b = rcode(doc, now, rec)
             kind = type(b)
             y = b if kind is int or kind is float else to_number(b)
             if y is None:
@@ -127,6 +145,12 @@ class _Compiler:
         if node.name == "NOW":
             self.uses_now = True
             return _now
+        if node.name == "HEADER":
+            self.uses_record = True
+            return self._header(node)
+        if node.name in _RECORD_FIELDS:
+            self.uses_record = True  # never folded: they read each evaluation's record
+            return _RECORD_FIELDS[node.name]
         if node.name == "COALESCE":
             return _coalesce(node, args, codes)
         apply = FUNCTIONS[node.name].apply
@@ -134,21 +158,39 @@ class _Compiler:
         if len(codes) == 1:
             (only,) = codes
 
-            def call1(doc: object, now: float) -> object:
+            def call1(doc: object, now: float, rec: Record | None) -> object:
                 try:
-                    return apply(only(doc, now))
+                    return apply(only(doc, now, rec))
                 except _ERRORS:
                     return None
 
             return _fold(call1, node, *args)
 
-        def call(doc: object, now: float) -> object:
+        def call(doc: object, now: float, rec: Record | None) -> object:
             try:
-                return apply(*[code(doc, now) for code in codes])
+                return apply(*[code(doc, now, rec) for code in codes])
             except _ERRORS:
                 return None
 
         return _fold(call, node, *args)
+
+    def _header(self, node: nodes.Call) -> Code:
+        """HEADER('name'): the name must be a literal, so what an expression reads is fixed
+        when it is compiled (and checked when the config is loaded)."""
+        (arg,) = node.args
+        if not isinstance(arg, nodes.Const) or type(arg.value) is not str:
+            raise ExpressionError(
+                self.text,
+                arg.pos + 1,
+                "HEADER takes the header's name as a string literal",
+                "for example HEADER('JMSPriority')",
+            )
+        name = arg.value
+
+        def header(doc: object, now: float, rec: Record | None) -> object:
+            return None if rec is None else header_value(rec, name)
+
+        return header
 
     # -- predicates ----------------------------------------------------------------------------
 
@@ -165,8 +207,8 @@ class _Compiler:
                 return compare_const(op_name, _code(side), constant.value, top_field(tree))
         lcode, rcode, op = _code(left), _code(right), COMPARISONS[node.op]
 
-        def compare(doc: object, now: float) -> object:
-            return compare_values(op, lcode(doc, now), rcode(doc, now))
+        def compare(doc: object, now: float, rec: Record | None) -> object:
+            return compare_values(op, lcode(doc, now, rec), rcode(doc, now, rec))
 
         return _fold(compare, node, left, right)
 
@@ -180,17 +222,17 @@ class _Compiler:
         hi_const: object = high.value if isinstance(high, nodes.Const) else None
         fast = type(lo_const) in (int, float) and type(hi_const) in (int, float)
 
-        def between(doc: object, now: float) -> object:
-            value = code(doc, now)
+        def between(doc: object, now: float, rec: Record | None) -> object:
+            value = code(doc, now, rec)
             kind = type(value)
             if fast and (kind is int or kind is float):
                 inside: object = lo_const <= value <= hi_const  # type: ignore[operator]
             else:
-                above = compare_values(ge, value, lcode(doc, now))
+                above = compare_values(ge, value, lcode(doc, now, rec))
                 if above is False:
                     inside = False
                 else:
-                    below = compare_values(le, value, hcode(doc, now))
+                    below = compare_values(le, value, hcode(doc, now, rec))
                     if below is False:
                         inside = False
                     else:
@@ -210,11 +252,11 @@ class _Compiler:
         negated = node.negated
         eq = COMPARISONS["="]
 
-        def in_list(doc: object, now: float) -> object:
-            value = code(doc, now)
+        def in_list(doc: object, now: float, rec: Record | None) -> object:
+            value = code(doc, now, rec)
             result: object = False
             for item in codes:
-                found = compare_values(eq, value, item(doc, now))
+                found = compare_values(eq, value, item(doc, now, rec))
                 if found is True:
                     result = True
                     break
@@ -235,8 +277,8 @@ class _Compiler:
             except (re.error, OverflowError, RecursionError) as exc:
                 raise self._regex_error(node.pattern, pattern.value, exc) from None
 
-            def like(doc: object, now: float) -> object:
-                value = code(doc, now)
+            def like(doc: object, now: float, rec: Record | None) -> object:
+                value = code(doc, now, rec)
                 if type(value) is not str:
                     return None
                 return (search(value) is None) if negated else (search(value) is not None)
@@ -244,8 +286,8 @@ class _Compiler:
             return _fold(like, node, operand)
         pcode = _code(pattern)
 
-        def like_dynamic(doc: object, now: float) -> object:
-            value, regex = code(doc, now), pcode(doc, now)
+        def like_dynamic(doc: object, now: float, rec: Record | None) -> object:
+            value, regex = code(doc, now, rec), pcode(doc, now, rec)
             if type(value) is not str or type(regex) is not str:
                 return None
             try:
@@ -272,13 +314,13 @@ class _Compiler:
         # bytes count as NULL everywhere else, but the field is there: IS NULL is false for it
         if node.negated:
 
-            def is_not_null(doc: object, now: float) -> object:
-                return code(doc, now) is not None
+            def is_not_null(doc: object, now: float, rec: Record | None) -> object:
+                return code(doc, now, rec) is not None
 
             return _fold(is_not_null, node, operand)
 
-        def is_null(doc: object, now: float) -> object:
-            return code(doc, now) is None
+        def is_null(doc: object, now: float, rec: Record | None) -> object:
+            return code(doc, now, rec) is None
 
         return _fold(is_null, node, operand)
 
@@ -288,8 +330,8 @@ class _Compiler:
         operand = self.compile(node.operand)
         code = _code(operand)
 
-        def negation(doc: object, now: float) -> object:
-            return not3(code(doc, now))
+        def negation(doc: object, now: float, rec: Record | None) -> object:
+            return not3(code(doc, now, rec))
 
         return _fold(negation, node, operand)
 
@@ -300,8 +342,32 @@ class _Compiler:
         return _junction(node, [self.compile(o) for o in node.operands], decisive=True)
 
 
-def _now(doc: object, now: float) -> object:
+def _now(doc: object, now: float, rec: Record | None) -> object:
     return now
+
+
+def _key(doc: object, now: float, rec: Record | None) -> object:
+    return key_text(rec)
+
+
+def _timestamp(doc: object, now: float, rec: Record | None) -> object:
+    return timestamp_seconds(rec)
+
+
+def _topic(doc: object, now: float, rec: Record | None) -> object:
+    return None if rec is None else rec.topic
+
+
+def _partition(doc: object, now: float, rec: Record | None) -> object:
+    return None if rec is None else rec.partition
+
+
+_RECORD_FIELDS: dict[str, Code] = {
+    "KEY": _key,
+    "PARTITION": _partition,
+    "TIMESTAMP": _timestamp,
+    "TOPIC": _topic,
+}
 
 
 def _coalesce(node: nodes.Call, args: list[_Compiled], codes: list[Code]) -> _Compiled:
@@ -309,9 +375,9 @@ def _coalesce(node: nodes.Call, args: list[_Compiled], codes: list[Code]) -> _Co
     if isinstance(first, nodes.Const) and first.value is not None:
         return first
 
-    def coalesce(doc: object, now: float) -> object:
+    def coalesce(doc: object, now: float, rec: Record | None) -> object:
         for code in codes:
-            value = code(doc, now)
+            value = code(doc, now, rec)
             if value is not None and type(value) is not bytes:
                 return value
         return None
@@ -342,8 +408,8 @@ def _junction(node: nodes.Node, operands: list[_Compiled], decisive: bool) -> _C
     if len(codes) == 1:
         (only,) = codes
 
-        def junction1(doc: object, now: float) -> object:
-            value = only(doc, now)
+        def junction1(doc: object, now: float, rec: Record | None) -> object:
+            value = only(doc, now, rec)
             if value is decisive:
                 return decisive
             return settled if value is neutral else None
@@ -352,21 +418,21 @@ def _junction(node: nodes.Node, operands: list[_Compiled], decisive: bool) -> _C
     if len(codes) == 2 and not unknown:
         first, second = codes
 
-        def junction2(doc: object, now: float) -> object:
-            a = first(doc, now)
+        def junction2(doc: object, now: float, rec: Record | None) -> object:
+            a = first(doc, now, rec)
             if a is decisive:
                 return decisive
-            b = second(doc, now)
+            b = second(doc, now, rec)
             if b is decisive:
                 return decisive
             return neutral if a is neutral and b is neutral else None
 
         return junction2
 
-    def junction(doc: object, now: float) -> object:
+    def junction(doc: object, now: float, rec: Record | None) -> object:
         result = settled
         for code in codes:
-            value = code(doc, now)
+            value = code(doc, now, rec)
             if value is decisive:
                 return decisive
             if value is not neutral:

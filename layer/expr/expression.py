@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import time
 
-from layer.expr.compiler import Code, compile_tree
+from layer.expr.compiler import Code, Uses, compile_tree
 from layer.expr.parser import parse
+from layer.expr.record import Record
 from layer.expr.values import text_to_number
 
-__all__ = ["Expression", "compile_expression"]
+__all__ = ["Expression", "Record", "compile_expression"]
 
 _SCALARS = frozenset((str, int, float, bool))
 _PRIORITY_MAX = 2**64 - 1
@@ -23,8 +24,8 @@ def compile_expression(text: str) -> Expression:
     """
     if not isinstance(text, str):
         raise TypeError(f"an expression is a str, not {type(text).__name__}")
-    code, uses_now = compile_tree(text, parse(text))
-    return Expression(text, code, uses_now)
+    code, uses = compile_tree(text, parse(text))
+    return Expression(text, code, uses)
 
 
 class Expression:
@@ -32,15 +33,21 @@ class Expression:
 
     ``doc`` is a decoded JSON value or a fastavro record. Evaluation never raises: whatever the
     document holds, a problem gives NULL (None). ``now`` is the value of NOW() in seconds since the
-    epoch; None reads the clock once per call, and only if the expression uses NOW().
+    epoch; None reads the clock once per call, and only if the expression uses NOW(). ``record``
+    is the Kafka record around the document (``layer.expr.record.Record``): what KEY(),
+    HEADER('name'), TIMESTAMP(), TOPIC() and PARTITION() read; without one they are NULL.
+    Callers build a record only when ``uses_record`` is true, and parse the payload only when
+    ``uses_document`` is.
     """
 
-    __slots__ = ("_code", "_uses_now", "text")
+    __slots__ = ("_code", "_uses_now", "text", "uses_document", "uses_record")
 
-    def __init__(self, text: str, code: Code, uses_now: bool) -> None:
+    def __init__(self, text: str, code: Code, uses: Uses) -> None:
         self.text = text
         self._code = code
-        self._uses_now = uses_now
+        self._uses_now = uses.now
+        self.uses_record = uses.record
+        self.uses_document = uses.document
 
     def __repr__(self) -> str:
         return f"Expression({self.text!r})"
@@ -52,32 +59,36 @@ class Expression:
     def __hash__(self) -> int:
         return hash(self.text)
 
-    def evaluate(self, doc: object, now: float | None = None) -> object:
+    def evaluate(
+        self, doc: object, now: float | None = None, record: Record | None = None
+    ) -> object:
         """The value: str, int, float, bool, or None for NULL (also for an array or object)."""
         if now is None:
             now = time.time() if self._uses_now else 0.0
         try:
-            value = self._code(doc, now)
+            value = self._code(doc, now, record)
         except Exception:  # a last guard: the closures are written not to raise
             return None
         return value if type(value) in _SCALARS else None
 
-    def matches(self, doc: object, now: float | None = None) -> bool:
+    def matches(self, doc: object, now: float | None = None, record: Record | None = None) -> bool:
         """True only if the value is boolean true; NULL, false and non-booleans are no match."""
         if now is None:
             now = time.time() if self._uses_now else 0.0
         try:
-            return self._code(doc, now) is True
+            return self._code(doc, now, record) is True
         except Exception:
             return False
 
-    def priority(self, doc: object, now: float | None = None) -> int | None:
+    def priority(
+        self, doc: object, now: float | None = None, record: Record | None = None
+    ) -> int | None:
         """The value as an AMPS priority: a number (or numeric string) truncated toward zero and
         clamped to [0, 2**64 - 1]; None for NULL, NaN, booleans and anything else."""
         if now is None:
             now = time.time() if self._uses_now else 0.0
         try:
-            value = self._code(doc, now)
+            value = self._code(doc, now, record)
         except Exception:  # a last guard: the closures are written not to raise
             return None
         if type(value) is str:
@@ -93,7 +104,9 @@ class Expression:
             return _PRIORITY_MAX if value >= _PRIORITY_CAP else int(value)
         return None
 
-    def key(self, doc: object, now: float | None = None) -> object | None:
+    def key(
+        self, doc: object, now: float | None = None, record: Record | None = None
+    ) -> object | None:
         """A hashable key for message groups and last-value conflation.
 
         A str, int, float or bool value is the key itself, so keys equal as Python values are the
@@ -105,7 +118,7 @@ class Expression:
         if now is None:
             now = time.time() if self._uses_now else 0.0
         try:
-            value = self._code(doc, now)
+            value = self._code(doc, now, record)
         except Exception:  # a last guard: the closures are written not to raise
             return None
         kind = type(value)

@@ -1,9 +1,10 @@
 """The functions an expression may call, by upper-case name, with their argument counts.
 
 Each takes values and returns a value; a wrong type gives NULL (see ``layer.expr.values``).
-``COALESCE`` and ``NOW`` are here for their argument counts only: the compiler gives them their own
-closures, because COALESCE must not evaluate past its first non-NULL argument and NOW reads the
-evaluation's clock.
+``COALESCE``, ``NOW`` and the record's fields (``KEY``, ``HEADER``, ``TIMESTAMP``, ``TOPIC``,
+``PARTITION``) are here for their argument counts only: the compiler gives them their own closures,
+because COALESCE must not evaluate past its first non-NULL argument, NOW reads the evaluation's
+clock and the others its Kafka record.
 """
 
 from __future__ import annotations
@@ -92,9 +93,14 @@ def _round(value: object, *digits: object) -> object:
 FUNCTIONS: dict[str, Function] = {
     "ABS": Function(1, 1, _abs),
     "COALESCE": Function(1, 255, None),
+    "HEADER": Function(1, 1, None),
+    "KEY": Function(0, 0, None),
     "LENGTH": Function(1, 1, _length),
     "LOWER": Function(1, 1, _lower),
     "NOW": Function(0, 0, None),
+    "PARTITION": Function(0, 0, None),
     "ROUND": Function(1, 2, _round),
+    "TIMESTAMP": Function(0, 0, None),
+    "TOPIC": Function(0, 0, None),
     "UPPER": Function(1, 1, _upper),
 }

@@ -44,6 +44,11 @@ _INT_LIMIT_BITS = 1024
 
 def text_to_number(text: str) -> int | float | None:
     """The number a numeric string stands for, or None if it is not one."""
+    if text.isascii() and text.isdigit():  # the common case (a header's "7"): no regex
+        try:
+            return int(text)
+        except ValueError:  # more digits than int() converts (sys.get_int_max_str_digits)
+            return float(text)
     if _NUMERIC_TEXT.fullmatch(text) is None:
         return None
     text = text.strip()

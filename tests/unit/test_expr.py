@@ -497,7 +497,8 @@ ERRORS = [
         "/a > foo(1)",
         6,
         'expression "/a > foo(1)" : unknown function foo at column 6; '
-        "known functions: ABS, COALESCE, LENGTH, LOWER, NOW, ROUND, UPPER",
+        "known functions: ABS, COALESCE, HEADER, KEY, LENGTH, LOWER, NOW, PARTITION, ROUND, "
+        "TIMESTAMP, TOPIC, UPPER",
     ),
     (
         "UPPER(/a, 1) = 'X'",

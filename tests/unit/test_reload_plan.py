@@ -136,6 +136,7 @@ def fixed_cases(tmp_path: Path) -> list[tuple[str, str, str]]:
             f'message_type = "avro"\navro_schema = "{s2}"',
         ),
         ("priority", "", 'priority = "/p"'),
+        ("priorities", "priorities = 10", "priorities = 4"),
         ("barrier", "", "barrier = \"/kind = 'eod'\""),
         ("filter", 'filter = "/qty > 1"', 'filter = "/qty > 2"'),
         ("group_key", "", 'group_key = "/g"'),
