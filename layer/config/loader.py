@@ -526,6 +526,11 @@ _QUEUE_KEYS = (
     "redelivery_backoff",
     "view_topic",
     "view_snapshot_interval",
+    # the Qpid and Solace queue types
+    "sort_key",
+    "last_value",
+    "ttl",
+    "dead_letter_if",
 )
 _QUEUE_PENDING: tuple[str, ...] = ()  # AMPS options whose implementation comes later
 
@@ -587,9 +592,31 @@ def _queue(
         leasing=section.get("leasing", Leasing.STRICT, _choice(Leasing)),
         start_from=section.get("start_from", StartFrom.EARLIEST, _choice(StartFrom)),
         avro_schema=section.get("avro_schema", None, _path(base_dir)),
+        sort_key=section.get("sort_key", None, _expression),
+        last_value=section.get("last_value", False, _boolean),
+        ttl=section.get("ttl", None, _expression),
+        dead_letter_if=section.get("dead_letter_if", None, _expression),
     )
     _check_queue(queue, section, coordinator)
     return queue
+
+
+def _check_queue_type(queue: QueueConfig, section: _Section) -> None:
+    """One delivery order, one kind of last-value queue (as Qpid refuses mixed queue types)."""
+    if queue.sort_key is not None:
+        for option in ("priority", "conflate_key"):
+            if getattr(queue, option) is not None:
+                raise section.error(
+                    "sort_key", f"cannot be combined with {option!r} (as Qpid refuses)"
+                )
+        if queue.last_value:
+            raise section.error("sort_key", "cannot be combined with 'last_value'")
+    if queue.last_value and queue.conflate_key is not None:
+        raise section.error(
+            "last_value",
+            "cannot be combined with 'conflate_key': last_value keeps the newest message "
+            "whatever its key, conflate_key the newest of each key",
+        )
 
 
 def _check_queue(queue: QueueConfig, section: _Section, coordinator: CoordinatorConfig) -> None:
@@ -606,6 +633,7 @@ def _check_queue(queue: QueueConfig, section: _Section, coordinator: Coordinator
             )
         if queue.message_type == MessageType.AVRO and queue.avro_schema is None:
             raise section.error(option, 'needs avro_schema to read the fields of "avro" messages')
+    _check_queue_type(queue, section)
     if queue.group_mode != GroupMode.STICKY and queue.group_key is None:
         raise section.error("group_mode", "needs group_key")
     if queue.avro_schema is not None:

@@ -23,16 +23,27 @@ from layer.coordinator.ingest import Fetched, bookmark_of
 from layer.coordinator.publish_route import PublishRoute
 from layer.coordinator.stages import Stages
 from layer.documents import DocumentReader
-from layer.engine.model import Arrival, Bookmark, Change, LowWater, TopicPartition
+from layer.engine.model import (
+    Arrival,
+    Bookmark,
+    Change,
+    Done,
+    DoneReason,
+    LowWater,
+    TopicPartition,
+)
 from layer.engine.queue import QueueEngine
 from layer.exceptions import UnknownQueue
 from layer.expr import Expression, compile_expression
+from layer.expr.values import text_to_number
 from layer.state.base import Store, StoreBatch, StoredMessage
 
 if TYPE_CHECKING:
     from layer.coordinator.view_history import ViewHistory
 
 log = logging.getLogger(__name__)
+
+_INF = float("inf")
 
 
 DELIVER_AFTER = "deliver_after"  # header: not deliverable before this UNIX time (seconds)
@@ -50,10 +61,53 @@ def deliver_after(headers: tuple[tuple[str, bytes | None], ...]) -> float | None
     return None
 
 
+DISCARD_LOG_INTERVAL = 10.0  # seconds between two log lines of dead_letter_if discards
+# the reasons dead_letter_if decides on (Solace: TTL expiry, max redelivery); the others
+# (a consumer's expire, ...) are always dead-lettered
+DMQ_REASONS = frozenset({DoneReason.EXPIRATION, DoneReason.MAX_DELIVERIES, DoneReason.MAX_CANCELS})
+# last_value: the conflation key of every message is (LAST_VALUE, topic, partition)
+LAST_VALUE = object()
+
+
+def sort_value(expression: Expression, doc: object, now: float) -> str | None:
+    """A sorted queue's sort value: the expression's value when it is a string (as Qpid's
+    sort key must be a String property); anything else (NULL, a number) sorts last."""
+    value = expression.evaluate(doc, now)
+    return value if type(value) is str else None
+
+
+def expires_at(expression: Expression, doc: object, now: float, timestamp: float) -> float | None:
+    """A message's own expiry time: its enqueue time plus the ``ttl`` expression's value in
+    seconds (a number, or a string holding one). NULL, anything else, and a value that is not
+    > 0 give none (Solace: a TTL of 0 never expires); the queue's ``expiration`` still caps."""
+    value = expression.evaluate(doc, now)
+    if type(value) is str:
+        value = text_to_number(value)
+    if type(value) not in (int, float):
+        return None
+    seconds = float(value)  # type: ignore[arg-type]
+    if not 0 < seconds < _INF:  # also NaN
+        return None
+    return timestamp + seconds
+
+
 class Expressions:
     """A queue's compiled expressions and the reader of its documents."""
 
-    __slots__ = ("reader", "priority", "barrier", "filter", "group", "conflate", "needed")
+    __slots__ = (
+        "reader",
+        "priority",
+        "barrier",
+        "filter",
+        "group",
+        "conflate",
+        "needed",
+        "sort",
+        "ttl",
+        "dead_letter_if",
+        "last_value",
+        "plain",
+    )
 
     def __init__(self, config: QueueConfig) -> None:
         compiled = {opt: compile_expression(text) for opt, text in config.expressions.items()}
@@ -62,6 +116,19 @@ class Expressions:
         self.filter = compiled.get("filter")
         self.group = compiled.get("group_key")
         self.conflate = compiled.get("conflate_key")
+        self.sort = compiled.get("sort_key")
+        self.ttl = compiled.get("ttl")
+        self.dead_letter_if = compiled.get("dead_letter_if")
+        self.last_value = config.last_value
+        # the queue gives its messages nothing of their own: they may go in as runs
+        self.plain = (
+            self.group is None
+            and self.conflate is None
+            and self.barrier is None
+            and self.sort is None
+            and self.ttl is None
+            and not self.last_value
+        )
         self.needed = bool(compiled)
         # json queues always parse: a payload that is not JSON is reported with its dead letter
         parse = self.needed or config.message_type == "json"
@@ -118,6 +185,41 @@ class QueueRuntime:
     def __post_init__(self) -> None:
         self.exprs = Expressions(self.config)
         self._docs: dict[Bookmark, object] = {}  # parsed documents for subscription filters
+        self._discards_logged_at = -_INF  # dead_letter_if: when a discard was last logged
+        self._discards_unlogged = 0  # discards since then, not logged one by one
+
+    def dead_letter_eligible(self, change: Done, stored: StoredMessage | None) -> bool:
+        """Whether a message that leaves for ``change.reason`` (a dead-letter reason) is
+        dead-lettered. Only with ``dead_letter_if`` and for the reasons Solace's DMQ
+        eligibility covers (expiration, max_deliveries, max_cancels): the expression decides,
+        on the message's payload; NULL or false discards it, counted (``discarded``) and logged
+        (at most one line per ``DISCARD_LOG_INTERVAL`` seconds, with how many went unlogged).
+        A message whose payload is gone already is dead-lettered: nothing is lost unseen."""
+        expression = self.exprs.dead_letter_if
+        if expression is None or change.reason not in DMQ_REASONS or stored is None:
+            return True
+        reader = self.exprs.reader
+        doc = reader.read(stored.value)[0] if reader is not None else None
+        if expression.matches(doc, time.time()):
+            return True
+        self.counters.discarded += 1
+        wall = time.monotonic()
+        if wall - self._discards_logged_at >= DISCARD_LOG_INTERVAL:
+            more = self._discards_unlogged
+            log.warning(
+                "queue=%s discarded %s (%s, deliveries=%d): dead_letter_if %r is not true%s",
+                self.name,
+                change.bookmark,
+                change.reason.value,
+                change.deliveries,
+                expression.text,
+                f" ({more} more discarded since the last line)" if more else "",
+            )
+            self._discards_logged_at = wall
+            self._discards_unlogged = 0
+        else:
+            self._discards_unlogged += 1
+        return False
 
     @property
     def name(self) -> str:
@@ -133,16 +235,23 @@ class QueueRuntime:
         restored = self.restored_delays.pop(bookmark, None)
         if restored is not None and (not_before is None or restored > not_before):
             not_before = restored
+        timestamp = stored.timestamp_ms / 1000.0 if stored.timestamp_ms else now
+        if exprs.last_value:  # one per partition, as Solace's partitioned LVQs
+            conflate_key: object = (LAST_VALUE, bookmark.topic, bookmark.partition)
+        else:
+            conflate_key = None if exprs.conflate is None else exprs.conflate.key(doc, wall)
         return Arrival(
             bookmark,
-            stored.timestamp_ms / 1000.0 if stored.timestamp_ms else now,
+            timestamp,
             stored.priority,
             0,  # delivery and cancel counts: the engine's restored ones, if any
             0,
             None if exprs.group is None else exprs.group.key(doc, wall),
-            None if exprs.conflate is None else exprs.conflate.key(doc, wall),
+            conflate_key,
             exprs.barrier is not None and exprs.barrier.matches(doc, wall),
             not_before,
+            None if exprs.sort is None else sort_value(exprs.sort, doc, wall),
+            None if exprs.ttl is None else expires_at(exprs.ttl, doc, wall, timestamp),
         )
 
     def parse(self, msg: Message) -> tuple[StoredMessage | None, object]:
@@ -224,7 +333,7 @@ class QueueRuntime:
             return 0
         engine = self.engine
         exprs = self.exprs
-        plain_queue = exprs.group is None and exprs.conflate is None and exprs.barrier is None
+        plain_queue = exprs.plain
         record = self.record_runs
         read_to: dict[TopicPartition, int] = {}
         name = self.name
