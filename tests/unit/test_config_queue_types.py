@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -92,3 +93,14 @@ def test_the_ttl_is_seconds_after_the_enqueue_time():
     for value in (None, "soon", 0, -5, math.inf, math.nan, True, [1]):
         assert expires_at(ttl, {"ttl": value}, 0.0, 100.0) is None, value
     assert expires_at(compile_expression("/ms / 1000"), {"ms": 2500}, 0.0, 1.0) == 3.5
+
+
+def test_the_readme_example_of_the_queue_types_loads():
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme.split("**Qpid and Solace queue types.**", 1)[1]
+    example = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    config = loads(example, source="README.md", env={})
+    quotes, last, orders = config.queues
+    assert quotes.engine_settings().sort and last.engine_settings().conflate
+    assert orders.ttl == "/ttl_s" and orders.expiration == 3600.0
+    assert orders.dead_letter_if == "/dmq_eligible = true"
