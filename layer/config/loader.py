@@ -611,6 +611,12 @@ def _check_queue_type(queue: QueueConfig, section: _Section) -> None:
                 )
         if queue.last_value:
             raise section.error("sort_key", "cannot be combined with 'last_value'")
+        if queue.target_queue_depth:
+            raise section.error(
+                "target_queue_depth",
+                "cannot be combined with 'sort_key': messages not read yet could not be sorted "
+                "(as with 'priority')",
+            )
     if queue.last_value and queue.conflate_key is not None:
         raise section.error(
             "last_value",

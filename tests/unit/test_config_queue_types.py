@@ -63,6 +63,10 @@ def test_the_options_reach_the_config_and_the_engine_settings():
             'last_value = true\nconflate_key = "/k"',
             "option 'last_value': cannot be combined with 'conflate_key'",
         ),
+        (
+            'sort_key = "/s"\ntarget_queue_depth = 10',
+            "option 'target_queue_depth': cannot be combined with 'sort_key'",
+        ),
         ('last_value = "yes"', "option 'last_value'"),
         ('sort_key = "/s +"', "option 'sort_key'"),
         ('ttl = "(/a"', "option 'ttl'"),
