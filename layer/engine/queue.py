@@ -193,6 +193,7 @@ class QueueEngine(Queries, Holding, Leases, Intake):
         expiration = self._expiration
         priority_queue = self._priority
         sort_queue = self._sort
+        ttl_queue = self._ttl
         run: Run | None = None  # the run being built
         times: array[float] = array("d")
         try:
@@ -222,7 +223,7 @@ class QueueEngine(Queries, Holding, Leases, Intake):
                 timestamp = arrival.timestamp
                 if reason is None and expiration is not None and now - timestamp >= expiration:
                     reason = DoneReason.EXPIRATION
-                expires = arrival.expires_at
+                expires = arrival.expires_at if ttl_queue else None
                 if reason is None and expires is not None and now >= expires:
                     reason = DoneReason.EXPIRATION
                 if reason is not None:
