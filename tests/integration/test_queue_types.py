@@ -96,18 +96,19 @@ def test_a_last_value_queue_keeps_only_the_newest_message(
         assert [json.loads(m.value)["id"] for m in client.browse(q)] == [2]
         stats = client.stats(q)[0]
         assert stats.available == 1 and stats.dead_lettered_total == 0
-        with client.subscribe(q, max_backlog=5) as sub:
+        with client.subscribe(q, max_backlog=1) as sub:
             (held,) = take(sub, 1)
             assert held.json()["id"] == 2
-            # newer messages arrive while 2 is leased: 2 stays with its consumer until acked,
-            # and of the newer ones only the newest waits
+            # newer messages arrive while 2 is leased (the backlog of 1 keeps them waiting): 2
+            # stays with its consumer until acked, and of the newer ones only the newest waits
             produce(broker.bootstrap_servers, topic, [{"id": 3}, {"id": 4}])
             wait_until(
                 lambda: client.stats(q)[0].extra["conflated_total"] == 3, 20, message="3 replaced"
             )
+            assert [json.loads(m.value)["id"] for m in client.browse(q)] == [4]
+            held.ack(wait=True)
             (newest,) = take(sub, 1)
             assert newest.json()["id"] == 4
-            held.ack(wait=True)
             newest.ack(wait=True)
         wait_until(lambda: client.stats(q)[0].acked_total == 2, 20, message="2 acked")
         assert client.stats(q)[0].available == 0
