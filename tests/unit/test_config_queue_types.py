@@ -1,16 +1,23 @@
-"""The Qpid and Solace queue-type options: sort_key, last_value, ttl, dead_letter_if."""
+"""The Qpid and Solace queue-type options (sort_key, last_value, ttl, dead_letter_if): loading, and
+how the coordinator evaluates them (sort value, expiry time, DMQ eligibility)."""
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+import time
 from pathlib import Path
 
 import pytest
 
 from layer.config import loads
-from layer.coordinator.runtime import expires_at, sort_value
+from layer.coordinator.runtime import DISCARD_LOG_INTERVAL, QueueRuntime, expires_at, sort_value
+from layer.engine.model import Bookmark, Done, DoneReason
+from layer.engine.queue import QueueEngine
 from layer.exceptions import ConfigError
 from layer.expr import compile_expression
+from layer.state.base import StoredMessage
 
 QUEUE = '[[queue]]\nname = "orders"\nunderlying_topic = "orders"\n'
 
@@ -108,3 +115,46 @@ def test_the_readme_example_of_the_queue_types_loads():
     assert quotes.engine_settings().sort and last.engine_settings().conflate
     assert orders.ttl == "/ttl_s" and orders.expiration == 3600.0
     assert orders.dead_letter_if == "/dmq_eligible = true"
+
+
+def runtime(options: str) -> QueueRuntime:
+    config = queue(options)
+    return QueueRuntime(config, QueueEngine(config.name, config.engine_settings()), "changelog")
+
+
+def stored(doc: object) -> StoredMessage:
+    return StoredMessage(key=None, value=json.dumps(doc).encode())
+
+
+def test_dead_letter_if_discards_counted_and_logged_at_a_limited_rate(caplog, monkeypatch):
+    rt = runtime('dead_letter_if = "/dmq = true"\nmax_deliveries = 1')
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+
+    def done(offset: int, reason: DoneReason) -> Done:
+        return Done(Bookmark("orders", 0, offset), reason, 1, 0, 0.0)
+
+    with caplog.at_level(logging.WARNING, logger="layer.coordinator.runtime"):
+        assert rt.dead_letter_eligible(done(0, DoneReason.MAX_DELIVERIES), stored({"dmq": True}))
+        assert not rt.dead_letter_eligible(done(1, DoneReason.EXPIRATION), stored({"dmq": 1}))
+        assert not rt.dead_letter_eligible(done(2, DoneReason.MAX_CANCELS), stored({}))
+        assert not rt.dead_letter_eligible(done(3, DoneReason.MAX_DELIVERIES), stored("x"))
+        clock[0] += DISCARD_LOG_INTERVAL
+        assert not rt.dead_letter_eligible(done(4, DoneReason.EXPIRATION), stored({}))
+    # a consumer's expire is always dead-lettered; so is a message whose payload is gone
+    assert rt.dead_letter_eligible(done(5, DoneReason.CONSUMER_EXPIRE), stored({}))
+    assert rt.dead_letter_eligible(done(6, DoneReason.EXPIRATION), None)
+    assert rt.counters.discarded == 4
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert "discarded orders/0/1 (expiration, deliveries=1)" in lines[0]
+    assert "dead_letter_if '/dmq = true' is not true" in lines[0]
+    assert lines[1].endswith("(2 more discarded since the last line)")
+    assert "\n" not in lines[0]
+
+
+def test_without_dead_letter_if_every_limit_dead_letters():
+    rt = runtime("max_deliveries = 1")
+    done = Done(Bookmark("orders", 0, 0), DoneReason.MAX_DELIVERIES, 1, 0, 0.0)
+    assert rt.dead_letter_eligible(done, stored({}))
+    assert rt.counters.discarded == 0
