@@ -188,10 +188,11 @@ def test_dead_letter_if_decides_between_dead_letter_and_discard(
 
 
 @pytest.mark.parametrize("wipe", [False, True], ids=["state-kept", "from-changelog"])
-def test_sort_order_and_ttls_survive_a_sigkill(
+def test_sort_order_ttls_and_the_last_value_survive_a_sigkill(
     broker, coordinator_factory, names, wipe: bool
 ) -> None:
     topic, q, dlq = names("st"), names("st"), names("st-dlq")
+    lv_topic, lv = names("lv"), names("lv")
     c = coordinator_factory(
         [
             {
@@ -200,7 +201,8 @@ def test_sort_order_and_ttls_survive_a_sigkill(
                 "sort_key": "/s",
                 "ttl": "/ttl",
                 "dead_letter_topic": dlq,
-            }
+            },
+            {"name": lv, "underlying_topic": lv_topic, "last_value": True},
         ]
     )
     docs = [
@@ -212,8 +214,10 @@ def test_sort_order_and_ttls_survive_a_sigkill(
     ]
     produced = time.time()
     produce(broker.bootstrap_servers, topic, docs)
+    produce(broker.bootstrap_servers, lv_topic, [{"id": i} for i in range(3)])
     with QueueClient(c.address) as client:
         wait_available(client, q, 5)
+        wait_until(lambda: client.stats(lv)[0].extra["conflated_total"] == 2, 20, message="lv")
         with client.subscribe(q, max_backlog=1) as sub:
             (first,) = take(sub, 1)
             assert first.json()["id"] == 1
@@ -237,3 +241,7 @@ def test_sort_order_and_ttls_survive_a_sigkill(
                 got.append(msg.json()["id"])
                 msg.ack(wait=True)
         assert got == [1, 4, 0, 3]
+        # the last value queue: still only the newest, its count of replaced ones kept
+        wait_available(client, lv, 1)
+        assert [json.loads(m.value)["id"] for m in client.browse(lv)] == [2]
+        assert client.stats(lv)[0].extra["conflated_total"] == 2
