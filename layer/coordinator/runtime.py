@@ -214,6 +214,12 @@ class QueueRuntime:
                 change.deliveries,
                 expression.text,
                 f" ({more} more discarded since the last line)" if more else "",
+                extra={
+                    "queue": self.name,
+                    "bookmark": str(change.bookmark),
+                    "reason": change.reason.value,
+                    "unlogged": more,
+                },
             )
             self._discards_logged_at = wall
             self._discards_unlogged = 0

@@ -1,6 +1,6 @@
 """The Qpid and Solace queue types in the pure engine: sorted queues, the last value queue (a
-spool of one), and per-message time to live. The chapters' examples (../shared/reference) are
-reproduced where they give one."""
+spool of one), and per-message time to live. The Qpid Java broker's "Other queue types" and
+Solace PubSub+'s "Queues" chapters are quoted where a test reproduces what they say."""
 
 from __future__ import annotations
 
