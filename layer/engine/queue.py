@@ -63,7 +63,8 @@ def sort_rank(value: str | None, timestamp: float) -> tuple[int, str, float]:
     """A sorted queue's delivery rank: ascending by the sort value (code point order, the
     alphanumeric order of Java's String.compareTo for text within the BMP), a message without
     one after every message with one, and the oldest (by enqueue time) first among equals. The
-    timestamp makes the order the same after a restart, whatever order the restore reads in."""
+    timestamp makes the order the same after a restart, whatever order the restore reads in.
+    A message's delivery key is its rank followed by its arrival sequence (``add``)."""
     if value is None:
         return (1, "", timestamp)
     return (0, value, timestamp)
@@ -238,13 +239,12 @@ class QueueEngine(Queries, Holding, Leases, Intake):
                 if priority_queue:
                     priority = arrival.priority
                     rank = _INF if priority is None else -priority
-                elif sort_queue:
-                    rank = sort_rank(arrival.sort_key, timestamp)
                 else:
                     rank = None
                 not_before = arrival.not_before
                 if (
-                    not (deliveries or cancels)
+                    not sort_queue  # each message of a sorted queue has a key of its own
+                    and not (deliveries or cancels)
                     and arrival.group is None
                     and (arrival.conflate_key is None or not self._conflate)
                     and not arrival.barrier
@@ -275,7 +275,12 @@ class QueueEngine(Queries, Holding, Leases, Intake):
                     run = None
                 seq = self._seq
                 self._seq = seq + 1
-                key: object = seq if rank is None else (rank, seq)
+                key: object
+                if sort_queue:  # sort_rank + (seq,), as one flat tuple: it is kept per message
+                    value = arrival.sort_key
+                    key = (1, "", timestamp, seq) if value is None else (0, value, timestamp, seq)
+                else:
+                    key = seq if rank is None else (rank, seq)
                 entry = Entry(bm, key, timestamp, deliveries, cancels)
                 part.append(offset, entry)
                 if not part.dirty:
