@@ -5,7 +5,10 @@ partition per 1/4 of them, as the coordinator admits a fetch), and the resident 
 by the engine, divided by ``queued``, is its cost per queued message. Then 1% are leased and acked,
 and the time of ingest and of that delivery is reported per message.
 
-    python -m bench.engine_memory [--queued N] [--cases plain,priority] [--out DIR]
+    python -m bench.engine_memory [--queued N] [--cases plain,priority,sorted,ttl] [--out DIR]
+
+``sorted``: a sorted queue (``sort_key``), 100 distinct keys; ``ttl``: every message with a TTL of
+its own (``ttl``): both single every message out (an entry each, no runs).
 """
 
 from __future__ import annotations
@@ -29,7 +32,12 @@ def _one(case: str, queued: int) -> dict[str, Any]:
     from layer.engine.model import AckOp, Arrival, Bookmark, EngineSettings, TopicPartition
     from layer.engine.queue import QueueEngine
 
-    settings = EngineSettings(priority=case == "priority", max_per_subscription_backlog=1000)
+    settings = EngineSettings(
+        priority=case == "priority",
+        sort=case == "sorted",
+        message_ttl=case == "ttl",
+        max_per_subscription_backlog=1000,
+    )
     engine = QueueEngine("q", settings)
     for p in range(PARTITIONS):
         engine.start_partition(TopicPartition("t", p), 0)
@@ -47,6 +55,8 @@ def _one(case: str, queued: int) -> dict[str, Any]:
                     Bookmark("t", p, o),
                     now + o * 1e-6,
                     (o // 100) % 3 if case == "priority" else None,
+                    sort_key=f"key-{o % 100:03d}" if case == "sorted" else None,
+                    expires_at=now + 3600.0 if case == "ttl" else None,
                 )
                 for o in range(start, start + n)
             ]

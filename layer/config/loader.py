@@ -531,6 +531,11 @@ _QUEUE_KEYS = (
     # Qpid's queue types in one line (layer.engine.priorities; the LVQ's key header)
     "priorities",
     "lvq",
+    # the Qpid and Solace queue types
+    "sort_key",
+    "last_value",
+    "ttl",
+    "dead_letter_if",
 )
 _QUEUE_PENDING: tuple[str, ...] = ()  # AMPS options whose implementation comes later
 
@@ -593,6 +598,10 @@ def _queue(
         leasing=section.get("leasing", Leasing.STRICT, _choice(Leasing)),
         start_from=section.get("start_from", StartFrom.EARLIEST, _choice(StartFrom)),
         avro_schema=section.get("avro_schema", None, _path(base_dir)),
+        sort_key=section.get("sort_key", None, _expression),
+        last_value=section.get("last_value", False, _boolean),
+        ttl=section.get("ttl", None, _expression),
+        dead_letter_if=section.get("dead_letter_if", None, _expression),
     )
     if queue.priorities is not None and queue.priority is None:
         # Qpid: the JMS priority header, JMS's default 4 when absent (layer.engine.priorities)
@@ -627,6 +636,30 @@ def _lvq(value: object) -> str:
     return cast(str, value)
 
 
+def _check_queue_type(queue: QueueConfig, section: _Section) -> None:
+    """One delivery order, one kind of last-value queue (as Qpid refuses mixed queue types)."""
+    if queue.sort_key is not None:
+        for option in ("priority", "conflate_key"):
+            if getattr(queue, option) is not None:
+                raise section.error(
+                    "sort_key", f"cannot be combined with {option!r} (as Qpid refuses)"
+                )
+        if queue.last_value:
+            raise section.error("sort_key", "cannot be combined with 'last_value'")
+        if queue.target_queue_depth:
+            raise section.error(
+                "target_queue_depth",
+                "cannot be combined with 'sort_key': messages not read yet could not be sorted "
+                "(as with 'priority')",
+            )
+    if queue.last_value and queue.conflate_key is not None:
+        raise section.error(
+            "last_value",
+            "cannot be combined with 'conflate_key': last_value keeps the newest message "
+            "whatever its key, conflate_key the newest of each key",
+        )
+
+
 def _check_queue(queue: QueueConfig, section: _Section, coordinator: CoordinatorConfig) -> None:
     """The rules that relate options to each other."""
     for option in ("priority", "barrier"):
@@ -648,6 +681,7 @@ def _check_queue(queue: QueueConfig, section: _Section, coordinator: Coordinator
             continue
         if queue.message_type == MessageType.AVRO and queue.avro_schema is None:
             raise section.error(option, 'needs avro_schema to read the fields of "avro" messages')
+    _check_queue_type(queue, section)
     if queue.group_mode != GroupMode.STICKY and queue.group_key is None:
         raise section.error("group_mode", "needs group_key")
     if queue.avro_schema is not None:

@@ -204,6 +204,13 @@ class QueueConfig:
     leasing: Leasing = Leasing.STRICT
     start_from: StartFrom = StartFrom.EARLIEST
     avro_schema: Path | None = None  # only for message_type avro
+    # -- the Qpid and Solace queue types (issue 15) --
+    sort_key: str | None = None  # Qpid sorted queue: ascending by this string value, NULL last
+    last_value: bool = False  # Solace last value queue: only the newest message is kept
+    ttl: str | None = None  # seconds a message may stay (its own TTL); ``expiration`` caps it
+    # Solace DMQ eligibility: a message that expires or reaches max_deliveries / max_cancels is
+    # dead-lettered when this is true, discarded (counted, logged) otherwise
+    dead_letter_if: str | None = None
 
     def __post_init__(self) -> None:
         if self.fairness is None:
@@ -251,7 +258,9 @@ class QueueConfig:
             priority=self.priority is not None,
             groups=self.group_mode if self.group_key is not None else None,
             exclusive=self.exclusive,
-            conflate=self.conflate_key is not None,
+            conflate=self.conflate_key is not None or self.last_value,
+            sort=self.sort_key is not None,
+            message_ttl=self.ttl is not None,
             redelivery_backoff=self.redelivery_backoff,
             track_view=self.view_topic is not None,
         )
@@ -265,6 +274,9 @@ class QueueConfig:
             "filter": self.filter,
             "group_key": self.group_key,
             "conflate_key": self.conflate_key,
+            "sort_key": self.sort_key,
+            "ttl": self.ttl,
+            "dead_letter_if": self.dead_letter_if,
         }
         return {option: text for option, text in named.items() if text is not None}
 

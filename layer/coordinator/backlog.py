@@ -50,12 +50,7 @@ class Backlog:
         self.admitted = 0
         self.full = False  # the engine's room ran out: the live reader goes on from here
         exprs = rt.exprs
-        self._fast = (
-            not exprs.needed
-            and exprs.group is None
-            and exprs.conflate is None
-            and exprs.barrier is None
-        )
+        self._fast = not exprs.needed and exprs.plain
         self._check_json = exprs.reader is not None and rt.config.message_type == "json"
         self._prefixes: dict[TopicPartition, bytes] = {}
         # offsets restored from the changelog as done, per partition; and those that are not

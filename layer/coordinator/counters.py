@@ -37,6 +37,8 @@ _NAMES = (
     "routed",
     "unparseable",
     "filtered",
+    "conflated",
+    "discarded",
 )
 _RETURNED = {
     ReturnReason.CANCEL: "cancelled",
@@ -59,6 +61,8 @@ class Counters:
     routed: int = 0
     unparseable: int = 0
     filtered: int = 0  # read from the underlying topics, not matched by the queue's filter
+    conflated: int = 0  # replaced by a newer message (conflate_key, last_value)
+    discarded: int = 0  # left without a dead letter: dead_letter_if was not true
     dead_lettered_by: dict[str, int] = field(default_factory=dict)  # DoneReason value -> count
     _written: dict[str, int] = field(default_factory=dict)  # as last written to the changelog
     _written_at: float = 0.0

@@ -51,6 +51,8 @@ _COUNTER_HELP = {
     "routed": "Messages published to the queue's name, copied to its publish target",
     "unparseable": "Messages whose payload did not parse",
     "filtered": "Messages read from the topics that the queue's filter left out",
+    "conflated": "Messages replaced by a newer one (conflate_key, last_value)",
+    "discarded": "Messages that expired or reached a limit, discarded by dead_letter_if",
 }
 _DEAD = "dead_lettered."
 _ROUND_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)

@@ -64,6 +64,10 @@ FIXED_OPTIONS: dict[str, str] = {
     ),
     "view_topic": "the view topic holds the rounds of the live contents since the queue started",
     "start_from": "the reader chose where to start each partition when the queue started",
+    "sort_key": "the queued messages are ordered by the old expression",
+    "last_value": "the queued messages were kept or replaced under the old value",
+    "ttl": "the queued messages' expiry times were set by the old expression",
+    "dead_letter_if": "the coordinator compiled the old expression when the queue started",
 }
 
 _SECTION_REASON = (

@@ -242,7 +242,7 @@ class Restore:
         }
         engine.restore_done(sorted(done))
         exprs = rt.exprs
-        plain_queue = exprs.group is None and exprs.conflate is None and exprs.barrier is None
+        plain_queue = exprs.plain
         batch = StoreBatch()
         records = store.runs(name) if plain_queue else None
         if records is not None:

@@ -553,11 +553,16 @@ def mirror(
         rt.payload_cache.pop(change.bookmark, None)
         if change.reason is DoneReason.ACKED:
             rt.counters.acked += 1
+        elif change.reason is DoneReason.CONFLATED:
+            rt.counters.conflated += 1
         if change.reason.dead_letter:
+            stored = payloads.get(change.bookmark)
+            if not rt.dead_letter_eligible(change, stored):
+                return None  # discarded (dead_letter_if): counted and logged
             rt.counters.dead_letter(change.reason)
             topic = rt.config.dead_letter_topic
             if topic:
-                return dead_letter(rt.name, topic, change, payloads.get(change.bookmark))
+                return dead_letter(rt.name, topic, change, stored)
     elif isinstance(change, LowWater):
         batch.put_low_water(name, change.partition, change.offset)
         batch.delete_runs_below(name, change.partition, change.offset)
@@ -593,8 +598,20 @@ def mirror_run(
     reason = head.reason  # one value: one reason
     if reason is DoneReason.ACKED:
         rt.counters.acked += count
+    elif reason is DoneReason.CONFLATED:
+        rt.counters.conflated += count
     if not reason.dead_letter:
         return []
+    if rt.exprs.dead_letter_if is not None:  # dead_letter_if decides message by message
+        run = [
+            change
+            for change in run
+            if isinstance(change, Done)
+            and rt.dead_letter_eligible(change, payloads.get(change.bookmark))
+        ]
+        count = len(run)
+        if not count:
+            return []
     rt.counters.dead_letter(reason, count)
     topic = rt.config.dead_letter_topic
     if not topic:

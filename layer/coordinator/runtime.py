@@ -23,17 +23,28 @@ from layer.coordinator.ingest import Fetched, bookmark_of
 from layer.coordinator.publish_route import PublishRoute
 from layer.coordinator.stages import Stages
 from layer.documents import DocumentReader
-from layer.engine.model import Arrival, Bookmark, Change, LowWater, TopicPartition
+from layer.engine.model import (
+    Arrival,
+    Bookmark,
+    Change,
+    Done,
+    DoneReason,
+    LowWater,
+    TopicPartition,
+)
 from layer.engine.priorities import qpid_level
 from layer.engine.queue import QueueEngine
 from layer.exceptions import UnknownQueue
 from layer.expr import Expression, Record, compile_expression
+from layer.expr.values import text_to_number
 from layer.state.base import Store, StoreBatch, StoredMessage
 
 if TYPE_CHECKING:
     from layer.coordinator.view_history import ViewHistory
 
 log = logging.getLogger(__name__)
+
+_INF = float("inf")
 
 
 DELIVER_AFTER = "deliver_after"  # header: not deliverable before this UNIX time (seconds)
@@ -49,6 +60,44 @@ def deliver_after(headers: tuple[tuple[str, bytes | None], ...]) -> float | None
                 return None
             return when if when == when and when != float("inf") else None
     return None
+
+
+DISCARD_LOG_INTERVAL = 10.0  # seconds between two log lines of dead_letter_if discards
+# the reasons dead_letter_if decides on (Solace: TTL expiry, max redelivery); the others
+# (a consumer's expire, ...) are always dead-lettered
+DMQ_REASONS = frozenset({DoneReason.EXPIRATION, DoneReason.MAX_DELIVERIES, DoneReason.MAX_CANCELS})
+# last_value: the conflation key of every message is (LAST_VALUE, topic, partition)
+LAST_VALUE = object()
+
+
+def sort_value(
+    expression: Expression, doc: object, now: float, record: Record | None = None
+) -> str | None:
+    """A sorted queue's sort value: the expression's value when it is a string (as Qpid's
+    sort key must be a String property); anything else (NULL, a number) sorts last."""
+    value = expression.evaluate(doc, now, record)
+    return value if type(value) is str else None
+
+
+def expires_at(
+    expression: Expression,
+    doc: object,
+    now: float,
+    timestamp: float,
+    record: Record | None = None,
+) -> float | None:
+    """A message's own expiry time: its enqueue time plus the ``ttl`` expression's value in
+    seconds (a number, or a string holding one). NULL, anything else, and a value that is not
+    > 0 give none (Solace: a TTL of 0 never expires); the queue's ``expiration`` still caps."""
+    value = expression.evaluate(doc, now, record)
+    if type(value) is str:
+        value = text_to_number(value)
+    if type(value) not in (int, float):
+        return None
+    seconds = float(value)  # type: ignore[arg-type]
+    if not 0 < seconds < _INF:  # also NaN
+        return None
+    return timestamp + seconds
 
 
 class Expressions:
@@ -69,6 +118,11 @@ class Expressions:
         "needed",
         "uses_record",
         "levels",
+        "sort",
+        "ttl",
+        "dead_letter_if",
+        "last_value",
+        "plain",
     )
 
     def __init__(self, config: QueueConfig) -> None:
@@ -78,6 +132,19 @@ class Expressions:
         self.filter = compiled.get("filter")
         self.group = compiled.get("group_key")
         self.conflate = compiled.get("conflate_key")
+        self.sort = compiled.get("sort_key")
+        self.ttl = compiled.get("ttl")
+        self.dead_letter_if = compiled.get("dead_letter_if")
+        self.last_value = config.last_value
+        # the queue gives its messages nothing of their own: they may go in as runs
+        self.plain = (
+            self.group is None
+            and self.conflate is None
+            and self.barrier is None
+            and self.sort is None
+            and self.ttl is None
+            and not self.last_value
+        )
         self.needed = bool(compiled)
         self.uses_record = any(e.uses_record for e in compiled.values())
         self.levels = config.priorities
@@ -152,6 +219,48 @@ class QueueRuntime:
     def __post_init__(self) -> None:
         self.exprs = Expressions(self.config)
         self._docs: dict[Bookmark, object] = {}  # parsed documents for subscription filters
+        self._discards_logged_at = -_INF  # dead_letter_if: when a discard was last logged
+        self._discards_unlogged = 0  # discards since then, not logged one by one
+
+    def dead_letter_eligible(self, change: Done, stored: StoredMessage | None) -> bool:
+        """Whether a message that leaves for ``change.reason`` (a dead-letter reason) is
+        dead-lettered. Only with ``dead_letter_if`` and for the reasons Solace's DMQ
+        eligibility covers (expiration, max_deliveries, max_cancels): the expression decides,
+        on the message's payload; NULL or false discards it, counted (``discarded``) and logged
+        (at most one line per ``DISCARD_LOG_INTERVAL`` seconds, with how many went unlogged).
+        A message whose payload is gone already is dead-lettered: nothing is lost unseen."""
+        expression = self.exprs.dead_letter_if
+        if expression is None or change.reason not in DMQ_REASONS or stored is None:
+            return True
+        reader = self.exprs.reader
+        doc = reader.read(stored.value)[0] if reader is not None else None
+        record = record_of(stored, change.bookmark) if self.exprs.uses_record else None
+        if expression.matches(doc, time.time(), record):
+            return True
+        self.counters.discarded += 1
+        wall = time.monotonic()
+        if wall - self._discards_logged_at >= DISCARD_LOG_INTERVAL:
+            more = self._discards_unlogged
+            log.warning(
+                "queue=%s discarded %s (%s, deliveries=%d): dead_letter_if %r is not true%s",
+                self.name,
+                change.bookmark,
+                change.reason.value,
+                change.deliveries,
+                expression.text,
+                f" ({more} more discarded since the last line)" if more else "",
+                extra={
+                    "queue": self.name,
+                    "bookmark": str(change.bookmark),
+                    "reason": change.reason.value,
+                    "unlogged": more,
+                },
+            )
+            self._discards_logged_at = wall
+            self._discards_unlogged = 0
+        else:
+            self._discards_unlogged += 1
+        return False
 
     @property
     def name(self) -> str:
@@ -168,16 +277,25 @@ class QueueRuntime:
         if restored is not None and (not_before is None or restored > not_before):
             not_before = restored
         record = record_of(stored, bookmark) if exprs.uses_record else None
+        timestamp = stored.timestamp_ms / 1000.0 if stored.timestamp_ms else now
+        if exprs.last_value:  # one per partition, as Solace's partitioned LVQs
+            conflate_key: object = (LAST_VALUE, bookmark.topic, bookmark.partition)
+        else:
+            conflate_key = (
+                None if exprs.conflate is None else exprs.conflate.key(doc, wall, record)
+            )
         return Arrival(
             bookmark,
-            stored.timestamp_ms / 1000.0 if stored.timestamp_ms else now,
+            timestamp,
             stored.priority,
             0,  # delivery and cancel counts: the engine's restored ones, if any
             0,
             None if exprs.group is None else exprs.group.key(doc, wall, record),
-            None if exprs.conflate is None else exprs.conflate.key(doc, wall, record),
+            conflate_key,
             exprs.barrier is not None and exprs.barrier.matches(doc, wall, record),
             not_before,
+            None if exprs.sort is None else sort_value(exprs.sort, doc, wall, record),
+            None if exprs.ttl is None else expires_at(exprs.ttl, doc, wall, timestamp, record),
         )
 
     def parse(self, msg: Message) -> tuple[StoredMessage | None, object]:
@@ -267,7 +385,7 @@ class QueueRuntime:
             return 0
         engine = self.engine
         exprs = self.exprs
-        plain_queue = exprs.group is None and exprs.conflate is None and exprs.barrier is None
+        plain_queue = exprs.plain
         record = self.record_runs
         read_to: dict[TopicPartition, int] = {}
         name = self.name

@@ -91,7 +91,14 @@ Events in (each takes ``now``, the caller's clock, seconds):
   Done(BARRIER), and releases what it held up to the next barrier.
 - Last-value queues (``conflate``): an arrival with a conflate key finishes the older message with
   that key (Done CONFLATED) unless it is leased; a leased one that is returned after a newer one
-  arrived is finished CONFLATED instead.
+  arrived is finished CONFLATED instead. (Solace's last value queue is this with one key per
+  partition, set by the coordinator.)
+- Sorted queues (``sort``, Qpid): delivery order is ascending ``Arrival.sort_key`` (a string;
+  None after every string), then enqueue time, then arrival (``queue.sort_rank``); a returned
+  message keeps its place. Not with ``priority`` or ``conflate``.
+- Per-message TTL (``message_ttl``): an arrival's ``expires_at`` is its own expiry time, checked
+  wherever ``expiration`` is (arrival, tick, dispatch, lease end; never while leased), with the
+  same outcome (Done EXPIRATION); ``expiration`` still applies, so the earlier one wins.
 
 Effects out, via ``drain() -> Effects``: ``changes`` (Leased / Returned / Done / LowWater / Forget)
 in the order decided, and ``deliveries``. After any change that advances a partition's low-water

@@ -14,7 +14,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from layer.engine.fairness import Subscriber
-from layer.engine.index import AgeIndex, DelayIndex, Entry, FifoOrder, LeaseIndex, PriorityOrder
+from layer.engine.index import (
+    AgeIndex,
+    DelayIndex,
+    Entry,
+    ExpiryIndex,
+    FifoOrder,
+    LeaseIndex,
+    PriorityOrder,
+)
 from layer.engine.model import (
     Arrival,
     Bookmark,
@@ -42,6 +50,9 @@ class EngineBase:
     _expiration: float | None
     _depth: int
     _priority: bool
+    _sort: bool
+    _ttl: bool
+    _expiries: ExpiryIndex
     _order: FifoOrder | PriorityOrder
     _ages: AgeIndex
     _leases: LeaseIndex

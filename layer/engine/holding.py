@@ -16,6 +16,8 @@ class Holding(EngineBase):
         self._available += 1
         self._order.push_returned(entry)
         self._ages.push(entry)
+        if entry.expires is not None:
+            self._expiries.push(entry)
         if self._view is not None:
             self._viewed(entry, 1)
 
@@ -70,6 +72,8 @@ class Holding(EngineBase):
             self._available += 1
             self._order.push_returned(entry)
             self._ages.push(entry)
+            if entry.expires is not None:
+                self._expiries.push(entry)
 
     def _conflate_older(self, entry: Entry, key: object, now: float) -> None:
         """Last-value queues: ``entry`` replaces the older message with its key unless that one
@@ -100,7 +104,9 @@ class Holding(EngineBase):
             if key is not None and (best is None or key < best[0]):
                 head = order.pop()
                 assert head is not None
-                if expiration is not None and now - head.timestamp >= expiration:
+                if (expiration is not None and now - head.timestamp >= expiration) or (
+                    head.expires is not None and now >= head.expires
+                ):
                     self._finish(head, DoneReason.EXPIRATION, now)
                     continue
                 eligible, narrowed = router.eligible(head)
@@ -117,7 +123,9 @@ class Holding(EngineBase):
                 return
             router.pop(best_sub)
             entry = best[2]
-            if expiration is not None and now - entry.timestamp >= expiration:
+            if (expiration is not None and now - entry.timestamp >= expiration) or (
+                entry.expires is not None and now >= entry.expires
+            ):
                 self._finish(entry, DoneReason.EXPIRATION, now)
                 continue
             takers = [s for s in best[3] if s.outstanding < s.backlog and router.allowed(s, entry)]

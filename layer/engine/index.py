@@ -48,6 +48,7 @@ class Entry:
         "group",
         "ckey",
         "gen",
+        "expires",
     )
 
     def __init__(
@@ -64,6 +65,7 @@ class Entry:
         self.group: Any = None
         self.ckey: Any = None
         self.gen = 0
+        self.expires: float | None = None  # its own expiry time (a per-message TTL)
 
     def __lt__(self, other: object) -> bool:
         # heaps hold entries and runs side by side: equal keys must not raise
@@ -388,6 +390,41 @@ class LeaseIndex:
             if entry.state == LEASED and entry.deadline == item[0]:
                 kept[id(entry)] = item
         self._heap = list(kept.values())
+        heapify(self._heap)
+
+
+class ExpiryIndex:
+    """Messages with an expiry time of their own (a per-message TTL): a heap of ``(time, key,
+    entry)``. An item is pushed whenever its message becomes available (arrival, return,
+    release from a barrier or a delay); only available messages are popped as expired, the
+    others are dropped (a lease's end checks the time itself, and becoming available again
+    pushes a new item)."""
+
+    __slots__ = ("_heap",)
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, Any, Entry]] = []
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, entry: Entry) -> None:
+        if entry.expires is not None:
+            heappush(self._heap, (entry.expires, entry.key, entry))
+
+    def pop_due(self, now: float) -> Entry | None:
+        """Remove and return an available entry whose expiry time is ``<= now``, or None."""
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            entry = heappop(heap)[2]
+            if entry.state == AVAILABLE:
+                return entry
+        return None
+
+    def compact(self, live: int) -> None:
+        if len(self._heap) <= 2 * live + _SLACK:
+            return
+        self._heap = [item for item in self._heap if item[2].state != DONE]
         heapify(self._heap)
 
 

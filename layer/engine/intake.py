@@ -53,6 +53,7 @@ class Intake(EngineBase):
         if (
             (self._restored and self._restored_within(tp, start, end))
             or self._barriers
+            or self._sort  # each message has a rank of its own (its timestamp)
             or (part.pending_heap and part.pending_heap[0] < end)
             or (expiration is not None and now - min(times) >= expiration)
             or times != array("d", sorted(times))

@@ -44,6 +44,8 @@ class Leases(EngineBase):
         expiration = self._expiration
         if done is None and expiration is not None and now - entry.timestamp >= expiration:
             done = DoneReason.EXPIRATION
+        if done is None and entry.expires is not None and now >= entry.expires:
+            done = DoneReason.EXPIRATION  # its own TTL passed while it was leased
         if done is None and entry.ckey is not None and self._latest.get(entry.ckey) is not entry:
             done = DoneReason.CONFLATED  # a newer message with its key arrived meanwhile
         if done is not None:

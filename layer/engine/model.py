@@ -129,6 +129,11 @@ class EngineSettings:
     groups: GroupMode | None = None  # message groups by Arrival.group; None = no groups
     exclusive: bool = False  # one active subscription (the oldest) gets everything
     conflate: bool = False  # last-value queue by Arrival.conflate_key
+    # Qpid's sorted queue: order by Arrival.sort_key (ascending; None last), oldest first
+    # among equals. Not with priority or conflate.
+    sort: bool = False
+    # messages may carry an expiry of their own (Arrival.expires_at; ``expiration`` still caps)
+    message_ttl: bool = False
     # After a lease timeout the message waits min(max, initial * multiplier ** (deliveries - 1))
     # seconds before it is available again; None = at once.
     redelivery_backoff: tuple[float, float, float] | None = None
@@ -159,6 +164,8 @@ class EngineSettings:
                     "redelivery_backoff needs initial >= 0, multiplier >= 1, max >= initial"
                     f" (got {self.redelivery_backoff})"
                 )
+        if self.sort and (self.priority or self.conflate):
+            problems.append("sort cannot be combined with priority or conflate (as Qpid refuses)")
         if problems:
             raise ValueError(f"queue {name!r}: " + "; ".join(problems))
 
@@ -189,6 +196,8 @@ class Arrival:
     conflate_key: object = None  # last-value key (hashable); None = never conflated
     barrier: bool = False  # matches the queue's barrier expression
     not_before: float | None = None  # not deliverable before this time (delayed message)
+    sort_key: str | None = None  # sorted queues: the value it is sorted by; None sorts last
+    expires_at: float | None = None  # its own expiry time (message_ttl); None = the queue's
 
 
 # ---------------------------------------------------------------------------------------------

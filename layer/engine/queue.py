@@ -22,6 +22,7 @@ from layer.engine.index import (
     AgeIndex,
     DelayIndex,
     Entry,
+    ExpiryIndex,
     FifoOrder,
     LeaseIndex,
     PriorityOrder,
@@ -57,6 +58,18 @@ from layer.exceptions import QueueError
 
 UNLIMITED = sys.maxsize  # room() without target_queue_depth
 
+
+def sort_rank(value: str | None, timestamp: float) -> tuple[int, str, float]:
+    """A sorted queue's delivery rank: ascending by the sort value (code point order, the
+    alphanumeric order of Java's String.compareTo for text within the BMP), a message without
+    one after every message with one, and the oldest (by enqueue time) first among equals. The
+    timestamp makes the order the same after a restart, whatever order the restore reads in.
+    A message's delivery key is its rank followed by its arrival sequence (``add``)."""
+    if value is None:
+        return (1, "", timestamp)
+    return (0, value, timestamp)
+
+
 _INF = float("inf")
 # the view changes of a message by (it left during the round, it is in the view at its end)
 _SIGNS = {(False, False): (), (False, True): (1,), (True, False): (-1,), (True, True): (-1, 1)}
@@ -80,9 +93,12 @@ class QueueEngine(Queries, Holding, Leases, Intake):
         self._expiration = settings.expiration
         self._depth = settings.target_queue_depth
         self._priority = settings.priority
+        self._sort = settings.sort
+        self._ttl = settings.message_ttl
         self._order: FifoOrder | PriorityOrder = (
-            PriorityOrder() if settings.priority else FifoOrder()
+            PriorityOrder() if settings.priority or settings.sort else FifoOrder()
         )
+        self._expiries = ExpiryIndex()  # messages with a TTL of their own (message_ttl)
         self._ages = AgeIndex()
         self._leases = LeaseIndex()
         self._picker = make_picker(settings.fairness)
@@ -177,6 +193,8 @@ class QueueEngine(Queries, Holding, Leases, Intake):
         that come one after another, from consecutive offsets, join one run."""
         expiration = self._expiration
         priority_queue = self._priority
+        sort_queue = self._sort
+        ttl_queue = self._ttl
         run: Run | None = None  # the run being built
         times: array[float] = array("d")
         try:
@@ -206,6 +224,9 @@ class QueueEngine(Queries, Holding, Leases, Intake):
                 timestamp = arrival.timestamp
                 if reason is None and expiration is not None and now - timestamp >= expiration:
                     reason = DoneReason.EXPIRATION
+                expires = arrival.expires_at if ttl_queue else None
+                if reason is None and expires is not None and now >= expires:
+                    reason = DoneReason.EXPIRATION
                 if reason is not None:
                     if run is not None:
                         self._close_run(run, times)
@@ -214,19 +235,22 @@ class QueueEngine(Queries, Holding, Leases, Intake):
                     self._touch(part)
                     self._emit_done(bm, reason, deliveries, cancels, now)
                     continue
+                rank: Any
                 if priority_queue:
                     priority = arrival.priority
-                    rank: float | None = _INF if priority is None else -priority
+                    rank = _INF if priority is None else -priority
                 else:
                     rank = None
                 not_before = arrival.not_before
                 if (
-                    not (deliveries or cancels)
+                    not sort_queue  # each message of a sorted queue has a key of its own
+                    and not (deliveries or cancels)
                     and arrival.group is None
                     and (arrival.conflate_key is None or not self._conflate)
                     and not arrival.barrier
                     and not self._barriers
                     and (not_before is None or not_before <= now)
+                    and expires is None
                 ):
                     # plain: one more message of the run being built, or the first of a new one
                     if (
@@ -251,13 +275,20 @@ class QueueEngine(Queries, Holding, Leases, Intake):
                     run = None
                 seq = self._seq
                 self._seq = seq + 1
-                key: object = seq if rank is None else (rank, seq)
+                key: object
+                if sort_queue:  # sort_rank + (seq,), as one flat tuple: it is kept per message
+                    value = arrival.sort_key
+                    key = (1, "", timestamp, seq) if value is None else (0, value, timestamp, seq)
+                else:
+                    key = seq if rank is None else (rank, seq)
                 entry = Entry(bm, key, timestamp, deliveries, cancels)
                 part.append(offset, entry)
                 if not part.dirty:
                     self._touch(part)
                 if arrival.group is not None:
                     entry.group = arrival.group
+                if expires is not None:
+                    entry.expires = expires
                 if arrival.conflate_key is not None and self._conflate:
                     self._conflate_older(entry, arrival.conflate_key, now)
                 if arrival.barrier or self._barriers:
@@ -273,6 +304,8 @@ class QueueEngine(Queries, Holding, Leases, Intake):
                 else:
                     self._order.push_new(entry)
                     self._ages.push(entry)
+                    if expires is not None:
+                        self._expiries.push(entry)
                     self._available += 1
                     if self._view is not None:
                         self._viewed(entry, 1)
@@ -339,7 +372,16 @@ class QueueEngine(Queries, Holding, Leases, Intake):
         settings.validate(self.name)
         fixed = [
             name
-            for name in ("semantics", "priority", "groups", "exclusive", "conflate", "track_view")
+            for name in (
+                "semantics",
+                "priority",
+                "groups",
+                "exclusive",
+                "conflate",
+                "track_view",
+                "sort",
+                "message_ttl",
+            )
             if getattr(settings, name) != getattr(self.settings, name)
         ]
         if fixed:
@@ -450,6 +492,10 @@ class QueueEngine(Queries, Holding, Leases, Intake):
             ages, cutoff = self._ages, now - self._expiration
             while (entry := ages.pop_expired(cutoff)) is not None:
                 self._finish(entry, DoneReason.EXPIRATION, now)
+        if self._ttl:
+            expiries = self._expiries
+            while (entry := expiries.pop_due(now)) is not None:
+                self._finish(entry, DoneReason.EXPIRATION, now)
 
     def dispatch(self, now: float) -> None:
         if self._barriers:
@@ -459,6 +505,7 @@ class QueueEngine(Queries, Holding, Leases, Intake):
             return
         picker, order = self._picker, self._order
         expiration = self._expiration
+        ttl = self._ttl
         while self._available:
             sub = picker.pick()
             if sub is None:
@@ -466,7 +513,9 @@ class QueueEngine(Queries, Holding, Leases, Intake):
             entry = order.pop()
             if entry is None:  # unreachable while the available count is right
                 return
-            if expiration is not None and now - entry.timestamp >= expiration:
+            if (expiration is not None and now - entry.timestamp >= expiration) or (
+                ttl and entry.expires is not None and now >= entry.expires
+            ):
                 self._finish(entry, DoneReason.EXPIRATION, now)
                 continue
             self._deliver(entry, sub, now)
@@ -485,6 +534,7 @@ class QueueEngine(Queries, Holding, Leases, Intake):
         self._ages.compact(self._available + self._leased)
         self._leases.compact(self._leased)
         self._delays.compact(self._delayed)
+        self._expiries.compact(self._available + self._leased + self._delayed)
         self._router.compact(self._available)
         effects = Effects(self._changes, self._deliveries)
         self._changes, self._deliveries = [], []

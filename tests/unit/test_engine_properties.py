@@ -39,7 +39,7 @@ from layer.engine.model import (
     Semantics,
     TopicPartition,
 )
-from layer.engine.queue import QueueEngine
+from layer.engine.queue import QueueEngine, sort_rank
 from layer.engine.runs import Run
 from layer.exceptions import QueueError
 
@@ -83,6 +83,9 @@ def engine_settings(draw: st.DrawFn) -> EngineSettings:
         if semantics is Semantics.AT_MOST_ONCE
         else draw(st.sampled_from(Fairness))
     )
+    # the queue type: arrival order, priority, Qpid's sorted queue, Solace's last value queue
+    # (a spool of one per partition), or per-message TTLs
+    mode = draw(st.sampled_from(["fifo", "fifo", "priority", "priority", "sort", "last", "ttl"]))
     return EngineSettings(
         semantics=semantics,
         lease_period=draw(st.sampled_from([1.0, 4.0])),
@@ -93,7 +96,10 @@ def engine_settings(draw: st.DrawFn) -> EngineSettings:
         max_cancels=draw(st.sampled_from([0, 1, 2])),
         expiration=draw(st.sampled_from([None, 3.0, 12.0])),
         target_queue_depth=draw(st.sampled_from([0, 0, 3])),
-        priority=draw(st.booleans()),
+        priority=mode == "priority",
+        sort=mode == "sort",
+        conflate=mode == "last",
+        message_ttl=mode == "ttl",
     )
 
 
@@ -107,6 +113,9 @@ class EngineMachine(RuleBasedStateMachine):
         self.now = 0.0
         # The topic: per partition, (timestamp, priority, filtered out) by offset.
         self.log: dict[int, list[tuple[float, int | None, bool]]] = {p: [] for p in PARTITIONS}
+        # and its (sort key, ttl) by offset: what a sorted or TTL queue reads from a message
+        self.meta: dict[int, list[tuple[str | None, float | None]]] = {p: [] for p in PARTITIONS}
+        self.last_read: dict[int, Bookmark] = {}  # per partition, the newest message read
         # What the changelog holds: the last Leased/Returned/Done per bookmark, and the marks.
         self.durable: dict[Bookmark, Leased | Returned | Done] = {}
         self.low = dict.fromkeys(PARTITIONS, 0)
@@ -121,6 +130,7 @@ class EngineMachine(RuleBasedStateMachine):
     def boot(self) -> None:
         """A fresh engine built from the durable changes only (leases and subscriptions die)."""
         self.engine = QueueEngine("q", self.config)
+        self.last_read = {}  # read again from the low-water marks
         self.read_next: dict[int, int] = {}
         for p in PARTITIONS:
             self.engine.start_partition(TopicPartition(TOPIC, p), self.low[p])
@@ -156,6 +166,8 @@ class EngineMachine(RuleBasedStateMachine):
         lag=st.sampled_from([0.0, 0.0, 0.0, 1.5]),
         count=st.integers(1, 4),
         then=st.sampled_from(["nothing", "read", "read and dispatch"]),
+        key=st.none() | st.sampled_from(["a", "b", "B", "ab"]),
+        ttl=st.none() | st.sampled_from([0.5, 2.0, 6.0]),
     )
     def publish(
         self,
@@ -165,9 +177,12 @@ class EngineMachine(RuleBasedStateMachine):
         lag: float,
         count: int,
         then: str,
+        key: str | None = None,
+        ttl: float | None = None,
     ) -> None:
         for _ in range(count):
             self.log[partition].append((self.now - lag, priority, filtered))
+            self.meta[partition].append((key, ttl))
         if then != "nothing":
             self.read()
         if then == "read and dispatch":
@@ -176,7 +191,11 @@ class EngineMachine(RuleBasedStateMachine):
     @rule(batches=st.booleans())
     def read(self, batches: bool = False) -> None:
         """``batches``: as the coordinator's ingest does, consecutive offsets of one priority
-        go in with ``add_run``, the others with ``add``."""
+        go in with ``add_run``, the others with ``add`` (always ``add`` for the queue types
+        whose messages carry something of their own, as the coordinator does)."""
+        config = self.config
+        if config.sort or config.conflate or config.message_ttl:
+            batches = False
         for p in PARTITIONS:
             tp = TopicPartition(TOPIC, p)
             room = self.engine.room()
@@ -185,7 +204,16 @@ class EngineMachine(RuleBasedStateMachine):
                 timestamp, priority, filtered = self.log[p][offset]
                 if not filtered:
                     b = Bookmark(TOPIC, p, offset)
-                    arrivals.append(Arrival(b, timestamp, priority, 0, 0))
+                    key, ttl = self.meta[p][offset]
+                    arrival = Arrival(b, timestamp, priority, 0, 0)
+                    if config.sort:
+                        arrival.sort_key = key
+                    if config.conflate:
+                        arrival.conflate_key = ("last", p)  # a spool of one per partition
+                    if config.message_ttl and ttl is not None:
+                        arrival.expires_at = timestamp + ttl
+                    arrivals.append(arrival)
+                    self.last_read[p] = b
                     room -= 1
                 offset += 1
             if batches:
@@ -246,7 +274,20 @@ class EngineMachine(RuleBasedStateMachine):
     @rule()
     def dispatch(self) -> None:
         self.engine.dispatch(self.now)
-        self.check_effects()
+        changes = self.check_effects()
+        if self.config.sort:
+            # a sorted queue hands out in sort order: nothing left available sorts before
+            # what this dispatch handed out
+            handed = [
+                c.bookmark
+                for c in changes
+                if isinstance(c, Leased)
+                or (isinstance(c, Done) and c.reason is DoneReason.DELIVERED)
+            ]
+            left = self.engine.available()
+            if handed and left:
+                assert max(map(self.rank, handed)) <= min(map(self.rank, left))
+                event("sorted dispatch with messages left")
         if self.engine.stats(self.now).available:
             for name, backlog in self.backlogs.items():
                 assert len(self.engine.outstanding(name)) >= backlog, "a subscription was idle"
@@ -360,6 +401,19 @@ class EngineMachine(RuleBasedStateMachine):
                 )
             assert not isinstance(c, (Leased, Returned)), f"an ack by filter made {c}"
 
+    def rank(self, b: Bookmark) -> tuple[int, str, float]:
+        """A message's place in a sorted queue: by sort key, None last, then enqueue time."""
+        return sort_rank(self.meta[b.partition][b.offset][0], self.log[b.partition][b.offset][0])
+
+    def expired(self, b: Bookmark) -> bool:
+        """The message is older than the queue's expiration, or past its own TTL."""
+        timestamp = self.log[b.partition][b.offset][0]
+        ttl = self.meta[b.partition][b.offset][1] if self.config.message_ttl else None
+        expiration = self.config.expiration
+        return (expiration is not None and self.now - timestamp >= expiration) or (
+            ttl is not None and self.now >= timestamp + ttl
+        )
+
     def is_read(self, b: Bookmark) -> bool:
         return b.topic == TOPIC and b.offset < self.read_next[b.partition]
 
@@ -372,6 +426,8 @@ class EngineMachine(RuleBasedStateMachine):
         for c in self.check_effects():
             if isinstance(c, Returned):
                 assert c.reason is ReturnReason.TIMEOUT
+        for b in self.engine.available():
+            assert not self.expired(b), f"{b} still available after its expiry"
 
     # -- checks ----------------------------------------------------------------------------------
 
@@ -387,6 +443,7 @@ class EngineMachine(RuleBasedStateMachine):
                 assert c.deliveries == self.deliveries.get(b, 0) + 1
                 assert c.holder in self.backlogs
                 assert c.deadline == self.now + self.config.lease_period
+                assert not self.expired(b), f"{b} delivered after it expired"
                 limit = self.config.max_deliveries
                 assert not limit or c.deliveries <= limit, "delivered beyond max_deliveries"
                 self.holders[b] = c.holder
@@ -411,6 +468,13 @@ class EngineMachine(RuleBasedStateMachine):
                 assert c.deliveries >= self.deliveries.get(b, 0)
                 if c.reason is DoneReason.DELIVERED:
                     assert not self.alo
+                    assert not self.expired(b), f"{b} delivered after it expired"
+                if c.reason is DoneReason.EXPIRATION:
+                    assert self.expired(b), f"{b} expired early"
+                    event("expired" + (" by its own TTL" if self.config.message_ttl else ""))
+                if c.reason is DoneReason.CONFLATED:
+                    assert self.config.conflate
+                    assert b != self.last_read.get(b.partition), "the newest message was conflated"
                 self.holders.pop(b, None)
                 self.done_ever.add(b)
                 self.deliveries[b] = c.deliveries
@@ -479,6 +543,21 @@ class EngineMachine(RuleBasedStateMachine):
         if self.config.target_queue_depth:
             active = len(available_set) + len(leased)
             assert engine.room() == max(0, self.config.target_queue_depth - active)
+        if self.config.sort:
+            ranks = [self.rank(b) for b in available]
+            assert ranks == sorted(ranks), "a sorted queue's contents out of sort order"
+        if self.config.conflate:  # a spool of one: at most the newest message waits
+            for b in available:
+                for offset in range(b.offset + 1, self.read_next[b.partition]):
+                    newer = Bookmark(TOPIC, b.partition, offset)
+                    assert self.log[b.partition][offset][2] or newer in self.done_ever, (
+                        f"{b} waits behind a newer message, {newer}"
+                    )
+        if self.config.message_ttl or self.config.expiration is not None:
+            for b in available:
+                # expired ones leave at the next tick (or are skipped by dispatch)
+                if self.expired(b):
+                    event("expired, waiting for the tick")
 
     @invariant()
     def runs_are_sound(self) -> None:

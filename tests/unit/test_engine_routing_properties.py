@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -49,6 +49,7 @@ FILTERS: dict[str, Callable[[Bookmark], bool] | None] = {
 
 @st.composite
 def engine_settings(draw: st.DrawFn) -> EngineSettings:
+    priority, conflate = draw(st.booleans()), draw(st.booleans())
     return EngineSettings(
         semantics=draw(st.sampled_from([Semantics.AT_LEAST_ONCE] * 3 + [Semantics.AT_MOST_ONCE])),
         lease_period=draw(st.sampled_from([1.0, 4.0])),
@@ -57,10 +58,13 @@ def engine_settings(draw: st.DrawFn) -> EngineSettings:
         leasing=draw(st.sampled_from(Leasing)),
         max_deliveries=draw(st.sampled_from([0, 3])),
         expiration=draw(st.sampled_from([None, 20.0])),
-        priority=draw(st.booleans()),
+        priority=priority,
+        # Qpid's sorted queue, which excludes priority and conflation
+        sort=not (priority or conflate) and draw(st.booleans()),
+        message_ttl=draw(st.booleans()),
         groups=draw(st.sampled_from([None, GroupMode.STICKY, GroupMode.SHARED])),
         exclusive=draw(st.sampled_from([False, False, True])),
-        conflate=draw(st.booleans()),
+        conflate=conflate,
         redelivery_backoff=draw(st.sampled_from([None, (1.0, 2.0, 4.0)])),
         track_view=True,
     )
@@ -76,6 +80,7 @@ class RoutingMachine(RuleBasedStateMachine):
         self.now = 0.0
         self.next_offset = 0
         self.meta: dict[Bookmark, tuple[object, object, bool]] = {}  # group, key, barrier
+        self.times: dict[Bookmark, tuple[float, float | None]] = {}  # enqueued, own expiry
         self.filters: dict[str, str] = {}  # subscription -> filter name
         self.backlogs: dict[str, int] = {}
         self.order: list[str] = []  # subscribe order
@@ -95,6 +100,8 @@ class RoutingMachine(RuleBasedStateMachine):
         barrier=st.sampled_from([False] * 6 + [True]),
         delay=st.sampled_from([None, None, None, 2.0]),
         priority=st.none() | st.integers(0, 2),
+        sort_key=st.none() | st.sampled_from(["a", "b"]),
+        ttl=st.sampled_from([None, None, 1.0, 6.0]),
     )
     def publish(
         self,
@@ -104,6 +111,8 @@ class RoutingMachine(RuleBasedStateMachine):
         barrier: bool,
         delay: float | None,
         priority: int | None,
+        sort_key: str | None = None,
+        ttl: float | None = None,
     ) -> None:
         arrivals = []
         for _ in range(count):
@@ -111,7 +120,23 @@ class RoutingMachine(RuleBasedStateMachine):
             self.next_offset += 1
             self.meta[b] = (group, key, barrier)
             not_before = None if delay is None else self.now + delay
-            arrivals.append(Arrival(b, self.now, priority, 0, 0, group, key, barrier, not_before))
+            expires_at = None if ttl is None else self.now + ttl
+            self.times[b] = (self.now, expires_at if self.config.message_ttl else None)
+            arrivals.append(
+                Arrival(
+                    b,
+                    self.now,
+                    priority,
+                    0,
+                    0,
+                    group,
+                    key,
+                    barrier,
+                    not_before,
+                    sort_key,
+                    expires_at,
+                )
+            )
         self.engine.add(arrivals, self.now)
         self.engine.mark_read(TP, self.next_offset)
         self.engine.set_high_watermark(TP, self.next_offset)
@@ -195,6 +220,13 @@ class RoutingMachine(RuleBasedStateMachine):
         assert not others, f"group {group} held by {others} and {name} at once"
         holds[name] = holds.get(name, 0) + 1
 
+    def expired(self, b: Bookmark) -> bool:
+        enqueued, expires = self.times[b]
+        expiration = self.config.expiration
+        return (expiration is not None and self.now - enqueued >= expiration) or (
+            expires is not None and self.now >= expires
+        )
+
     def check(self) -> None:
         effects = self.engine.drain()
         for v in effects.view:
@@ -225,7 +257,12 @@ class RoutingMachine(RuleBasedStateMachine):
                     assert all(b in self.done for b in earlier), "barrier sent too early"
                 if c.reason is DoneReason.CONFLATED:
                     assert self.config.conflate
+                if c.reason is DoneReason.EXPIRATION:
+                    assert self.expired(c.bookmark), f"{c.bookmark} expired early"
+                    event("expired" + (" (own TTL)" if self.times[c.bookmark][1] else ""))
         for d in effects.deliveries:
+            if not d.barrier:
+                assert not self.expired(d.bookmark), f"{d.bookmark} delivered after it expired"
             flt = FILTERS[self.filters[d.subscription]]
             assert flt is None or flt(d.bookmark), f"{d.subscription} got {d.bookmark}"
             pending = [b for b, m in self.meta.items() if m[2] and b not in self.done]

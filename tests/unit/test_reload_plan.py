@@ -146,6 +146,10 @@ def fixed_cases(tmp_path: Path) -> list[tuple[str, str, str]]:
         ("default_publish_target", 'underlying_topic = "^a.*"', ""),  # special-cased below
         ("view_topic", "", 'view_topic = "a-view"'),
         ("start_from", "", 'start_from = "latest"'),
+        ("sort_key", "", 'sort_key = "/s"'),
+        ("last_value", "", "last_value = true"),
+        ("ttl", "", 'ttl = "/ttl"'),
+        ("dead_letter_if", "", 'dead_letter_if = "/keep"'),
     ]
 
 
