@@ -5,22 +5,26 @@ SIGSTOPped coordinator) is left for the next one in bounded time.
 The server is the in-process ApiServer of test_api_transport (a real gRPC server over a test
 double of the queue service); the delay is a real TCP proxy in front of it, holding back the
 server's bytes of each new connection; the silent address is a real listening socket that
-nobody accepts on.
+nobody accepts on; the last test stops a real coordinator with SIGSTOP.
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from layer.client import AsyncQueueClient, QueueClient
 from layer.exceptions import ConnectFailed
+from tests.harness import CoordinatorProcess
 from tests.integration.test_api_transport import MemoryService, ServerThread
+from tests.integration.test_reconnect import coordinator_on, free_address
 
 pytestmark = pytest.mark.integration
 
@@ -188,3 +192,28 @@ def test_the_connect_timeout_stays_inside_the_call_timeout(
         started = time.monotonic()
         client.publish("orders", b"x")
         assert 2.8 <= time.monotonic() - started < 6.0
+
+
+def test_a_sigstopped_coordinator_first_in_the_list_is_left_for_the_next(
+    broker: Any, coordinator_factory: Callable[..., CoordinatorProcess], names: Any
+) -> None:
+    # real coordinators: the first one stopped (its kernel still accepts TCP), each serving
+    # its own queue so the two never share one
+    q = names("orders")
+    a, b = free_address(), free_address()
+    stopped = coordinator_on(coordinator_factory, names("elsewhere"), a)
+    coordinator_on(coordinator_factory, q, b)
+    assert stopped.proc is not None
+    stopped.proc.send_signal(signal.SIGSTOP)
+    try:
+        with QueueClient(f"{a},{b}", connect_timeout=1.0) as client:
+            started = time.monotonic()
+            bookmark = client.publish(q, b"x")  # not sent to a: it goes on to b
+            took = time.monotonic() - started
+            assert 0.9 <= took < 15, took
+        with QueueClient(f"{a},{b}", connect_timeout=1.0) as client, client.subscribe(q) as sub:
+            msg = sub.next(timeout=30)
+            assert msg is not None and msg.bookmark == bookmark
+            assert sub.address == b
+    finally:
+        stopped.proc.send_signal(signal.SIGCONT)
