@@ -55,6 +55,7 @@ from layer.exceptions import (
 )
 
 __all__ = [
+    "CONNECT_TIMEOUT",
     "Addresses",
     "Backoff",
     "End",
@@ -66,6 +67,11 @@ __all__ = [
 ]
 
 log = logging.getLogger("layer.client")
+
+# How long one connection attempt may take by default (TCP connect and the server's HTTP/2
+# SETTINGS): long enough for a coordinator on a loaded machine to answer, short enough that an
+# address that accepts but never answers (a stopped process) is left for the next one soon.
+CONNECT_TIMEOUT = 5.0
 
 W = TypeVar("W")
 
@@ -106,13 +112,16 @@ class ReconnectPolicy:
     """How a subscription reconnects. ``enabled=False``: a dropped connection ends it with the
     error (no reconnect). Waits start at ``initial_delay`` and double up to ``max_delay``, each
     jittered to between half and all of it; ``give_up_after`` seconds without a connection end
-    the subscription with ``ConnectionLost`` (None: never give up)."""
+    the subscription with ``ConnectionLost`` (None: never give up). ``connect_timeout``: how
+    long one connection attempt (TCP, then the server's HTTP/2 SETTINGS) may take before the
+    address counts as down (``ConnectFailed``) and the next one is tried."""
 
     enabled: bool = True
     initial_delay: float = 0.1
     max_delay: float = 5.0
     give_up_after: float | None = None
     multiplier: float = 2.0
+    connect_timeout: float = CONNECT_TIMEOUT
 
     def __post_init__(self) -> None:
         if not 0 <= self.initial_delay <= self.max_delay:
@@ -122,6 +131,8 @@ class ReconnectPolicy:
             )
         if self.give_up_after is not None and not self.give_up_after > 0:
             raise ValueError(f"give_up_after must be > 0 seconds, got {self.give_up_after}")
+        if not self.connect_timeout > 0:
+            raise ValueError(f"connect_timeout must be > 0 seconds, got {self.connect_timeout}")
 
 
 class Backoff:
@@ -539,15 +550,27 @@ def call_back(callback: Callable[[Reconnected], Any] | None, event: Reconnected 
         return None
 
 
-def channel_options(policy: ReconnectPolicy) -> list[tuple[str, int]]:
+def channel_options(policy: ReconnectPolicy, call_timeout: float | None) -> list[tuple[str, int]]:
     """gRPC channel options: ours, plus grpc's own reconnect backoff kept within the policy's
     cap (its default grows to 120 s, and a channel waiting out its backoff fails every call at
-    once, so our reconnects would find a coordinator that is back only minutes later)."""
+    once, so our reconnects would find a coordinator that is back only minutes later), and the
+    connect timeout.
+
+    grpc core takes ``grpc.min_reconnect_backoff_ms`` as MIN_CONNECT_TIMEOUT, the time each
+    connection attempt is given (not a wait between attempts: those are the initial and max
+    backoff), so it carries ``policy.connect_timeout``; set to the 100 ms of the first backoff,
+    a coordinator answering later than that under load was never reached. It is kept to half
+    the calls' ``call_timeout``: a call to an address that accepts but does not answer then
+    fails with ``ConnectFailed`` (not sent: the next address is tried) before its own deadline,
+    so a DEADLINE_EXCEEDED means the call was on a connection, maybe sent."""
     cap_ms = max(100, int(policy.max_delay * 1000))
+    connect = policy.connect_timeout
+    if call_timeout is not None:
+        connect = min(connect, call_timeout / 2)
     return [
         *CHANNEL_OPTIONS,
         ("grpc.initial_reconnect_backoff_ms", min(cap_ms, 100)),
-        ("grpc.min_reconnect_backoff_ms", min(cap_ms, 100)),
+        ("grpc.min_reconnect_backoff_ms", max(100, int(connect * 1000))),
         ("grpc.max_reconnect_backoff_ms", cap_ms),
     ]
 

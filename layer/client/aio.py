@@ -64,6 +64,7 @@ from layer.client._common import (
     with_tls_hint,
 )
 from layer.client._core import (
+    CONNECT_TIMEOUT,
     Addresses,
     Outcome,
     Reconnected,
@@ -475,6 +476,7 @@ class AsyncQueueClient:
         reconnect_give_up_after: float | None = None,
         on_reconnect: Callable[[Reconnected], Any] | None = None,
         tls_client_cert: tuple[bytes, bytes] | None = None,
+        connect_timeout: float = CONNECT_TIMEOUT,
     ) -> None:
         self._addresses = Addresses(target)
         self.target = ",".join(self._addresses.all)
@@ -483,6 +485,7 @@ class AsyncQueueClient:
             initial_delay=min(0.1, reconnect_max_delay),
             max_delay=reconnect_max_delay,
             give_up_after=reconnect_give_up_after,
+            connect_timeout=connect_timeout,
         )
         self._on_reconnect = on_reconnect
         self._metadata = call_metadata(token)
@@ -498,7 +501,7 @@ class AsyncQueueClient:
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            options = channel_options(self._policy)
+            options = channel_options(self._policy, self._timeout)
             if self._tls_root_cert is not None or self._tls_client_cert is not None:
                 creds = tls_credentials(self._tls_root_cert, self._tls_client_cert)
                 channel = grpc.aio.secure_channel(address, creds, options=options)

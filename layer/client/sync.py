@@ -64,6 +64,7 @@ from layer.client._common import (
     with_tls_hint,
 )
 from layer.client._core import (
+    CONNECT_TIMEOUT,
     Addresses,
     Outcome,
     Reconnected,
@@ -469,7 +470,9 @@ class QueueClient:
     ``on_reconnect(Reconnected)`` each time; unary calls other than ``publish`` try the next
     address. A publish is sent once: a connection that fails under it raises
     ``PublishUncertain`` (it may have reached Kafka). ``reconnect=False``: the error reaches
-    the caller as ``ConnectionLost``.
+    the caller as ``ConnectionLost``. ``connect_timeout`` (seconds, at most half of
+    ``timeout``) is how long one connection attempt may take: an address that accepts but does
+    not answer within it counts as down.
     """
 
     def __init__(
@@ -485,6 +488,7 @@ class QueueClient:
         reconnect_give_up_after: float | None = None,
         on_reconnect: Callable[[Reconnected], Any] | None = None,
         tls_client_cert: tuple[bytes, bytes] | None = None,
+        connect_timeout: float = CONNECT_TIMEOUT,
     ) -> None:
         self._addresses = Addresses(target)
         self.target = ",".join(self._addresses.all)
@@ -493,6 +497,7 @@ class QueueClient:
             initial_delay=min(0.1, reconnect_max_delay),
             max_delay=reconnect_max_delay,
             give_up_after=reconnect_give_up_after,
+            connect_timeout=connect_timeout,
         )
         self._on_reconnect = on_reconnect
         self._metadata = call_metadata(token)
@@ -510,7 +515,7 @@ class QueueClient:
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:
-                options = channel_options(self._policy)
+                options = channel_options(self._policy, self._timeout)
                 if self._tls_root_cert is not None or self._tls_client_cert is not None:
                     creds = tls_credentials(self._tls_root_cert, self._tls_client_cert)
                     channel = grpc.secure_channel(address, creds, options=options)

@@ -19,12 +19,14 @@ from layer.api.errors import (
 from layer.api.frames import Ack, AckResult, Error, Messages, Replace, Replaced, Subscribed
 from layer.api.service import AckFailure, DeliveredMessage
 from layer.client._core import (
+    CONNECT_TIMEOUT,
     Addresses,
     Backoff,
     End,
     ReconnectPolicy,
     Retry,
     SubscriptionCore,
+    channel_options,
     unary_failure,
 )
 from layer.engine.model import AckOp, Bookmark
@@ -74,6 +76,31 @@ def test_policy_rejects_nonsense() -> None:
         ReconnectPolicy(initial_delay=3, max_delay=1)
     with pytest.raises(ValueError, match="give_up_after"):
         ReconnectPolicy(give_up_after=0)
+    with pytest.raises(ValueError, match="connect_timeout must be > 0 seconds, got 0"):
+        ReconnectPolicy(connect_timeout=0)
+
+
+def test_channel_options_give_connect_attempts_time_and_keep_the_quick_backoff() -> None:
+    # grpc core reads min_reconnect_backoff_ms as the time one connection attempt is given
+    def grpc_options(policy: ReconnectPolicy, call_timeout: float | None) -> dict[str, int]:
+        return {k: v for k, v in channel_options(policy, call_timeout) if "reconnect" in k}
+
+    assert grpc_options(ReconnectPolicy(max_delay=5.0), 30.0) == {
+        "grpc.initial_reconnect_backoff_ms": 100,
+        "grpc.min_reconnect_backoff_ms": int(CONNECT_TIMEOUT * 1000),
+        "grpc.max_reconnect_backoff_ms": 5000,
+    }
+    assert CONNECT_TIMEOUT >= 5.0  # not the 100 ms that left loaded coordinators unreached
+    custom = ReconnectPolicy(connect_timeout=1.5, initial_delay=0.05, max_delay=0.05)
+    assert grpc_options(custom, None) == {
+        "grpc.initial_reconnect_backoff_ms": 100,
+        "grpc.min_reconnect_backoff_ms": 1500,
+        "grpc.max_reconnect_backoff_ms": 100,
+    }
+    # at most half the call timeout: a silent address fails the call as ConnectFailed (not
+    # sent) before its deadline; never below grpc's own floor of 100 ms
+    assert grpc_options(ReconnectPolicy(), 4.0)["grpc.min_reconnect_backoff_ms"] == 2000
+    assert grpc_options(ReconnectPolicy(), 0.05)["grpc.min_reconnect_backoff_ms"] == 100
 
 
 # --- the subscription core ----------------------------------------------------------------------
