@@ -245,3 +245,49 @@ def test_sort_order_ttls_and_the_last_value_survive_a_sigkill(
         wait_available(client, lv, 1)
         assert [json.loads(m.value)["id"] for m in client.browse(lv)] == [2]
         assert client.stats(lv)[0].extra["conflated_total"] == 2
+
+
+def test_the_queue_types_read_kafka_headers(broker, coordinator_factory, names) -> None:
+    """sort_key, ttl and dead_letter_if over the record's headers (HEADER('name')), as a JMS
+    producer sets them, on a bytes queue: no payload fields at all."""
+    topic, q, dlq = names("hdr"), names("hdr"), names("hdr-dlq")
+    sorted_topic, sorted_q = names("hdr-sorted"), names("hdr-sorted")
+    c = coordinator_factory(
+        [
+            {
+                "name": q,
+                "underlying_topic": topic,
+                "message_type": "bytes",
+                "ttl": "HEADER('ttl_s')",
+                "max_deliveries": 1,
+                "dead_letter_if": "HEADER('dmq') = 'true'",
+                "dead_letter_topic": dlq,
+            },
+            {
+                "name": sorted_q,
+                "underlying_topic": sorted_topic,
+                "message_type": "bytes",
+                "sort_key": "HEADER('sym')",
+            },
+        ]
+    )
+    p = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 5})
+    p.produce(topic, b"short-lived", partition=0, headers=[("ttl_s", b"1"), ("dmq", b"true")])
+    p.produce(topic, b"kept", partition=0)
+    p.produce(topic, b"limited", partition=0, headers=[("dmq", b"false")])
+    for sym in (b"MSFT", b"AAPL", b"IBM"):
+        p.produce(sorted_topic, sym.lower(), partition=0, headers=[("sym", sym)])
+    assert p.flush(10) == 0
+    with QueueClient(c.address) as client:
+        # the header's TTL of 1 s: dead-lettered (dmq = true), the others stay
+        wait_until(lambda: client.stats(q)[0].dead_lettered_total == 1, 20, message="expired")
+        (letter,) = client.dead_letters(q)
+        assert letter.reason == "expiration" and letter.payload == b"short-lived"
+        with client.subscribe(q, max_backlog=5) as sub:
+            got = {m.data: m for m in take(sub, 2)}
+            got[b"limited"].cancel(wait=True)  # max_deliveries = 1, dmq = false: discarded
+            got[b"kept"].ack(wait=True)
+        wait_until(lambda: client.stats(q)[0].extra["discarded_total"] == 1, 20, message="gone")
+        assert client.stats(q)[0].dead_lettered_total == 1
+        wait_available(client, sorted_q, 3)
+        assert [m.value for m in client.browse(sorted_q)] == [b"aapl", b"ibm", b"msft"]
