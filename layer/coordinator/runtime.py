@@ -281,9 +281,7 @@ class QueueRuntime:
         if exprs.last_value:  # one per partition, as Solace's partitioned LVQs
             conflate_key: object = (LAST_VALUE, bookmark.topic, bookmark.partition)
         else:
-            conflate_key = (
-                None if exprs.conflate is None else exprs.conflate.key(doc, wall, record)
-            )
+            conflate_key = None if exprs.conflate is None else exprs.conflate.key(doc, wall, record)
         return Arrival(
             bookmark,
             timestamp,
