@@ -35,6 +35,7 @@ from layer.config.model import (
     Config,
     CoordinatorConfig,
     MessageType,
+    OnUnparseable,
     QueueConfig,
     StartFrom,
 )
@@ -526,6 +527,7 @@ _QUEUE_KEYS = (
     "redelivery_backoff",
     "view_topic",
     "view_snapshot_interval",
+    "on_unparseable",
 )
 _QUEUE_PENDING: tuple[str, ...] = ()  # AMPS options whose implementation comes later
 
@@ -587,6 +589,9 @@ def _queue(
         leasing=section.get("leasing", Leasing.STRICT, _choice(Leasing)),
         start_from=section.get("start_from", StartFrom.EARLIEST, _choice(StartFrom)),
         avro_schema=section.get("avro_schema", None, _path(base_dir)),
+        on_unparseable=section.get(
+            "on_unparseable", OnUnparseable.DEAD_LETTER, _choice(OnUnparseable)
+        ),
     )
     _check_queue(queue, section, coordinator)
     return queue
@@ -606,6 +611,10 @@ def _check_queue(queue: QueueConfig, section: _Section, coordinator: Coordinator
             )
         if queue.message_type == MessageType.AVRO and queue.avro_schema is None:
             raise section.error(option, 'needs avro_schema to read the fields of "avro" messages')
+    if "on_unparseable" in section.values and queue.message_type == MessageType.BYTES:
+        raise section.error(
+            "on_unparseable", 'needs message_type "json" or "avro": "bytes" payloads never parse'
+        )
     if queue.group_mode != GroupMode.STICKY and queue.group_key is None:
         raise section.error("group_mode", "needs group_key")
     if queue.avro_schema is not None:

@@ -58,6 +58,13 @@ class MessageType(StrEnum):
     BYTES = "bytes"
 
 
+class OnUnparseable(StrEnum):
+    """What a typed queue (json, avro) does with a message whose payload does not parse."""
+
+    DEAD_LETTER = "dead-letter"  # done at once, reason "unparseable", the error as its detail
+    DELIVER = "deliver"  # queued like any other; the consumer sees its parse_error
+
+
 class StartFrom(StrEnum):
     """Where a queue starts reading a partition it has never seen."""
 
@@ -201,6 +208,8 @@ class QueueConfig:
     leasing: Leasing = Leasing.STRICT
     start_from: StartFrom = StartFrom.EARLIEST
     avro_schema: Path | None = None  # only for message_type avro
+    # issue 15: what a json/avro queue does with a payload that does not parse
+    on_unparseable: OnUnparseable = OnUnparseable.DEAD_LETTER
 
     def __post_init__(self) -> None:
         if self.fairness is None:

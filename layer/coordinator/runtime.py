@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, cast
 from confluent_kafka import Message
 
 from layer.api.service import DeliverySink, QueueStats
-from layer.config import QueueConfig
+from layer.config import OnUnparseable, QueueConfig
 from layer.coordinator.counters import Counters
 from layer.coordinator.ingest import Fetched, bookmark_of
 from layer.coordinator.publish_route import PublishRoute
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+UNPARSEABLE_LOG_INTERVAL = 10.0  # seconds between log lines about unparseable messages
 DELIVER_AFTER = "deliver_after"  # header: not deliverable before this UNIX time (seconds)
 
 
@@ -53,7 +54,16 @@ def deliver_after(headers: tuple[tuple[str, bytes | None], ...]) -> float | None
 class Expressions:
     """A queue's compiled expressions and the reader of its documents."""
 
-    __slots__ = ("reader", "priority", "barrier", "filter", "group", "conflate", "needed")
+    __slots__ = (
+        "reader",
+        "checker",
+        "priority",
+        "barrier",
+        "filter",
+        "group",
+        "conflate",
+        "needed",
+    )
 
     def __init__(self, config: QueueConfig) -> None:
         compiled = {opt: compile_expression(text) for opt, text in config.expressions.items()}
@@ -66,6 +76,11 @@ class Expressions:
         # json queues always parse: a payload that is not JSON is reported with its dead letter
         parse = self.needed or config.message_type == "json"
         self.reader = DocumentReader(config.message_type, config.avro_schema) if parse else None
+        # what a publish through the API must parse as: json, or avro with its schema
+        typed = config.message_type == "json" or config.avro_schema is not None
+        self.checker = self.reader or (
+            DocumentReader(config.message_type, config.avro_schema) if typed else None
+        )
 
 
 @dataclass(slots=True)
@@ -118,6 +133,8 @@ class QueueRuntime:
     def __post_init__(self) -> None:
         self.exprs = Expressions(self.config)
         self._docs: dict[Bookmark, object] = {}  # parsed documents for subscription filters
+        self._unparseable_logged_at = -UNPARSEABLE_LOG_INTERVAL
+        self._unparseable_unlogged = 0
 
     @property
     def name(self) -> str:
@@ -145,10 +162,36 @@ class QueueRuntime:
             not_before,
         )
 
+    def _dead_letter_unparseable(self) -> bool:
+        return self.config.on_unparseable is OnUnparseable.DEAD_LETTER
+
+    def unparseable_seen(self, bookmark: Bookmark, error: str, count: int = 1) -> None:
+        """Count ``count`` unparseable messages, and log (at most one line every
+        ``UNPARSEABLE_LOG_INTERVAL`` seconds per queue, saying how many went unlogged)."""
+        self.counters.unparseable += count
+        now = time.monotonic()
+        if now - self._unparseable_logged_at < UNPARSEABLE_LOG_INTERVAL:
+            self._unparseable_unlogged += count
+            return
+        action = "dead-lettered" if self._dead_letter_unparseable() else "delivering"
+        unlogged = self._unparseable_unlogged
+        log.warning(
+            "queue=%s %s unparseable %s message %s: %s%s",
+            self.name,
+            action,
+            self.config.message_type,
+            bookmark,
+            error,
+            f" ({unlogged} more since the last such line)" if unlogged else "",
+        )
+        self._unparseable_logged_at = now
+        self._unparseable_unlogged = count - 1
+
     def parse(self, msg: Message) -> tuple[StoredMessage | None, object]:
         """The local copy of a message and its document; (None, None) when the queue's filter
-        leaves it out. A payload that does not parse is still queued (its expressions see NULL);
-        its error travels with it to the consumer's dead letter."""
+        leaves it out. A payload that does not parse is not filtered out (its expressions see
+        NULL): its error goes with it, to its dead letter (``on_unparseable = "dead-letter"``,
+        done on arrival) or to the consumer (``"deliver"``: the message's ``parse_error``)."""
         value = msg.value()
         exprs = self.exprs
         doc: object = None
@@ -156,7 +199,7 @@ class QueueRuntime:
         if exprs.reader is not None:
             doc, error = exprs.reader.read(value)
             if error is not None:
-                self.counters.unparseable += 1
+                self.unparseable_seen(bookmark_of(msg), error)
             elif exprs.filter is not None and not exprs.filter.matches(doc):
                 self.counters.filtered += 1
                 return None, None
@@ -255,6 +298,7 @@ class QueueRuntime:
             stored, doc = self.parse(msg)
             if stored is None:
                 continue
+            unparseable = stored.error is not None and self._dead_letter_unparseable()
             batch.put_message(name, bookmark, stored)
             if len(payload_cache) < cache_size:
                 payload_cache[bookmark] = stored
@@ -263,6 +307,7 @@ class QueueRuntime:
             headers = stored.headers
             if (
                 plain_queue
+                and not unparseable
                 and not self.restored_delays
                 and (not headers or deliver_after(headers) is None)
             ):
@@ -288,6 +333,7 @@ class QueueRuntime:
                 flush()
                 run_times = []
             arrival = self.arrival(bookmark, stored, doc, now)
+            arrival.unparseable = unparseable
             engine.add([arrival], now)
             if record:
                 times = array("d", (arrival.timestamp,))

@@ -71,6 +71,7 @@ class DoneReason(StrEnum):
     EXPIRATION = "expiration"  # older than the queue's expiration while not leased
     BARRIER = "barrier"  # a barrier message, sent to every matching subscription
     CONFLATED = "conflated"  # replaced by a newer message with the same conflate key
+    UNPARSEABLE = "unparseable"  # its payload did not parse (on_unparseable = "dead-letter")
 
     @property
     def dead_letter(self) -> bool:
@@ -189,6 +190,8 @@ class Arrival:
     conflate_key: object = None  # last-value key (hashable); None = never conflated
     barrier: bool = False  # matches the queue's barrier expression
     not_before: float | None = None  # not deliverable before this time (delayed message)
+    # its payload did not parse and the queue dead-letters such messages: done on arrival
+    unparseable: bool = False
 
 
 # ---------------------------------------------------------------------------------------------
