@@ -84,7 +84,7 @@ class Backlog:
         plain = avro_fast.stored_plain
         loads = orjson.loads if self._check_json else None
         fast = self._fast
-        dead_letter = rt.config.on_unparseable is OnUnparseable.DEAD_LETTER
+        dead_letter = rt.config.on_unparseable == OnUnparseable.DEAD_LETTER
         admitted = 0
         # the partition of the messages at hand, and the run of them being built: its first
         # offset, the offset after it, the timestamps

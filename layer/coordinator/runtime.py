@@ -163,7 +163,7 @@ class QueueRuntime:
         )
 
     def _dead_letter_unparseable(self) -> bool:
-        return self.config.on_unparseable is OnUnparseable.DEAD_LETTER
+        return self.config.on_unparseable == OnUnparseable.DEAD_LETTER
 
     def unparseable_seen(self, bookmark: Bookmark, error: str, count: int = 1) -> None:
         """Count ``count`` unparseable messages, and log (at most one line every

@@ -11,6 +11,7 @@ import pytest
 from confluent_kafka import Message
 
 from layer.codec import encode_change
+from layer.config import OnUnparseable
 from layer.coordinator.health import Health
 from layer.coordinator.ingest import Fetched
 from layer.coordinator.restore import Restore
@@ -318,8 +319,14 @@ BACKLOG_CHANGES = [
 
 @pytest.mark.parametrize(
     "options",
-    [{}, {"filter": "/n <> 4"}, {"priority": "/n"}, {"message_type": "bytes"}],
-    ids=["plain", "filter", "priority", "bytes"],
+    [
+        {},
+        {"filter": "/n <> 4"},
+        {"priority": "/n"},
+        {"message_type": "bytes"},
+        {"on_unparseable": OnUnparseable.DELIVER},
+    ],
+    ids=["plain", "filter", "priority", "bytes", "deliver-unparseable"],
 )
 def test_the_backlog_read_in_bulk_is_the_backlog_read_live(options: dict[str, str]) -> None:
     q = queue_config(**options)
@@ -359,6 +366,17 @@ def test_the_backlog_read_in_bulk_is_the_backlog_read_live(options: dict[str, st
     if options.get("message_type") != "bytes":
         assert bulk.counters.unparseable == 1
         assert bulk_store.get_messages("q", [bm(5)])[0].error.startswith("unparseable json")
+    # on_unparseable = "dead-letter" (the default): done on arrival, on either path
+    done = {
+        r: [c for c in rt.engine.drain().changes if isinstance(c, Done)] for r, rt in (
+            ("bulk", bulk), ("live", live)
+        )
+    }  # fmt: skip
+    if options.get("message_type") == "bytes" or "on_unparseable" in options:
+        assert done == {"bulk": [], "live": []}
+    else:
+        assert [(c.bookmark, c.reason) for c in done["bulk"]] == [(bm(5), DoneReason.UNPARSEABLE)]
+        assert [(c.bookmark, c.reason) for c in done["live"]] == [(bm(5), DoneReason.UNPARSEABLE)]
     assert any(line.startswith("backlog of queue=q: ") for line in lines)
 
 
