@@ -25,6 +25,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TypeVar
 
@@ -84,6 +85,8 @@ from layer.state.base import Store
 from layer.state.changelog import ChangelogWriter, DurableChangelog
 
 log = logging.getLogger(__name__)
+
+REPLAY_THREADS = 8  # replays reading at once; more wait their turn a batch at a time
 
 T = TypeVar("T")
 
@@ -175,6 +178,9 @@ class Coordinator:
         self._reload_lock = asyncio.Lock()  # one reload at a time, and none while stopping
         self._reload_tasks: set[asyncio.Task[None]] = set()  # reloads started by SIGHUP
         self._replays: set[asyncio.Future[None]] = set()  # replay consumers being closed
+        # replays read on threads of their own: many following clients never hold up the
+        # default executor's work (reader stops, dead-letter scans)
+        self._replay_pool = ThreadPoolExecutor(REPLAY_THREADS, thread_name_prefix="replay")
 
     @property
     def rounds(self) -> int:
@@ -331,6 +337,7 @@ class Coordinator:
         await self._publisher.stop()
         if self._replays:
             await asyncio.gather(*self._replays, return_exceptions=True)
+        self._replay_pool.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(self._durable.close)
         self._changelog.shutdown()
         self._views.close()
@@ -575,17 +582,19 @@ class Coordinator:
             follow=follow,
             keep=keep,
         )
+        loop = asyncio.get_running_loop()
+        pool = self._replay_pool
         try:
-            await asyncio.to_thread(reader.open)
+            await loop.run_in_executor(pool, reader.open)
             while not self._stopping:
-                batch = await asyncio.to_thread(reader.next_batch)
+                batch = await loop.run_in_executor(pool, reader.next_batch)
                 if batch is None:
                     return
                 if batch:
                     yield batch
         finally:
             # the client went away (or it ended): close once a read in progress returns
-            closing = asyncio.get_running_loop().run_in_executor(None, reader.close)
+            closing = loop.run_in_executor(pool, reader.close)
             self._replays.add(closing)
             closing.add_done_callback(self._replays.discard)
 
