@@ -160,6 +160,8 @@ class QueueRuntime:
             None if exprs.conflate is None else exprs.conflate.key(doc, wall),
             exprs.barrier is not None and exprs.barrier.matches(doc, wall),
             not_before,
+            # also when a restart reads it back: its done record may not have been committed
+            stored.error is not None and self._dead_letter_unparseable(),
         )
 
     def _dead_letter_unparseable(self) -> bool:
@@ -332,8 +334,7 @@ class QueueRuntime:
             if run_times:
                 flush()
                 run_times = []
-            arrival = self.arrival(bookmark, stored, doc, now)
-            arrival.unparseable = unparseable
+            arrival = self.arrival(bookmark, stored, doc, now)  # unparseable: done on arrival
             engine.add([arrival], now)
             if record:
                 times = array("d", (arrival.timestamp,))
