@@ -146,7 +146,13 @@ def _parser() -> argparse.ArgumentParser:
     pub = sub.add_parser(
         "publish",
         help="publish messages to a queue (its publish target topic)",
-        description="Publish DATA, or one message per line of standard input when DATA is '-'.",
+        description=(
+            "Publish DATA, or one message per line of standard input when DATA is '-'.\n"
+            "On a json (or avro) queue a message that does not parse is refused, naming the\n"
+            "queue, the type and where parsing stopped (exit 2); with '-' the refused lines\n"
+            "are named by number on stderr and the others are published."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     pub.add_argument("queue")
     pub.add_argument("data", help="the message (use '-' to read lines from standard input)")
