@@ -148,7 +148,13 @@ def _parser() -> argparse.ArgumentParser:
     pub = sub.add_parser(
         "publish",
         help="publish messages to a queue (its publish target topic)",
-        description="Publish DATA, or one message per line of standard input when DATA is '-'.",
+        description=(
+            "Publish DATA, or one message per line of standard input when DATA is '-'.\n"
+            "On a json (or avro) queue a message that does not parse is refused, naming the\n"
+            "queue, the type and where parsing stopped (exit 2); with '-' the refused lines\n"
+            "are named by number on stderr and the others are published."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     pub.add_argument("queue")
     pub.add_argument("data", help="the message (use '-' to read lines from standard input)")
@@ -235,6 +241,37 @@ def _parser() -> argparse.ArgumentParser:
     br.add_argument("--json", action="store_true", help="one JSON object per line")
     client_args(br)
 
+    rp = sub.add_parser(
+        "replay",
+        help="replay a queue's topics from a bookmark or a time (nothing consumed)",
+        description=(
+            "Replay through the queue's name (AMPS's bookmark subscription to a queue): print\n"
+            "the records of QUEUE's underlying topics from a point on, as plain\n"
+            "publish/subscribe. Nothing is leased or acked and the queue's state is not\n"
+            "touched. One JSON object per line: bookmark, key, value, headers, timestamp_ms and\n"
+            "parse_error (set when the payload does not parse as the queue's message_type).\n"
+            "Without --follow it stops at the end the topics had when it began."
+        ),
+        epilog=(
+            "--since is a bookmark TOPIC/PARTITION/OFFSET (replayed after it; repeat it, one\n"
+            "per partition: the others replay from their beginning), a time (ISO 8601 with a\n"
+            "zone, e.g. 2026-11-25T01:00:00Z, or epoch seconds) or a duration ago (10m, 2h).\n"
+            "Without --since: from the beginning. --until takes a time or a duration ago.\n\n"
+            "examples:\n"
+            "  qlayer replay orders --since 10m\n"
+            "  qlayer replay orders --since orders/0/41 --filter '/qty > 10'\n"
+            "  qlayer replay orders --since 2026-11-25T01:00:00Z --follow"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    rp.add_argument("queue")
+    rp.add_argument("--since", action="append", default=[], metavar="BOOKMARK|TIME")
+    rp.add_argument("--until", metavar="TIME", help="stop before records from this time on")
+    rp.add_argument("--follow", action="store_true", help="go on with new records (Ctrl-C ends)")
+    rp.add_argument("--filter", metavar="EXPR", help="print only records matching EXPR")
+    rp.add_argument("--count", type=_count, default=0, metavar="N", help="stop after N records")
+    client_args(rp)
+
     aw = sub.add_parser(
         "ack-where",
         help="ack (or --expire) every available message matching a filter",
@@ -286,7 +323,7 @@ def _parser() -> argparse.ArgumentParser:
             "reload: nothing changes. Prints what was added, removed, changed or refused.\n"
             "Exit codes: 0 applied, 2 the file does not load (nothing changed), 3 refused.\n"
             "An admin call: pass a token with the admin right on every queue (a tokens-file\n"
-            "grant on \"*\") or the coordinator's admin_token, with --token."
+            'grant on "*") or the coordinator\'s admin_token, with --token.'
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -460,20 +497,33 @@ def cmd_publish(args: argparse.Namespace) -> int:
         headers.append((k, v.encode()))
     if args.delay is not None and any(k == "deliver_after" for k, _ in headers):
         raise InvalidRequest("--delay sets the header deliver_after: give one or the other")
-    lines = sys.stdin if args.data == "-" else [args.data]
+    batch = args.data == "-"
+    lines = sys.stdin if batch else [args.data]
+    refused = 0
     with _client(args) as client:
-        for line in lines:
+        for number, line in enumerate(lines, 1):
             line = line.rstrip("\n")
             if not line:
                 continue
-            bookmark = client.publish(
-                args.queue,
-                line.encode(),
-                key=args.key.encode() if args.key else None,
-                headers=headers,
-                delay=args.delay,
-            )
+            try:
+                bookmark = client.publish(
+                    args.queue,
+                    line.encode(),
+                    key=args.key.encode() if args.key else None,
+                    headers=headers,
+                    delay=args.delay,
+                )
+            except InvalidRequest as exc:
+                if not batch:
+                    raise
+                # one refused line (say, one that does not parse) does not stop the others
+                print(f"qlayer publish: line {number}: {exc}", file=sys.stderr, flush=True)
+                refused += 1
+                continue
             print(bookmark, flush=True)
+    if refused:
+        print(f"qlayer publish: {refused} line(s) refused", file=sys.stderr, flush=True)
+        return EXIT_USAGE
     return EXIT_OK
 
 
@@ -509,6 +559,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
             }
             if msg.barrier:
                 line["barrier"] = True  # ack and cancel below are no-ops for it
+            if msg.parse_error is not None:
+                line["parse_error"] = msg.parse_error  # on_unparseable = "deliver"
             print(json.dumps(line, default=str), flush=True)
             if args.cancel:
                 msg.cancel()
@@ -553,6 +605,7 @@ def cmd_browse(args: argparse.Namespace) -> int:
                 "cancels": m.cancels,
                 "timestamp_ms": m.timestamp_ms,
                 "barrier": m.barrier,
+                "parse_error": m.parse_error,
             }
             print(json.dumps(record, ensure_ascii=False), flush=True)
         return EXIT_OK
@@ -566,6 +619,65 @@ def cmd_browse(args: argparse.Namespace) -> int:
         stamp = when.strftime("%Y-%m-%d %H:%M:%S.") + f"{m.timestamp_ms % 1000:03d}"
         value = ("[barrier] " if m.barrier else "") + _shown(m.value, 60)
         print(f"{m.bookmark:<{width}}  {m.deliveries:>10}  {stamp:<23}  {value}")
+    return EXIT_OK
+
+
+def _replay_time(option: str, text: str) -> float:
+    """Epoch seconds of a --since/--until value: ISO 8601 with a zone, epoch seconds, or a
+    duration ago."""
+    from layer.durations import parse_duration
+
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return time.time() - parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidRequest(
+            f"{option} {text!r} is not a bookmark, an ISO 8601 time, epoch seconds or a duration"
+        ) from None
+    if when.tzinfo is None:
+        raise InvalidRequest(f"{option} {text!r}: give the time zone, e.g. {text}Z")
+    return when.timestamp()
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from layer.api.service import bytes_json
+
+    bookmarks = [s for s in args.since if "/" in s]
+    times = [s for s in args.since if "/" not in s]
+    if times and (bookmarks or len(times) > 1):
+        raise InvalidRequest("--since: one time, or bookmarks (one per partition), not both")
+    since: str | list[str] | float | None = None
+    if bookmarks:
+        since = bookmarks
+    elif times:
+        since = _replay_time("--since", times[0])
+    until = None if args.until is None else _replay_time("--until", args.until)
+    n = 0
+    with _client(args) as client:
+        stream = client.replay(args.queue, since, until, follow=args.follow, filter=args.filter)
+        try:
+            for m in stream:
+                record = {
+                    "bookmark": m.bookmark,
+                    "key": bytes_json(m.key),
+                    "value": bytes_json(m.value),
+                    "headers": [[k, bytes_json(v)] for k, v in m.headers],
+                    "timestamp_ms": m.timestamp_ms,
+                    "parse_error": m.parse_error,
+                }
+                print(json.dumps(record, ensure_ascii=False), flush=True)
+                n += 1
+                if args.count and n >= args.count:
+                    break
+        finally:
+            stream.close()
     return EXIT_OK
 
 
@@ -675,6 +787,7 @@ COMMANDS = {
     "ack-where": cmd_ack_where,
     "redrive": cmd_redrive,
     "dead-letters": cmd_dead_letters,
+    "replay": cmd_replay,
     "reload": cmd_reload,
     "token": cmd_token,
     "demo": cmd_demo,

@@ -115,6 +115,8 @@ function main() {
         const toAck = [];
         for (const m of frame.messages.messages) {
           if (m.barrier) continue; // barriers are never acked
+          // set on a queue with on_unparseable = "deliver": the payload did not parse
+          if (m.parseError) emit({ event: 'unparseable', bookmark: bookmark(m), parseError: m.parseError });
           if (m.cancels === 0 && cancelsSent + toCancel.length < args.cancel) toCancel.push(m);
           else toAck.push(m);
         }

@@ -76,6 +76,7 @@ RPC_RIGHTS: Mapping[str, Right] = {
     "DeadLetters": Right.BROWSE,
     "Redrive": Right.ADMIN,
     "Reload": Right.ADMIN,
+    "Replay": Right.BROWSE,
 }
 
 

@@ -57,6 +57,8 @@ __all__ = [
     "REDRIVE_REPLY_CODEC",
     "RELOAD_CODEC",
     "RELOAD_REPLY_CODEC",
+    "REPLAY_CODEC",
+    "REPLAY_REPLY_CODEC",
     "SERVER_FRAME_CODEC",
     "SERVICE_NAME",
     "STATS_CODEC",
@@ -85,6 +87,8 @@ __all__ = [
     "ReloadReply",
     "Replace",
     "Replaced",
+    "Replay",
+    "ReplayReply",
     "ServerFrame",
     "Stats",
     "StatsReply",
@@ -301,6 +305,23 @@ class DeadLettersReply:
 
 
 @dataclass(frozen=True, slots=True)
+class Replay:
+    """Replay through the queue's name (see ReplayRequest in queue.proto)."""
+
+    queue: str
+    since_bookmarks: tuple[str, ...] = ()
+    since_ms: int | None = None
+    until_ms: int | None = None
+    follow: bool = False
+    filter: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayReply:
+    messages: list[DeliveredMessage]
+
+
+@dataclass(frozen=True, slots=True)
 class Reload:
     pass
 
@@ -478,6 +499,7 @@ def _add_messages(repeated: Any, messages: Iterable[DeliveredMessage]) -> None:
             lease_deadline_ms=m.lease_deadline_ms,
             barrier=m.barrier,
             queue=m.queue,
+            parse_error=m.parse_error,
         )
 
 
@@ -496,6 +518,7 @@ def _messages_from(messages: Iterable[Any]) -> list[DeliveredMessage]:
                 m.lease_deadline_ms if m.HasField("lease_deadline_ms") else None,
                 m.barrier,
                 m.queue,
+                m.parse_error if m.HasField("parse_error") else None,
             )
         )
     return out
@@ -767,4 +790,36 @@ DEAD_LETTERS_REPLY_CODEC: FrameCodec[DeadLettersReply] = FrameCodec(
     pb.DeadLettersReply,
     lambda f: pb.DeadLettersReply(letters=[_letter_to(d) for d in f.letters]),
     lambda r: DeadLettersReply([_letter_from(d) for d in r.letters]),
+)
+
+
+REPLAY_CODEC: FrameCodec[Replay] = FrameCodec(
+    pb.ReplayRequest,
+    lambda f: pb.ReplayRequest(
+        queue=f.queue,
+        since_bookmarks=list(f.since_bookmarks),
+        since_ms=f.since_ms,
+        until_ms=f.until_ms,
+        follow=f.follow,
+        filter=f.filter,
+    ),
+    lambda r: Replay(
+        r.queue,
+        tuple(r.since_bookmarks),
+        _opt(r, "since_ms"),
+        _opt(r, "until_ms"),
+        r.follow,
+        _opt(r, "filter"),
+    ),
+)
+
+
+def _replay_reply_to(f: ReplayReply) -> Any:
+    out = pb.ReplayReply()
+    _add_messages(out.messages, f.messages)
+    return out
+
+
+REPLAY_REPLY_CODEC: FrameCodec[ReplayReply] = FrameCodec(
+    pb.ReplayReply, _replay_reply_to, lambda r: ReplayReply(_messages_from(r.messages))
 )

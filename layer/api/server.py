@@ -14,6 +14,8 @@ reflection (``grpc.reflection.v1alpha``, so ``grpcurl`` can list and call it):
   object per acked message.
 - ``Publish``, ``Stats``, ``ListQueues``, ``Browse``, ``AckWhere``, ``Redrive``,
   ``DeadLetters`` (unary).
+- ``Replay`` (server streaming, browse right): the queue's underlying topics from a bookmark
+  or a time, as plain publish/subscribe (``layer.coordinator.replay``); nothing is leased.
 - ``Reload`` (unary, admin): read the config file (and the tokens file) again and apply it
   (``ReloadReply``); a file that does not load is INVALID_ARGUMENT.
 
@@ -41,7 +43,7 @@ import logging
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NoReturn, TypeVar
 
@@ -67,6 +69,8 @@ from layer.api.frames import (
     REDRIVE_REPLY_CODEC,
     RELOAD_CODEC,
     RELOAD_REPLY_CODEC,
+    REPLAY_CODEC,
+    REPLAY_REPLY_CODEC,
     SERVER_FRAME_CODEC,
     SERVICE_NAME,
     STATS_CODEC,
@@ -93,6 +97,8 @@ from layer.api.frames import (
     ReloadReply,
     Replace,
     Replaced,
+    Replay,
+    ReplayReply,
     Stats,
     StatsReply,
     Subscribe,
@@ -438,6 +444,7 @@ class ApiServer:
         "DeadLetters": ("_dead_letters", DEAD_LETTERS_CODEC, DEAD_LETTERS_REPLY_CODEC),
         "Redrive": ("_redrive", REDRIVE_CODEC, REDRIVE_REPLY_CODEC),
         "Reload": ("_reload", RELOAD_CODEC, RELOAD_REPLY_CODEC),
+        "Replay": ("_replay", REPLAY_CODEC, REPLAY_REPLY_CODEC),
     }
 
     def _handler(self) -> grpc.GenericRpcHandler:
@@ -446,6 +453,8 @@ class ApiServer:
             make = (
                 grpc.stream_stream_rpc_method_handler
                 if rpc == "Subscribe"
+                else grpc.unary_stream_rpc_method_handler
+                if rpc == "Replay"
                 else grpc.unary_unary_rpc_method_handler
             )
             handlers[rpc] = make(
@@ -606,6 +615,25 @@ class ApiServer:
         except QLayerError as exc:
             await _refuse(context, exc)
         return DeadLettersReply(letters)
+
+    async def _replay(
+        self, request: object, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[ReplayReply]:
+        """Server streaming: batches of replayed records, each cut to frames of a few MiB. A
+        refusal (or a broker failure midway) ends the call with its status; the client going
+        away closes the stream, whose reader then stops."""
+        _, req = await self._admitted(context, request, Replay, "Replay")
+        stream = self._service.replay(
+            req.queue, req.since_bookmarks, req.since_ms, req.until_ms, req.follow, req.filter
+        )
+        try:
+            async for batch in stream:
+                for frame in _message_frames(batch):
+                    yield ReplayReply(frame.messages)
+        except QLayerError as exc:
+            await _refuse(context, exc)
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
 
     async def _reload(self, request: object, context: grpc.aio.ServicerContext) -> ReloadReply:
         await self._admitted(context, request, Reload, "Reload")

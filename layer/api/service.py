@@ -7,7 +7,7 @@ coordinator implements it. Everything runs on one asyncio loop.
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -42,6 +42,7 @@ class DeliveredMessage:
     lease_deadline_ms: int | None  # wall-clock epoch ms; None for at-most-once, barriers, browse
     barrier: bool = False  # a barrier message: sent to every matching subscription, never acked
     queue: str = ""  # the queue it came from (a subscription to a regex spans several)
+    parse_error: str | None = None  # the payload did not parse (on_unparseable = "deliver")
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +307,21 @@ class QueueService(Protocol):
         headers: Sequence[tuple[str, bytes | None]] = (),
     ) -> Bookmark:
         """Publish to the queue's publish target; returns the bookmark once the broker has it."""
+        ...
+
+    def replay(
+        self,
+        queue: str,
+        since_bookmarks: Sequence[str] = (),
+        since_ms: int | None = None,
+        until_ms: int | None = None,
+        follow: bool = False,
+        filter: str | None = None,
+    ) -> AsyncIterator[list[DeliveredMessage]]:
+        """The records of the queue's underlying topics from a point on, in batches, as plain
+        publish/subscribe: nothing leased or acked, the queue's state untouched (see
+        ``ReplayRequest`` in queue.proto). Raises (on the first ``__anext__``) like ``browse``;
+        closing the iterator stops the reading."""
         ...
 
     async def stats(self, queue: str | None = None) -> list[QueueStats]:

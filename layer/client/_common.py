@@ -12,6 +12,7 @@ import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 import grpc
@@ -33,6 +34,8 @@ from layer.api.frames import (
     REDRIVE_REPLY_CODEC,
     RELOAD_CODEC,
     RELOAD_REPLY_CODEC,
+    REPLAY_CODEC,
+    REPLAY_REPLY_CODEC,
     SERVICE_NAME,
     STATS_CODEC,
     STATS_REPLY_CODEC,
@@ -41,6 +44,7 @@ from layer.api.frames import (
     Error,
     Publish,
     Replace,
+    Replay,
 )
 from layer.api.service import AckFailure, DeliveredMessage
 from layer.engine.model import AckOp, Bookmark
@@ -213,7 +217,9 @@ class MessageBase:
     ``data`` is the payload (``b""`` for a null value); ``lease_deadline`` is wall-clock epoch
     seconds (None for at-most-once queues and barriers). ``barrier`` marks a barrier message:
     sent to every subscription whose filter matches, never leased, so it needs no ack.
-    ``queue`` is the queue it came from (a subscription to a regex spans several)."""
+    ``queue`` is the queue it came from (a subscription to a regex spans several).
+    ``parse_error`` is set when the payload did not parse as the queue's ``message_type``
+    (a queue with ``on_unparseable = "deliver"``): the parser's error; None otherwise."""
 
     __slots__ = (
         "_id",
@@ -225,6 +231,7 @@ class MessageBase:
         "key",
         "lease_deadline",
         "offset",
+        "parse_error",
         "partition",
         "queue",
         "timestamp",
@@ -244,6 +251,7 @@ class MessageBase:
         self.lease_deadline = deadline / 1000.0 if deadline is not None else None
         self.barrier = delivered.barrier
         self.queue = delivered.queue
+        self.parse_error = delivered.parse_error
 
     @property
     def bookmark(self) -> str:
@@ -263,9 +271,10 @@ class MessageBase:
 
     def __repr__(self) -> str:
         barrier = ", barrier=True" if self.barrier else ""
+        error = f", parse_error={self.parse_error!r}" if self.parse_error else ""
         return (
             f"{type(self).__name__}(bookmark={self.bookmark!r}, deliveries={self.deliveries}, "
-            f"data={self.data[:40]!r}{barrier})"
+            f"data={self.data[:40]!r}{barrier}{error})"
         )
 
 
@@ -273,7 +282,8 @@ class MessageBase:
 class BrowsedMessage:
     """A message listed by ``browse``: available in the queue, not leased to anyone (browsing
     leases nothing). ``bookmark`` is ``topic/partition/offset``; ``deliveries`` and ``cancels``
-    are the counts so far; ``barrier`` marks a barrier message."""
+    are the counts so far; ``barrier`` marks a barrier message; ``parse_error`` is set when
+    the payload did not parse (a queue with ``on_unparseable = "deliver"``)."""
 
     bookmark: str
     key: bytes | None
@@ -283,6 +293,7 @@ class BrowsedMessage:
     deliveries: int
     cancels: int
     barrier: bool = False
+    parse_error: str | None = None
 
     @classmethod
     def of(cls, delivered: DeliveredMessage) -> BrowsedMessage:
@@ -295,6 +306,7 @@ class BrowsedMessage:
             deliveries=delivered.deliveries,
             cancels=delivered.cancels,
             barrier=delivered.barrier,
+            parse_error=delivered.parse_error,
         )
 
     def json(self) -> Any:
@@ -444,3 +456,41 @@ UNARY_METHODS: dict[str, tuple[Any, Any]] = {
     "Reload": (RELOAD_CODEC, RELOAD_REPLY_CODEC),
 }
 SUBSCRIBE_METHOD = SERVICE + "Subscribe"
+REPLAY_METHOD = SERVICE + "Replay"
+REPLAY_CODECS = (REPLAY_CODEC, REPLAY_REPLY_CODEC)
+
+Since = str | Sequence[str] | datetime | float | None
+
+
+def _epoch_ms(what: str, when: datetime | float) -> int:
+    if isinstance(when, datetime):
+        if when.tzinfo is None:
+            raise InvalidRequest(f"replay {what}: a datetime needs a timezone, got {when!r}")
+        return int(when.timestamp() * 1000)
+    if isinstance(when, bool) or not isinstance(when, (int, float)) or not math.isfinite(when):
+        raise InvalidRequest(f"replay {what}: epoch seconds or a datetime, got {when!r}")
+    return int(when * 1000)
+
+
+def replay_request(
+    queue: str,
+    since: Since,
+    until: datetime | float | None,
+    follow: bool,
+    filter: str | None,
+) -> Replay:
+    """The Replay request: ``since`` is a bookmark (``topic/partition/offset``, replayed after
+    it), several (one per partition), a time (an aware ``datetime`` or epoch seconds), or None
+    (from the beginning); ``until`` a time."""
+    bookmarks: tuple[str, ...] = ()
+    since_ms = None
+    if isinstance(since, str):
+        bookmarks = (since,)
+    elif isinstance(since, (datetime, int, float)):
+        since_ms = _epoch_ms("since", since)
+    elif since is not None:
+        bookmarks = tuple(since)
+        if not all(isinstance(b, str) for b in bookmarks):
+            raise InvalidRequest(f"replay since: bookmarks are strings, got {since!r}")
+    until_ms = None if until is None else _epoch_ms("until", until)
+    return Replay(queue, bookmarks, since_ms, until_ms, follow, filter)

@@ -14,7 +14,8 @@ import contextlib
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Mapping, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
@@ -49,17 +50,21 @@ from layer.client._common import (
     ACK_BATCH_SIZE,
     ACK_FLUSH_INTERVAL_S,
     KEEP,
+    REPLAY_CODECS,
+    REPLAY_METHOD,
     SERVICE,
     SUBSCRIBE_METHOD,
     UNARY_METHODS,
     BrowsedMessage,
     Keep,
     MessageBase,
+    Since,
     call_metadata,
     cancel_seconds,
     check_limit,
     default_client_name,
     publish_request,
+    replay_request,
     tls_credentials,
     with_tls_hint,
 )
@@ -548,6 +553,32 @@ class AsyncQueueClient:
         check_limit(limit)
         reply = await self._call("Browse", Browse(queue, filter, limit))
         return [BrowsedMessage.of(m) for m in reply.messages]
+
+    async def replay(
+        self,
+        queue: str,
+        since: Since = None,
+        until: datetime | float | None = None,
+        *,
+        follow: bool = False,
+        filter: str | None = None,
+    ) -> AsyncGenerator[BrowsedMessage, None]:
+        """As ``QueueClient.replay``: ``async for msg in client.replay(...)``."""
+        request = replay_request(queue, since, until, follow, filter)
+        encode, decode = REPLAY_CODECS
+        address = self._addresses.rotation()[0]
+        method = self._channel(address).unary_stream(
+            REPLAY_METHOD, request_serializer=encode.encode, response_deserializer=decode.decode
+        )
+        call = method(request, metadata=self._metadata)
+        try:
+            async for reply in call:
+                for m in reply.messages:
+                    yield BrowsedMessage.of(m)
+        except grpc.RpcError as exc:
+            raise with_tls_hint(error_from_rpc(exc), self._tls) from exc
+        finally:
+            call.cancel()  # the server stops reading at once
 
     async def ack_where(self, queue: str, filter: str, expire: bool = False) -> AckWhereResult:
         """As ``QueueClient.ack_where``."""

@@ -14,8 +14,9 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from concurrent.futures import Future
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
@@ -49,17 +50,21 @@ from layer.client._common import (
     ACK_BATCH_SIZE,
     ACK_FLUSH_INTERVAL_S,
     KEEP,
+    REPLAY_CODECS,
+    REPLAY_METHOD,
     SERVICE,
     SUBSCRIBE_METHOD,
     UNARY_METHODS,
     BrowsedMessage,
     Keep,
     MessageBase,
+    Since,
     call_metadata,
     cancel_seconds,
     check_limit,
     default_client_name,
     publish_request,
+    replay_request,
     tls_credentials,
     with_tls_hint,
 )
@@ -572,6 +577,44 @@ class QueueClient:
         check_limit(limit)
         reply = self._call("Browse", Browse(queue, filter, limit))
         return [BrowsedMessage.of(m) for m in reply.messages]
+
+    def replay(
+        self,
+        queue: str,
+        since: Since = None,
+        until: datetime | float | None = None,
+        *,
+        follow: bool = False,
+        filter: str | None = None,
+    ) -> Generator[BrowsedMessage, None, None]:
+        """Replay through the queue's name (AMPS's bookmark subscription to a queue): the
+        records of its underlying topics as plain publish/subscribe, read-only. Nothing is
+        leased or acked, and the queue's state (its messages, stats, changelog) is untouched.
+
+        ``since``: a bookmark ``"topic/partition/offset"`` (that partition replays after it;
+        give one per partition as a list, the partitions not named replay from their
+        beginning), or a time (an aware ``datetime`` or epoch seconds), or None (from the
+        beginning). ``until``: stop before records at or after this time. Without ``follow`` the
+        replay ends at the end each partition had when it began; with it, it goes on (until
+        ``until``, or until the iterator is closed). ``filter``: only matching payloads. Each
+        item is a ``BrowsedMessage`` (``deliveries`` 0; ``parse_error`` set for a payload that
+        does not parse as the queue's type). Raises, while iterating, ``UnknownQueue``,
+        ``InvalidRequest`` (a bad bookmark or filter), ``PermissionDenied``."""
+        request = replay_request(queue, since, until, follow, filter)
+        encode, decode = REPLAY_CODECS
+        address = self._addresses.rotation()[0]
+        method = self._channel(address).unary_stream(
+            REPLAY_METHOD, request_serializer=encode.encode, response_deserializer=decode.decode
+        )
+        call = method(request, metadata=self._metadata)
+        try:
+            for reply in call:
+                for m in reply.messages:
+                    yield BrowsedMessage.of(m)
+        except grpc.RpcError as exc:
+            raise with_tls_hint(error_from_rpc(exc), self._tls) from exc
+        finally:
+            call.cancel()  # the server stops reading at once
 
     def ack_where(self, queue: str, filter: str, expire: bool = False) -> AckWhereResult:
         """Ack every deliverable message of the queue matching ``filter`` (with ``expire``:

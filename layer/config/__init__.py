@@ -27,6 +27,7 @@ from layer.config.model import (
     Config,
     CoordinatorConfig,
     MessageType,
+    OnUnparseable,
     QueueConfig,
     StartFrom,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "Config",
     "CoordinatorConfig",
     "MessageType",
+    "OnUnparseable",
     "QueueConfig",
     "StartFrom",
     "load",

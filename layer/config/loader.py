@@ -36,6 +36,7 @@ from layer.config.model import (
     Config,
     CoordinatorConfig,
     MessageType,
+    OnUnparseable,
     QueueConfig,
     StartFrom,
 )
@@ -536,6 +537,7 @@ _QUEUE_KEYS = (
     "last_value",
     "ttl",
     "dead_letter_if",
+    "on_unparseable",
 )
 _QUEUE_PENDING: tuple[str, ...] = ()  # AMPS options whose implementation comes later
 
@@ -602,6 +604,9 @@ def _queue(
         last_value=section.get("last_value", False, _boolean),
         ttl=section.get("ttl", None, _expression),
         dead_letter_if=section.get("dead_letter_if", None, _expression),
+        on_unparseable=section.get(
+            "on_unparseable", OnUnparseable.DEAD_LETTER, _choice(OnUnparseable)
+        ),
     )
     if queue.priorities is not None and queue.priority is None:
         # Qpid: the JMS priority header, JMS's default 4 when absent (layer.engine.priorities)
@@ -682,6 +687,10 @@ def _check_queue(queue: QueueConfig, section: _Section, coordinator: Coordinator
         if queue.message_type == MessageType.AVRO and queue.avro_schema is None:
             raise section.error(option, 'needs avro_schema to read the fields of "avro" messages')
     _check_queue_type(queue, section)
+    if "on_unparseable" in section.values and queue.message_type == MessageType.BYTES:
+        raise section.error(
+            "on_unparseable", 'needs message_type "json" or "avro": "bytes" payloads never parse'
+        )
     if queue.group_mode != GroupMode.STICKY and queue.group_key is None:
         raise section.error("group_mode", "needs group_key")
     if queue.avro_schema is not None:

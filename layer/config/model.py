@@ -58,6 +58,13 @@ class MessageType(StrEnum):
     BYTES = "bytes"
 
 
+class OnUnparseable(StrEnum):
+    """What a typed queue (json, avro) does with a message whose payload does not parse."""
+
+    DEAD_LETTER = "dead-letter"  # done at once, reason "unparseable", the error as its detail
+    DELIVER = "deliver"  # queued like any other; the consumer sees its parse_error
+
+
 class StartFrom(StrEnum):
     """Where a queue starts reading a partition it has never seen."""
 
@@ -211,6 +218,8 @@ class QueueConfig:
     # Solace DMQ eligibility: a message that expires or reaches max_deliveries / max_cancels is
     # dead-lettered when this is true, discarded (counted, logged) otherwise
     dead_letter_if: str | None = None
+    # issue 15: what a json/avro queue does with a payload that does not parse
+    on_unparseable: OnUnparseable = OnUnparseable.DEAD_LETTER
 
     def __post_init__(self) -> None:
         if self.fairness is None:

@@ -31,6 +31,7 @@ import orjson
 from confluent_kafka import Message
 
 from layer import avro_fast
+from layer.config import OnUnparseable
 from layer.coordinator.runtime import QueueRuntime
 from layer.engine.model import Bookmark, TopicPartition
 from layer.state.base import MESSAGES, StoreBatch, StoredMessage, pack_offset, partition_prefix
@@ -78,7 +79,8 @@ class Backlog:
         plain = avro_fast.stored_plain
         loads = orjson.loads if self._check_json else None
         fast = self._fast
-        admitted = unparseable = 0
+        dead_letter = rt.config.on_unparseable == OnUnparseable.DEAD_LETTER
+        admitted = 0
         # the partition of the messages at hand, and the run of them being built: its first
         # offset, the offset after it, the timestamps
         topic: str | None = None
@@ -132,7 +134,16 @@ class Backlog:
                 except orjson.JSONDecodeError:
                     error = self._error(value)
                     if error is not None:
-                        unparseable += 1
+                        if dead_letter:
+                            # done on arrival (its dead letter): the live path's admission
+                            if times:
+                                flush()
+                                times = []
+                            n = self._one(msg, tp, offset, batch, now, read_to)
+                            admitted += n
+                            room -= n
+                            continue
+                        rt.unparseable_seen(Bookmark(t, p, offset), error)
             ts: int = msg.timestamp()[1]
             if ts < 0:
                 ts = 0
@@ -158,7 +169,6 @@ class Backlog:
         self._mark_read(read_to, batch)
         fast_count = admitted - self._slow
         rt.counters.ingested += fast_count  # rt.admit counts its own
-        rt.counters.unparseable += unparseable
         self._slow = 0
         self.admitted += admitted
         return admitted

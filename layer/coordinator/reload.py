@@ -40,6 +40,7 @@ LIVE_OPTIONS: dict[str, str] = {
     "target_queue_depth": "what is read from the topics from now on",
     "redelivery_backoff": "lease timeouts from now on",
     "dead_letter_topic": "dead letters from now on (the topic is created if missing)",
+    "on_unparseable": "messages read from now on (and queued ones read back at a restart)",
 }
 
 # Options whose value the queue's state is built on, and why a new value needs a new queue.

@@ -688,6 +688,7 @@ def materialize(
                 deadline_ms,
                 d.barrier,
                 name,
+                stored.error,
             )
         )
     return list(by_sub.items())

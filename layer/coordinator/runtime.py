@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, cast
 from confluent_kafka import Message
 
 from layer.api.service import DeliverySink, QueueStats
-from layer.config import QueueConfig
+from layer.config import OnUnparseable, QueueConfig
 from layer.coordinator.counters import Counters
 from layer.coordinator.ingest import Fetched, bookmark_of
 from layer.coordinator.publish_route import PublishRoute
@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 _INF = float("inf")
 
 
+UNPARSEABLE_LOG_INTERVAL = 10.0  # seconds between log lines about unparseable messages
 DELIVER_AFTER = "deliver_after"  # header: not deliverable before this UNIX time (seconds)
 
 
@@ -110,6 +111,7 @@ class Expressions:
 
     __slots__ = (
         "reader",
+        "checker",
         "priority",
         "barrier",
         "filter",
@@ -153,6 +155,11 @@ class Expressions:
         documents = config.message_type != "bytes"
         parse = (self.needed and documents) or config.message_type == "json"
         self.reader = DocumentReader(config.message_type, config.avro_schema) if parse else None
+        # what a publish through the API must parse as: json, or avro with its schema
+        typed = config.message_type == "json" or config.avro_schema is not None
+        self.checker = self.reader or (
+            DocumentReader(config.message_type, config.avro_schema) if typed else None
+        )
 
     def priority_of(self, doc: object, record: Record | None) -> int | None:
         """The message's priority: the expression's value, as a Qpid level with ``priorities``."""
@@ -221,6 +228,8 @@ class QueueRuntime:
         self._docs: dict[Bookmark, object] = {}  # parsed documents for subscription filters
         self._discards_logged_at = -_INF  # dead_letter_if: when a discard was last logged
         self._discards_unlogged = 0  # discards since then, not logged one by one
+        self._unparseable_logged_at = -UNPARSEABLE_LOG_INTERVAL
+        self._unparseable_unlogged = 0
 
     def dead_letter_eligible(self, change: Done, stored: StoredMessage | None) -> bool:
         """Whether a message that leaves for ``change.reason`` (a dead-letter reason) is
@@ -294,12 +303,40 @@ class QueueRuntime:
             not_before,
             None if exprs.sort is None else sort_value(exprs.sort, doc, wall, record),
             None if exprs.ttl is None else expires_at(exprs.ttl, doc, wall, timestamp, record),
+            # also when a restart reads it back: its done record may not have been committed
+            stored.error is not None and self._dead_letter_unparseable(),
         )
+
+    def _dead_letter_unparseable(self) -> bool:
+        return self.config.on_unparseable == OnUnparseable.DEAD_LETTER
+
+    def unparseable_seen(self, bookmark: Bookmark, error: str, count: int = 1) -> None:
+        """Count ``count`` unparseable messages, and log (at most one line every
+        ``UNPARSEABLE_LOG_INTERVAL`` seconds per queue, saying how many went unlogged)."""
+        self.counters.unparseable += count
+        now = time.monotonic()
+        if now - self._unparseable_logged_at < UNPARSEABLE_LOG_INTERVAL:
+            self._unparseable_unlogged += count
+            return
+        action = "dead-lettered" if self._dead_letter_unparseable() else "delivering"
+        unlogged = self._unparseable_unlogged
+        log.warning(
+            "queue=%s %s unparseable %s message %s: %s%s",
+            self.name,
+            action,
+            self.config.message_type,
+            bookmark,
+            error,
+            f" ({unlogged} more since the last such line)" if unlogged else "",
+        )
+        self._unparseable_logged_at = now
+        self._unparseable_unlogged = count - 1
 
     def parse(self, msg: Message) -> tuple[StoredMessage | None, object]:
         """The local copy of a message and its document; (None, None) when the queue's filter
-        leaves it out. A payload that does not parse is still queued (its expressions see NULL);
-        its error travels with it to the consumer's dead letter."""
+        leaves it out. A payload that does not parse is not filtered out (its expressions see
+        NULL): its error goes with it, to its dead letter (``on_unparseable = "dead-letter"``,
+        done on arrival) or to the consumer (``"deliver"``: the message's ``parse_error``)."""
         value = msg.value()
         exprs = self.exprs
         doc: object = None
@@ -313,7 +350,7 @@ class QueueRuntime:
         if exprs.reader is not None:
             doc, error = exprs.reader.read(value)
             if error is not None:
-                self.counters.unparseable += 1
+                self.unparseable_seen(bookmark_of(msg), error)
         if (
             error is None
             and exprs.filter is not None
@@ -414,6 +451,7 @@ class QueueRuntime:
             stored, doc = self.parse(msg)
             if stored is None:
                 continue
+            unparseable = stored.error is not None and self._dead_letter_unparseable()
             batch.put_message(name, bookmark, stored)
             if len(payload_cache) < cache_size:
                 payload_cache[bookmark] = stored
@@ -422,6 +460,7 @@ class QueueRuntime:
             headers = stored.headers
             if (
                 plain_queue
+                and not unparseable
                 and not self.restored_delays
                 and (not headers or deliver_after(headers) is None)
             ):
@@ -446,7 +485,7 @@ class QueueRuntime:
             if run_times:
                 flush()
                 run_times = []
-            arrival = self.arrival(bookmark, stored, doc, now)
+            arrival = self.arrival(bookmark, stored, doc, now)  # unparseable: done on arrival
             engine.add([arrival], now)
             if record:
                 times = array("d", (arrival.timestamp,))

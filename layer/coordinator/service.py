@@ -24,9 +24,10 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from connectors.admin import TopicAdmin
 from connectors.kafka import (
@@ -54,6 +55,7 @@ from layer.coordinator.publish import Publisher
 from layer.coordinator.publish_route import PublishRoute, routes_publishes
 from layer.coordinator.redrive import REDRIVE_SUFFIX, move, read_dead_letters
 from layer.coordinator.reload import ReloadPlan, plan
+from layer.coordinator.replay import ReplayReader, start_points
 from layer.coordinator.restore import KafkaSource, Restore
 from layer.coordinator.round import (
     CommitPool,
@@ -82,7 +84,12 @@ from layer.expr import Expression, Record, compile_expression
 from layer.state.base import Store
 from layer.state.changelog import ChangelogWriter, DurableChangelog
 
+if TYPE_CHECKING:
+    from confluent_kafka import Message
+
 log = logging.getLogger(__name__)
+
+REPLAY_THREADS = 8  # replays reading at once; more wait their turn a batch at a time
 
 T = TypeVar("T")
 
@@ -173,6 +180,10 @@ class Coordinator:
         self._redrive_lock = asyncio.Lock()
         self._reload_lock = asyncio.Lock()  # one reload at a time, and none while stopping
         self._reload_tasks: set[asyncio.Task[None]] = set()  # reloads started by SIGHUP
+        self._replays: set[asyncio.Future[None]] = set()  # replay consumers being closed
+        # replays read on threads of their own: many following clients never hold up the
+        # default executor's work (reader stops, dead-letter scans)
+        self._replay_pool = ThreadPoolExecutor(REPLAY_THREADS, thread_name_prefix="replay")
 
     @property
     def rounds(self) -> int:
@@ -327,6 +338,9 @@ class Coordinator:
         for reader in self._all_readers():
             await asyncio.to_thread(reader.stop)
         await self._publisher.stop()
+        if self._replays:
+            await asyncio.gather(*self._replays, return_exceptions=True)
+        self._replay_pool.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(self._durable.close)
         self._changelog.shutdown()
         self._views.close()
@@ -382,6 +396,7 @@ class Coordinator:
                     lease_deadline_ms=None,
                     barrier=bm in barriers,
                     queue=queue,
+                    parse_error=stored.error,
                 )
             )
         return out
@@ -517,7 +532,83 @@ class Coordinator:
             target = rt.config.publish_target
         except ConfigError as exc:  # a regex queue without default_publish_target
             raise InvalidRequest(f"{exc}; set it to publish through the queue") from None
+        reader = rt.exprs.checker
+        if reader is not None:
+            error = reader.read(value)[1]
+            if error is not None:
+                raise InvalidRequest(
+                    f"queue {queue!r} holds {rt.config.message_type} messages: "
+                    f"publish refused, {error}"
+                )
         return await self._publisher.publish(target, value, key, headers)
+
+    async def replay(
+        self,
+        queue: str,
+        since_bookmarks: Sequence[str] = (),
+        since_ms: int | None = None,
+        until_ms: int | None = None,
+        follow: bool = False,
+        filter: str | None = None,
+    ) -> AsyncIterator[list[DeliveredMessage]]:
+        """See ``layer.coordinator.replay``: batches of the queue's topics' records, read by a
+        consumer of the replay's own; the queue's runtime is only looked at, never changed."""
+        self._check_alive()
+        rt = lookup(self._runtimes, queue)
+        config = rt.config
+        if since_bookmarks and since_ms is not None:
+            raise InvalidRequest("replay: give since bookmarks or a since time, not both")
+        starts = start_points(config, since_bookmarks)
+        expression = compile_expression(filter) if filter is not None else None
+        checker = rt.exprs.checker
+        if expression is not None and checker is None and expression.uses_document:
+            raise InvalidRequest(
+                f"queue {queue!r} holds {config.message_type} messages: a replay filter reads"
+                " only the Kafka record there (KEY(), HEADER('name'), ...), not field paths"
+            )
+        if not self._watch.reachable:
+            raise self._watch.unreachable_error(f"replay of queue {queue!r}")
+        uses_record = expression is not None and expression.uses_record
+
+        def keep(msg: Message) -> tuple[bool, str | None]:
+            doc: object = None
+            error: str | None = None
+            if checker is not None:
+                doc, error = checker.read(msg.value())
+            if expression is None:
+                return True, error
+            record = None
+            if uses_record:
+                headers = tuple(cast(list[tuple[str, bytes | None]], msg.headers() or []))
+                ts = msg.timestamp()[1]
+                stamp = ts if ts > 0 else 0
+                record = Record(msg.key(), headers, stamp, msg.topic(), msg.partition())
+            return error is None and expression.matches(doc, None, record), error
+
+        reader = ReplayReader(
+            consumer_settings(self._base_settings, self._profile),
+            config,
+            starts=starts,
+            since_ms=since_ms,
+            until_ms=until_ms,
+            follow=follow,
+            keep=keep,
+        )
+        loop = asyncio.get_running_loop()
+        pool = self._replay_pool
+        try:
+            await loop.run_in_executor(pool, reader.open)
+            while not self._stopping:
+                batch = await loop.run_in_executor(pool, reader.next_batch)
+                if batch is None:
+                    return
+                if batch:
+                    yield batch
+        finally:
+            # the client went away (or it ended): close once a read in progress returns
+            closing = loop.run_in_executor(pool, reader.close)
+            self._replays.add(closing)
+            closing.add_done_callback(self._replays.discard)
 
     async def stats(self, queue: str | None = None) -> list[QueueStats]:
         names = [queue] if queue is not None else sorted(self._runtimes)

@@ -71,6 +71,7 @@ class DoneReason(StrEnum):
     EXPIRATION = "expiration"  # older than the queue's expiration while not leased
     BARRIER = "barrier"  # a barrier message, sent to every matching subscription
     CONFLATED = "conflated"  # replaced by a newer message with the same conflate key
+    UNPARSEABLE = "unparseable"  # its payload did not parse (on_unparseable = "dead-letter")
 
     @property
     def dead_letter(self) -> bool:
@@ -198,6 +199,8 @@ class Arrival:
     not_before: float | None = None  # not deliverable before this time (delayed message)
     sort_key: str | None = None  # sorted queues: the value it is sorted by; None sorts last
     expires_at: float | None = None  # its own expiry time (message_ttl); None = the queue's
+    # its payload did not parse and the queue dead-letters such messages: done on arrival
+    unparseable: bool = False
 
 
 # ---------------------------------------------------------------------------------------------

@@ -222,6 +222,8 @@ class QueueEngine(Queries, Holding, Leases, Intake):
                     deliveries, cancels = self._restored.pop(bm, (deliveries, cancels))
                 reason = self._limit_reason(deliveries, cancels) if deliveries or cancels else None
                 timestamp = arrival.timestamp
+                if reason is None and arrival.unparseable:
+                    reason = DoneReason.UNPARSEABLE
                 if reason is None and expiration is not None and now - timestamp >= expiration:
                     reason = DoneReason.EXPIRATION
                 expires = arrival.expires_at if ttl_queue else None

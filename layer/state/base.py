@@ -67,6 +67,8 @@ _CHANGELOG_OFFSET = b"changelog\x00"
 _CLUSTER_ID = b"cluster_id"  # never a prefix of a changelog offset key, nor the other way round
 
 _DELAY_HINT = b"deliver_after"  # the header a delayed message carries (message_meta)
+# the parse error an unparseable message carries ("unparseable json: ...", layer.documents)
+_ERROR_HINT = b"unparseable "
 _PARTITION = struct.Struct(">I")
 _OFFSET = struct.Struct(">Q")
 _SIGNED = struct.Struct(">q")
@@ -401,8 +403,8 @@ class Store(Protocol):
     def message_meta(self, queue: str) -> Iterator[tuple[Bookmark, int, int | None, bool]]:
         """``(bookmark, timestamp_ms, priority, maybe_delayed)`` of every stored message, in
         bookmark order, without decoding payloads (a restart rebuilds the queue from these).
-        ``maybe_delayed``: the raw record mentions a ``deliver_after`` header, so the caller
-        should read that message whole."""
+        ``maybe_delayed``: the raw record mentions a ``deliver_after`` header or a parse error
+        (``unparseable ...``), so the caller should read that message whole."""
         ...
 
     def get_messages(
@@ -551,7 +553,8 @@ class KeyValueStore:
             else:
                 stored = StoredMessage.decode(value)
                 timestamp_ms, priority = stored.timestamp_ms, stored.priority
-            yield parse_message_key(key, n), timestamp_ms, priority, _DELAY_HINT in value
+            whole = _DELAY_HINT in value or _ERROR_HINT in value
+            yield parse_message_key(key, n), timestamp_ms, priority, whole
 
     def get_messages(self, queue: str, bookmarks: Sequence[Bookmark]) -> list[StoredMessage | None]:
         self._check_open()

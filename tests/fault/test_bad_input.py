@@ -234,14 +234,27 @@ def assert_nothing_lost(
     good: set[str],
     bad: set[str],
     letters: dict[str, dict[str, Any]],
+    unparseable: set[str] = frozenset(),  # type: ignore[assignment]
 ) -> None:
-    """Every good message acked, every bad one expired and dead-lettered, the queue empty."""
+    """Every good message acked, every bad one dead-lettered (the unparseable ones on arrival,
+    never delivered: on_unparseable = "dead-letter"; the others expired by the consumer), the
+    queue empty."""
     assert good <= consumer.acked, f"{len(good - consumer.acked)} good messages never acked"
-    assert bad <= consumer.expired, f"{len(bad - consumer.expired)} bad messages never expired"
+    expired = bad - unparseable
+    assert expired <= consumer.expired, (
+        f"{len(expired - consumer.expired)} bad messages never expired"
+    )
+    delivered = unparseable & consumer.handled()
+    assert not delivered, f"{len(delivered)} unparseable messages were delivered"
     assert set(letters) == bad, (
         f"dead letters: {len(set(letters) - bad)} unexpected, {len(bad - set(letters))} missing"
     )
-    assert {letter["reason"] for letter in letters.values()} <= {"consumer_expire"}
+    wrong = [
+        b
+        for b, letter in letters.items()
+        if letter["reason"] != ("unparseable" if b in unparseable else "consumer_expire")
+    ]
+    assert not wrong, f"dead letters with the wrong reason: {[letters[b] for b in wrong[:3]]}"
     with QueueClient(coordinator.address or "", timeout=10) as client:
         s = client.stats(queue_name)[0]
     assert (s.available, s.leased, s.inactive) == (0, 0, 0), s
@@ -294,15 +307,16 @@ def test_one_percent_malformed_json_is_dead_lettered_and_the_rest_acked(
                 (good if ok else bad).add(b)
                 if value is None:
                     null_values.add(b)
+            # the unparseable ones are dead-lettered on arrival; a null value is not JSON
+            # either, but has no payload to parse: the consumer expires it
             serving(
-                c, lambda: consumer.handled() >= good | bad, 120, f"round {r} handled"
+                c, lambda: consumer.handled() >= good | null_values, 120, f"round {r} handled"
             )  # fmt: skip
             memory.append(rss(c))
         sent = good | bad
     letters = dead_letters(consume_all, dlq)
-    assert_nothing_lost(c, consumer, q, good, bad, letters)
-    # the parse error travels with the dead letter (a null value is not JSON either, but has no
-    # payload to parse)
+    assert_nothing_lost(c, consumer, q, good, bad, letters, bad - null_values)
+    # the parse error travels with the dead letter
     undetailed = [
         b for b in bad - null_values if "unparseable" not in (letters[b]["detail"] or "")
     ]
@@ -325,16 +339,18 @@ def test_deeply_nested_json_is_dead_lettered_and_does_not_stop_the_coordinator(
     broker: Any, coordinator_factory: Any, names: Any, consume_all: Any
 ) -> None:
     """A JSON document nested deeper than the parser's recursion limit (this one is valid JSON,
-    2 KB) is as unparseable as any other: it must be delivered, expired and dead-lettered."""
+    2 KB) is as unparseable as any other: it is dead-lettered on arrival, never delivered."""
     topic, dlq, q = names("nested"), names("nested.dlq"), names("q")
     c = coordinator_factory([queue_options(q, topic, dlq, lease_period="30s")])
     nested = b"[" * 1000 + b"]" * 1000
     values = [b'{"i": 0}', nested, b'{"i": 2}']
     with GoodConsumer(c, q) as consumer:
         bookmarks = publish(broker.bootstrap_servers, topic, values)
-        serving(c, lambda: consumer.handled() >= set(bookmarks), 30, "all three messages handled")
+        good = {bookmarks[0], bookmarks[2]}
+        serving(c, lambda: consumer.handled() >= good, 30, "both good messages handled")
     letters = dead_letters(consume_all, dlq)
-    assert_nothing_lost(c, consumer, q, {bookmarks[0], bookmarks[2]}, {bookmarks[1]}, letters)
+    assert_nothing_lost(c, consumer, q, good, {bookmarks[1]}, letters, {bookmarks[1]})
+    assert "nested too deep" in (letters[bookmarks[1]]["detail"] or "")
 
 
 # --- sizes ------------------------------------------------------------------------------------
@@ -387,20 +403,21 @@ def test_messages_over_the_size_limits_are_refused_or_carried_whole(
 def test_a_message_near_the_size_limit_can_be_dead_lettered(
     broker: Any, coordinator_factory: Any, names: Any, consume_all: Any
 ) -> None:
-    """A message that fits a default Kafka producer (message.max.bytes 1,000,000) is expired:
-    its dead letter (the payload wrapped in an envelope) is a little bigger than the message.
-    The coordinator must keep running, and the message must leave the queue with a dead letter
-    (its payload cut, if it must be)."""
+    """A message that fits a default Kafka producer (message.max.bytes 1,000,000) is
+    dead-lettered (it does not parse: on arrival): its dead letter (the payload wrapped in an
+    envelope) is a little bigger than the message. The coordinator must keep running, and the
+    message must leave the queue with a dead letter (its payload cut, if it must be)."""
     topic, dlq, q = names("near-limit"), names("near-limit.dlq"), names("q")
     c = coordinator_factory([queue_options(q, topic, dlq, lease_period="30s")])
-    near = b"\x00" * (PRODUCER_LIMIT - 200)  # not JSON: the good consumer expires it
+    near = b"\x00" * (PRODUCER_LIMIT - 200)  # not JSON: dead-lettered on arrival
     with GoodConsumer(c, q) as consumer:
         bookmarks = publish(broker.bootstrap_servers, topic, [b'{"i": 0}', near, b'{"i": 2}'])
-        serving(c, lambda: consumer.handled() >= set(bookmarks), 30, "all three handled")
+        good = {bookmarks[0], bookmarks[2]}
+        serving(c, lambda: consumer.handled() >= good, 30, "both good ones handled")
         with QueueClient(c.address or "", timeout=10) as client:
-            serving(c, lambda: client.stats(q)[0].leased == 0, 30, "the expire and acks durable")
+            serving(c, lambda: client.stats(q)[0].leased == 0, 30, "the acks durable")
     letters = dead_letters(consume_all, dlq)
-    assert_nothing_lost(c, consumer, q, {bookmarks[0], bookmarks[2]}, {bookmarks[1]}, letters)
+    assert_nothing_lost(c, consumer, q, good, {bookmarks[1]}, letters, {bookmarks[1]})
 
 
 # --- API frames -------------------------------------------------------------------------------

@@ -712,9 +712,11 @@ def test_server_reflection_lists_and_describes_the_service(
         assert service.file.name == "qlayer/v1/queue.proto"
         assert {m.name for m in service.methods} == {
             "Subscribe", "Publish", "Stats", "ListQueues", "Browse", "AckWhere", "Redrive",
-            "DeadLetters", "Reload",
+            "DeadLetters", "Reload", "Replay",
         }  # fmt: skip
         subscribe = service.methods_by_name["Subscribe"]
         assert subscribe.client_streaming and subscribe.server_streaming
+        replay = service.methods_by_name["Replay"]
+        assert replay.server_streaming and not replay.client_streaming
         runs = pool.FindMessageTypeByName("qlayer.v1.OffsetRuns").fields_by_name["runs"]
         assert runs.is_repeated and runs.type == runs.TYPE_INT64

@@ -206,6 +206,7 @@ def test_expressions_read_avro_messages_with_the_queues_schema(
                 "filter": "/sym IN ('IBM', 'MSFT') AND /note IS NULL",
                 "priority": "/price * /qty[0]",
                 "dead_letter_topic": dlq,
+                "on_unparseable": "deliver",  # (the default dead-letters it on arrival)
             }
         ]
     )
@@ -244,6 +245,8 @@ def test_expressions_read_avro_messages_with_the_queues_schema(
             got = drain(rest)
             assert [decoded(m)["id"] for m in got[:1]] == [3]
             assert len(got) == 2 and got[1].data == b"\xff\xff not avro"
+            assert got[0].parse_error is None
+            assert (got[1].parse_error or "").startswith("unparseable avro: ")
             got[0].ack()
             got[1].expire()
             rest.flush()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer
 
 from layer.api.access import token_hash
 from layer.api.tokens import new_token
@@ -119,3 +120,24 @@ def test_node_consumer_subscribes_cancels_and_acks(
         f"PERMISSION_DENIED permission_denied: principal 'node' lacks 'consume' on queue '{other}'"
         in refused.stderr
     )
+
+
+def test_node_consumer_sees_parse_error_on_a_deliver_queue(
+    broker: Any,
+    coordinator_factory: Callable[..., CoordinatorProcess],
+    names: Callable[[str], str],
+) -> None:
+    """on_unparseable = "deliver": Message.parse_error reaches a client built from the .proto."""
+    q = names("node-up")
+    proc = coordinator_factory([{"name": q, "underlying_topic": q, "on_unparseable": "deliver"}])
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    producer.produce(q, b'{"n": 1}')
+    producer.produce(q, b'{"n": 2,')
+    assert producer.flush(10) == 0
+    done = run_consumer("--server", str(proc.address), "--queue", q, "--count", "2")
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    (unparseable,) = [e for e in events if e["event"] == "unparseable"]
+    assert unparseable["bookmark"] == f"{q}/0/1"
+    assert unparseable["parseError"].startswith("unparseable json: ")
+    assert events[-1] == {"event": "done", "acked": 2, "cancelled": 0, "failed": []}

@@ -120,6 +120,7 @@ CALLS: dict[str, Callable[[QueueClient, str], object]] = {
     "AckWhere": lambda c, q: c.ack_where(q, "/n = -1"),
     "Redrive": lambda c, q: c.redrive(q),
     "Reload": lambda c, q: c.reload().applied,
+    "Replay": lambda c, q: list(c.replay(q)),
 }
 
 

@@ -307,8 +307,11 @@ def test_unknown_queue_and_bookmarks(broker, coordinator_factory, names) -> None
 def test_unparseable_json_is_delivered_lowest_and_dead_letters_on_expire(
     broker, coordinator_factory, names
 ) -> None:
+    """on_unparseable = "deliver": the message is queued, lowest, with its parse error."""
     topic, q, dlq = names("t"), names("q"), names("dlq")
-    c = coordinator_factory([queue(q, topic, priority="/p", dead_letter_topic=dlq)])
+    c = coordinator_factory(
+        [queue(q, topic, priority="/p", dead_letter_topic=dlq, on_unparseable="deliver")]
+    )
     produce(
         broker.bootstrap_servers,
         topic,
@@ -322,6 +325,8 @@ def test_unparseable_json_is_delivered_lowest_and_dead_letters_on_expire(
             assert [m.data for m in msgs[:2]] == [b'{"p": 9}', b'{"p": 5}']
             # non-numeric and unparseable are lowest, oldest first among them
             assert [m.data for m in msgs[2:]] == [b"{not json", b'{"p": "high"}']
+            assert msgs[2].parse_error.startswith("unparseable json: ")
+            assert [m.parse_error for m in (msgs[0], msgs[1], msgs[3])] == [None] * 3
             msgs[2].expire()
             for m in (msgs[0], msgs[1], msgs[3]):
                 m.ack()
@@ -396,7 +401,10 @@ def test_at_most_once_never_redelivers(broker, coordinator_factory, names) -> No
 def test_publish_through_the_api(broker, coordinator_factory, names) -> None:
     topic, target, q1, q2 = names("t"), names("target"), names("a"), names("b")
     c = coordinator_factory(
-        [queue(q1, topic), queue(q2, f"^{target}$", default_publish_target=target)]
+        [
+            queue(q1, topic),
+            queue(q2, f"^{target}$", default_publish_target=target, message_type="bytes"),
+        ]
     )
     with QueueClient(c.address) as client:
         bm = client.publish(q1, {"x": 1}, key=b"k", headers=[("h", b"1")])

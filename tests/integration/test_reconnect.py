@@ -204,7 +204,7 @@ def test_close_logs_nothing_and_reconnect_false_reports_the_loss(
     c = coordinator_on(coordinator_factory, q, address)
     caplog.set_level(logging.DEBUG, logger="layer.client")
     with QueueClient(address) as client:
-        client.publish(q, b"x")
+        client.publish(q, b'"x"')
         with client.subscribe(q) as sub:
             msg = sub.next(timeout=10)
             assert msg is not None

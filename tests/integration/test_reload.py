@@ -146,10 +146,11 @@ def test_reload_while_a_consumer_keeps_receiving(
 ) -> None:
     a, b, c, d = names("a"), names("b"), names("c"), names("d")
     coordinator = {"id": names("reload")}
-    qa = {"name": a, "underlying_topic": a}  # lease_period: the default 60 s
-    qb = {"name": b, "underlying_topic": b}
-    qc = {"name": c, "underlying_topic": c}
-    qd = {"name": d, "underlying_topic": d}
+    # bytes: the test publishes plain text through the API (a json queue refuses it)
+    qa = {"name": a, "underlying_topic": a, "message_type": "bytes"}  # lease_period 60 s
+    qb = {"name": b, "underlying_topic": b, "message_type": "bytes"}
+    qc = {"name": c, "underlying_topic": c, "message_type": "bytes"}
+    qd = {"name": d, "underlying_topic": d, "message_type": "bytes"}
     proc = coordinator_factory([qa, qc], **coordinator)
     address = str(proc.address)
     source = str(proc.config_path)
@@ -263,8 +264,8 @@ def test_a_subscription_over_several_queues_keeps_the_ones_left(
     prefix = names("multi")
     x1, x2 = f"{prefix}-x1", f"{prefix}-x2"
     coordinator = {"id": names("reload")}
-    q1 = {"name": x1, "underlying_topic": x1}
-    q2 = {"name": x2, "underlying_topic": x2}
+    q1 = {"name": x1, "underlying_topic": x1, "message_type": "bytes"}
+    q2 = {"name": x2, "underlying_topic": x2, "message_type": "bytes"}
     proc = coordinator_factory([q1, q2], **coordinator)
     with QueueClient(str(proc.address)) as client:
         sub = client.subscribe(f"^{prefix}-", max_backlog=10)

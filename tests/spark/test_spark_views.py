@@ -201,7 +201,14 @@ def test_messages_parse_with_a_schema_or_to_a_map(
 ) -> None:
     queue, topic = names("q"), topic_factory()
     coordinator = coordinator_factory(
-        [{"name": queue, "underlying_topic": topic, "view_topic": f"{queue}.view"}]
+        [
+            {
+                "name": queue,
+                "underlying_topic": topic,
+                "view_topic": f"{queue}.view",
+                "on_unparseable": "deliver",  # (by default it is dead-lettered on arrival)
+            }
+        ]
     )
     producer = producer_factory()
     producer.produce(topic, b'{"sym": "A", "qty": 3, "px": {"bid": 1.5}}')

@@ -294,3 +294,26 @@ def test_errors_without_a_code_map_by_status() -> None:
 def test_lease_refusals_are_lease_errors() -> None:
     assert type(error_of(ErrorCode.UNKNOWN_BOOKMARK, "t/0/1: gone")) is UnknownBookmark
     assert code_of(ValueError("not ours")) is ErrorCode.INTERNAL
+
+
+def test_replay_request_takes_bookmarks_times_and_refuses_the_rest() -> None:
+    from datetime import UTC, datetime
+
+    from layer.api.frames import Replay
+    from layer.client._common import replay_request
+    from layer.exceptions import InvalidRequest
+
+    assert replay_request("q", None, None, False, None) == Replay("q")
+    assert replay_request("q", "t/0/5", None, False, None) == Replay("q", ("t/0/5",))
+    assert replay_request("q", ["t/0/5", "t/1/2"], 12.5, True, "/a = 1") == Replay(
+        "q", ("t/0/5", "t/1/2"), None, 12_500, True, "/a = 1"
+    )
+    when = datetime(2026, 11, 25, 1, 0, tzinfo=UTC)
+    assert replay_request("q", when, None, False, None).since_ms == int(when.timestamp()) * 1000
+    assert replay_request("q", 1_700_000_000, None, False, None).since_ms == 1_700_000_000_000
+    with pytest.raises(InvalidRequest, match="timezone"):
+        replay_request("q", datetime(2026, 11, 25), None, False, None)  # noqa: DTZ001
+    with pytest.raises(InvalidRequest, match="epoch seconds"):
+        replay_request("q", None, float("nan"), False, None)
+    with pytest.raises(InvalidRequest, match="strings"):
+        replay_request("q", [1, 2], None, False, None)  # type: ignore[list-item]

@@ -809,3 +809,14 @@ def test_auth_token_from_the_environment_wins_and_is_masked():
     assert config.coordinator.auth_token == "from-env"
     assert "from-env" not in repr(config)
     assert loads(text, env={"QLAYER_AUTH_TOKEN": ""}).coordinator.auth_token == "in-file"
+
+
+def test_on_unparseable_defaults_to_dead_letter_and_takes_deliver():
+    from layer.config import OnUnparseable
+
+    assert queue().on_unparseable == OnUnparseable.DEAD_LETTER
+    assert queue('on_unparseable = "deliver"\n').on_unparseable == OnUnparseable.DELIVER
+    text = error(QUEUE + 'on_unparseable = "drop"\n')
+    assert "option 'on_unparseable'" in text and "dead-letter" in text and "deliver" in text
+    text = error(QUEUE + 'message_type = "bytes"\non_unparseable = "deliver"\n')
+    assert "option 'on_unparseable'" in text and "never parse" in text

@@ -344,6 +344,20 @@ def test_dispatch_never_hands_out_an_expired_message(engine_factory):
     assert effects.changes[0] == Done(bm(0), DoneReason.EXPIRATION, 0, 0, 12.0)
 
 
+def test_an_unparseable_arrival_is_dead_lettered_at_once_and_never_delivered(engine_factory):
+    engine = engine_factory()
+    engine.subscribe("a", 5, 0.0)
+    add(engine, 0, now=1.0)
+    add(engine, 1, now=1.0, unparseable=True)
+    add(engine, 2, now=1.0)
+    done = [c for c in changes(engine) if isinstance(c, Done)]
+    assert done == [Done(bm(1), DoneReason.UNPARSEABLE, 0, 0, 1.0)] and done[0].reason.dead_letter
+    assert delivered(engine, 1.0) == [("a", 0), ("a", 2)]
+    assert engine.stats(1.0).available == 0
+    engine.ack("a", [bm(0), bm(2)], ACK, 2.0)
+    assert LowWater(TP0, 3) in changes(engine)  # the done one does not hold the mark back
+
+
 def test_an_arrival_already_older_than_expiration_is_done_at_once(engine_factory):
     engine = engine_factory(expiration=10.0)
     add(engine, 0, now=20.0, timestamp=5.0)

@@ -26,6 +26,8 @@ from layer.api.frames import (
     REDRIVE_REPLY_CODEC,
     RELOAD_CODEC,
     RELOAD_REPLY_CODEC,
+    REPLAY_CODEC,
+    REPLAY_REPLY_CODEC,
     SERVER_FRAME_CODEC,
     STATS_CODEC,
     STATS_REPLY_CODEC,
@@ -50,6 +52,8 @@ from layer.api.frames import (
     ReloadReply,
     Replace,
     Replaced,
+    Replay,
+    ReplayReply,
     Stats,
     StatsReply,
     Subscribe,
@@ -85,6 +89,8 @@ ALL_CODECS = [
     REDRIVE_REPLY_CODEC,
     RELOAD_CODEC,
     RELOAD_REPLY_CODEC,
+    REPLAY_CODEC,
+    REPLAY_REPLY_CODEC,
 ]
 
 MESSAGE = DeliveredMessage(
@@ -111,6 +117,9 @@ BARRIER = DeliveredMessage(
 )
 
 BROWSED = DeliveredMessage(Bookmark("orders", 1, 7), b"k", b"v", [("h", b"1")], 5, 3, 2, None)
+UNPARSED = DeliveredMessage(
+    Bookmark("orders", 0, 8), None, b"{x", [], 6, 0, 0, None, False, "orders", "unparseable json: x"
+)
 
 FILTER = "/symbol = 'IBM' AND /qty > 100"
 
@@ -203,6 +212,11 @@ CASES: list[tuple[FrameCodec[Any], object]] = [
     (REDRIVE_CODEC, Redrive("orders")),
     (REDRIVE_CODEC, Redrive("orders", FILTER, 0)),
     (REDRIVE_REPLY_CODEC, RedriveReply(3, 2, 1)),
+    (REPLAY_CODEC, Replay("orders")),
+    (REPLAY_CODEC, Replay("orders", ("orders/0/5", "orders/1/9"), None, 1_700_000_000_000)),
+    (REPLAY_CODEC, Replay("orders", (), 1_700_000_000_000, None, True, FILTER)),
+    (REPLAY_REPLY_CODEC, ReplayReply([BROWSED, UNPARSED])),
+    (REPLAY_REPLY_CODEC, ReplayReply([])),
     (RELOAD_CODEC, Reload()),
     (RELOAD_REPLY_CODEC, ReloadReply(ReloadResult("a.toml", True))),
     (
@@ -231,7 +245,7 @@ def test_every_frame_type_is_covered() -> None:
     expected = {Subscribe, Ack, Close, Replace, Subscribed, Messages, AckResult, Error, Replaced}
     expected |= {Publish, Published, Stats, StatsReply, ListQueues, QueueList}
     expected |= {Browse, BrowseReply, AckWhere, AckWhereReply, Redrive, RedriveReply}
-    expected |= {Reload, ReloadReply}
+    expected |= {Reload, ReloadReply, Replay, ReplayReply}
     assert covered == expected
     assert {codec for codec, _ in CASES} == set(ALL_CODECS)
 

@@ -99,6 +99,7 @@ LIVE_CASES = [
         '"dl1"',
         '"dl2"',
     ),
+    ("on_unparseable", "", 'on_unparseable = "deliver"', '"dead-letter"', '"deliver"'),
 ]
 
 

@@ -11,6 +11,7 @@ import pytest
 from confluent_kafka import Message
 
 from layer.codec import encode_change
+from layer.config import OnUnparseable
 from layer.coordinator.health import Health
 from layer.coordinator.ingest import Fetched
 from layer.coordinator.restore import Restore
@@ -318,8 +319,14 @@ BACKLOG_CHANGES = [
 
 @pytest.mark.parametrize(
     "options",
-    [{}, {"filter": "/n <> 4"}, {"priority": "/n"}, {"message_type": "bytes"}],
-    ids=["plain", "filter", "priority", "bytes"],
+    [
+        {},
+        {"filter": "/n <> 4"},
+        {"priority": "/n"},
+        {"message_type": "bytes"},
+        {"on_unparseable": OnUnparseable.DELIVER},
+    ],
+    ids=["plain", "filter", "priority", "bytes", "deliver-unparseable"],
 )
 def test_the_backlog_read_in_bulk_is_the_backlog_read_live(options: dict[str, str]) -> None:
     q = queue_config(**options)
@@ -359,6 +366,17 @@ def test_the_backlog_read_in_bulk_is_the_backlog_read_live(options: dict[str, st
     if options.get("message_type") != "bytes":
         assert bulk.counters.unparseable == 1
         assert bulk_store.get_messages("q", [bm(5)])[0].error.startswith("unparseable json")
+    # on_unparseable = "dead-letter" (the default): done on arrival, on either path
+    done = {
+        r: [c for c in rt.engine.drain().changes if isinstance(c, Done)] for r, rt in (
+            ("bulk", bulk), ("live", live)
+        )
+    }  # fmt: skip
+    if options.get("message_type") == "bytes" or "on_unparseable" in options:
+        assert done == {"bulk": [], "live": []}
+    else:
+        assert [(c.bookmark, c.reason) for c in done["bulk"]] == [(bm(5), DoneReason.UNPARSEABLE)]
+        assert [(c.bookmark, c.reason) for c in done["live"]] == [(bm(5), DoneReason.UNPARSEABLE)]
     assert any(line.startswith("backlog of queue=q: ") for line in lines)
 
 
@@ -374,3 +392,37 @@ def test_the_backlog_stops_at_the_target_depth() -> None:
     assert store.positions("q")[TP].read_position == 5
     assert store.get_messages("q", [bm(4), bm(5)])[1] is None
     assert "(target depth reached)" in lines[-1]
+
+
+@pytest.mark.parametrize("scan", [True, False], ids=["scanned", "run-records"])
+def test_an_unparseable_message_admitted_but_not_committed_is_dead_lettered_at_restart(
+    scan: bool,
+) -> None:
+    """The crash came after the round wrote its local copies (messages, read positions) and
+    before the changelog commit of the done record: the restart must not queue the message."""
+    store = MemoryStore()
+    restore, _ = restorer(store, ReplaySource([]), MemoryChangelog(), [])
+    rt = restore.load(queue_config())
+    fetch(rt, [b'{"n": 0}', b'{"n": 1,', b'{"n": 2}'])
+    batch = StoreBatch()
+    assert rt.admit(NOW, batch) == 3
+    store.write(batch)  # what Round.admit writes at once; the round then dies uncommitted
+    assert [(c.bookmark, c.reason) for c in rt.engine.drain().changes if isinstance(c, Done)] == [
+        (bm(1), DoneReason.UNPARSEABLE)
+    ]
+    if scan:
+        wipe = StoreBatch()
+        wipe.delete_runs("q")
+        store.write(wipe)
+    restore, _ = restorer(store, ReplaySource([LowWater(TP, 0)]), MemoryChangelog(), [])
+    again = asyncio.run(restore.queue(queue_config(), starting=True))
+    done = [c for c in again.engine.drain().changes if isinstance(c, Done)]
+    assert [(c.bookmark, c.reason) for c in done] == [(bm(1), DoneReason.UNPARSEABLE)]
+    assert again.engine.available() == [bm(0), bm(2)]
+    # under "deliver" the same copy is queued, with its error
+    restore, _ = restorer(store, ReplaySource([LowWater(TP, 0)]), MemoryChangelog(), [])
+    kept = asyncio.run(
+        restore.queue(queue_config(on_unparseable=OnUnparseable.DELIVER), starting=True)
+    )
+    assert kept.engine.available() == [bm(0), bm(1), bm(2)]
+    assert (store.get_messages("q", [bm(1)])[0] or message(9)).error

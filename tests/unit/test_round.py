@@ -210,6 +210,33 @@ def test_an_expired_message_is_dead_lettered_with_its_done_record() -> None:
     run(scenario())
 
 
+def test_an_unparseable_message_is_dead_lettered_on_arrival_with_its_done_record(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario() -> None:
+        b = Bench(dead_letter_topic="orders-dlq")
+        _, sink = await b.subscribe()
+        fetch(b.rt, [b'{"n": 0}', b'{"n": 1,', b"[", b'{"n": 3}'])
+        await b.rounds.one()
+        tx = b.changelog.transactions[-1]
+        done = [k for k, v in tx.changes() if v is not None and v["kind"] == "DONE"]
+        assert [k.offset for k in done] == [1, 2]
+        letters = [decode("dead_letter", envelope or b"") for _, _, envelope, _ in tx.extra]
+        assert [x["offset"] for x in letters] == [1, 2]  # in the same transaction
+        assert {x["reason"] for x in letters} == {"unparseable"}
+        assert all(x["detail"].startswith("unparseable json: ") for x in letters)
+        assert [m.bookmark.offset for m in sink.messages] == [0, 3]  # never delivered
+        assert b.rt.counters.unparseable == 2
+        assert b.rt.counters.dead_lettered_by == {"unparseable": 2}
+        assert b.store.get_messages("q", [Bookmark(TOPIC, 0, 1)]) == [None]  # local copy gone
+
+    with caplog.at_level("WARNING", logger="layer.coordinator.runtime"):
+        run(scenario())
+    # logged, at most one line per 10 s per queue
+    lines = [r.getMessage() for r in caplog.records if "unparseable" in r.getMessage()]
+    assert len(lines) == 1 and "dead-lettered unparseable json message orders/0/1" in lines[0]
+
+
 def test_a_failed_commit_leaves_the_store_as_the_changelog_says() -> None:
     async def scenario() -> None:
         b = Bench()

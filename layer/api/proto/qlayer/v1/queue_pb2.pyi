@@ -113,7 +113,7 @@ class Messages(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
 
 class Message(_message.Message):
-    __slots__ = ("topic", "partition", "offset", "key", "value", "headers", "timestamp_ms", "deliveries", "cancels", "lease_deadline_ms", "barrier", "queue")
+    __slots__ = ("topic", "partition", "offset", "key", "value", "headers", "timestamp_ms", "deliveries", "cancels", "lease_deadline_ms", "barrier", "queue", "parse_error")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +126,7 @@ class Message(_message.Message):
     LEASE_DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
     BARRIER_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
+    PARSE_ERROR_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     offset: int
@@ -138,7 +139,8 @@ class Message(_message.Message):
     lease_deadline_ms: int
     barrier: bool
     queue: str
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., timestamp_ms: _Optional[int] = ..., deliveries: _Optional[int] = ..., cancels: _Optional[int] = ..., lease_deadline_ms: _Optional[int] = ..., barrier: _Optional[bool] = ..., queue: _Optional[str] = ...) -> None: ...
+    parse_error: str
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., timestamp_ms: _Optional[int] = ..., deliveries: _Optional[int] = ..., cancels: _Optional[int] = ..., lease_deadline_ms: _Optional[int] = ..., barrier: _Optional[bool] = ..., queue: _Optional[str] = ..., parse_error: _Optional[str] = ...) -> None: ...
 
 class Header(_message.Message):
     __slots__ = ("key", "value")
@@ -422,3 +424,25 @@ class ReloadRefusal(_message.Message):
     new: str
     reason: str
     def __init__(self, where: _Optional[str] = ..., option: _Optional[str] = ..., old: _Optional[str] = ..., new: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ReplayRequest(_message.Message):
+    __slots__ = ("queue", "since_bookmarks", "since_ms", "until_ms", "follow", "filter")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    SINCE_BOOKMARKS_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    since_bookmarks: _containers.RepeatedScalarFieldContainer[str]
+    since_ms: int
+    until_ms: int
+    follow: bool
+    filter: str
+    def __init__(self, queue: _Optional[str] = ..., since_bookmarks: _Optional[_Iterable[str]] = ..., since_ms: _Optional[int] = ..., until_ms: _Optional[int] = ..., follow: _Optional[bool] = ..., filter: _Optional[str] = ...) -> None: ...
+
+class ReplayReply(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[Message]
+    def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...

@@ -79,6 +79,11 @@ class QueueServiceStub:
                 request_serializer=qlayer_dot_v1_dot_queue__pb2.ReloadRequest.SerializeToString,
                 response_deserializer=qlayer_dot_v1_dot_queue__pb2.ReloadReply.FromString,
                 _registered_method=True)
+        self.Replay = channel.unary_stream(
+                '/qlayer.v1.QueueService/Replay',
+                request_serializer=qlayer_dot_v1_dot_queue__pb2.ReplayRequest.SerializeToString,
+                response_deserializer=qlayer_dot_v1_dot_queue__pb2.ReplayReply.FromString,
+                _registered_method=True)
 
 
 class QueueServiceServicer:
@@ -158,6 +163,19 @@ class QueueServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Replay(self, request, context):
+        """Replay through the queue's name (AMPS's bookmark subscription to a queue): the records
+        of the queue's underlying topics from a point on, as plain publish/subscribe. Nothing is
+        leased, nothing is acked, and the queue's state is not touched (no changelog record, no
+        counter). Needs the browse right. The stream ends after the last record before `until_ms`
+        or, without `follow`, at the end each partition had when the call began; with `follow`
+        it goes on until the client cancels. A refused request ends the call with a status
+        (INVALID_ARGUMENT invalid_request, NOT_FOUND unknown_queue...) before any frame.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueueServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -205,6 +223,11 @@ def add_QueueServiceServicer_to_server(servicer, server):
                     servicer.Reload,
                     request_deserializer=qlayer_dot_v1_dot_queue__pb2.ReloadRequest.FromString,
                     response_serializer=qlayer_dot_v1_dot_queue__pb2.ReloadReply.SerializeToString,
+            ),
+            'Replay': grpc.unary_stream_rpc_method_handler(
+                    servicer.Replay,
+                    request_deserializer=qlayer_dot_v1_dot_queue__pb2.ReplayRequest.FromString,
+                    response_serializer=qlayer_dot_v1_dot_queue__pb2.ReplayReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -450,6 +473,33 @@ class QueueService:
             '/qlayer.v1.QueueService/Reload',
             qlayer_dot_v1_dot_queue__pb2.ReloadRequest.SerializeToString,
             qlayer_dot_v1_dot_queue__pb2.ReloadReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Replay(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/qlayer.v1.QueueService/Replay',
+            qlayer_dot_v1_dot_queue__pb2.ReplayRequest.SerializeToString,
+            qlayer_dot_v1_dot_queue__pb2.ReplayReply.FromString,
             options,
             channel_credentials,
             insecure,
