@@ -135,3 +135,20 @@ def test_replay_follows_new_records_and_stops_when_the_client_goes_away(
     with QueueClient(c.address) as client:
         assert [m.bookmark for m in client.replay(q, since=f"{topic}/0/1")] == [f"{topic}/0/2"]
         assert client.stats(q)[0].delivered_total == 0
+
+
+def test_replay_filters_on_the_kafka_record(broker, coordinator_factory, names) -> None:
+    """A replay's filter reads the record's key and headers, also on a bytes queue."""
+    topic, q = names("rph"), names("rph")
+    c = coordinator_factory([{"name": q, "underlying_topic": topic, "message_type": "bytes"}])
+    p = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 2})
+    p.produce(topic, b"a", key=b"k1", headers=[("region", b"emea")], partition=0)
+    p.produce(topic, b"b", key=b"k2", headers=[("region", b"apac")], partition=0)
+    p.produce(topic, b"c", key=b"k3", partition=0)
+    assert p.flush(10) == 0
+    with QueueClient(c.address) as client:
+        wait_until(lambda: client.stats(q)[0].available == 3, 30, message="3 queued")
+        assert [m.value for m in client.replay(q, filter="HEADER('region') = 'emea'")] == [b"a"]
+        assert [m.value for m in client.replay(q, filter="KEY() IN ('k2', 'k3')")] == [b"b", b"c"]
+        with pytest.raises(InvalidRequest, match="field paths"):
+            list(client.replay(q, filter="/qty > 1"))
