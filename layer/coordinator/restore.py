@@ -42,7 +42,7 @@ from layer.coordinator.view_history import ViewHistory
 from layer.engine.model import Arrival, Bookmark, TopicPartition, ViewChange, ViewChanges
 from layer.engine.queue import QueueEngine
 from layer.state.base import RunRecord, Store, StoreBatch
-from layer.state.recovery import Progress, RestoreResult, restore
+from layer.state.recovery import Progress, RestoreResult, restore, take_batch
 
 __all__ = ["ChangelogSource", "KafkaSource", "Restore"]
 
@@ -110,7 +110,7 @@ class KafkaSource:
             reached: dict[TopicPartition, int] = {}
             last = time.monotonic()
             while pending and time.monotonic() - last < self.BACKLOG_IDLE_S:
-                msgs = consumer.consume(10_000, 0.5)
+                msgs = take_batch(consumer, 10_000, 0.5)
                 good = []
                 for m in msgs:
                     err = m.error()
