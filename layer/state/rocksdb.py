@@ -23,7 +23,7 @@ from typing import Any
 import rocksdict
 
 from layer.exceptions import StateError
-from layer.state.base import COLUMN_FAMILIES, KeyValueStore, Op, _Range
+from layer.state.base import COLUMN_FAMILIES, KeyValueStore, Op, _Many, _Range
 
 __all__ = ["RocksDBStore", "discard_state_dir"]
 
@@ -97,6 +97,10 @@ class RocksDBStore(KeyValueStore):
                 batch.delete(key, handles[cf])
             elif isinstance(value, _Range):
                 batch.delete_range(key, value.end, handles[cf])
+            elif isinstance(value, _Many):
+                handle, put = handles[cf], batch.put
+                for k, v in zip(value.keys, value.values, strict=True):
+                    put(k, v, handle)
             else:
                 batch.put(key, value, handles[cf])
         with self._lock:
