@@ -76,9 +76,7 @@ def test_sigkill_during_the_bulk_backlog_read_loses_nothing(tmp_path: Path, brok
         address = coord.start(timeout=120)
         _publish(bootstrap, topic)
         with QueueClient(address) as client:
-            wait_until(
-                lambda: client.stats(queue)[0].available == MESSAGES, 300, message="ingest"
-            )
+            wait_until(lambda: client.stats(queue)[0].available == MESSAGES, 300, message="ingest")
 
         # Killed mid-read: the kill comes at the first readiness answer that says part of the
         # backlog is read. A restart that read it all before an answer could say so is tried
