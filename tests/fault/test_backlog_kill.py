@@ -126,6 +126,7 @@ def test_sigkill_during_the_bulk_backlog_read_loses_nothing(tmp_path: Path, brok
                     assert m is not None, f"{len(got)} of {MESSAGES} delivered"
                     i = m.json()["i"]
                     assert i not in got, f"message {i} delivered twice"
+                    assert m.data == json.dumps({"i": i}).encode()
                     got[i] = m.key
                     m.ack()
                 sub.flush(timeout=60)
