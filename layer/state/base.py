@@ -26,6 +26,7 @@ Everything one coordinator step changes goes into one ``StoreBatch`` and is appl
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -446,6 +447,11 @@ class Store(Protocol):
 
     def wipe_queue(self, queue: str) -> None: ...
 
+    def bulk_load(self) -> contextlib.AbstractContextManager[None]:
+        """Within it, writes are a bulk load (a restore's backlog read): the engine may put
+        its upkeep off until the end (RocksDB: compactions of the messages)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -628,6 +634,10 @@ class KeyValueStore:
                 found.add(name.decode())
                 key = self._first_key_at_or_after(cf, name + b"\x01")
         return found
+
+    @contextlib.contextmanager
+    def bulk_load(self) -> Iterator[None]:
+        yield  # nothing to put off
 
     def wipe_queue(self, queue: str) -> None:
         """Delete everything the store holds for a queue (changelog offsets are not per queue)."""

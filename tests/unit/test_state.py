@@ -573,3 +573,19 @@ def test_messages_put_in_bulk_are_the_messages_put_one_by_one(store: KeyValueSto
     del messages[Bookmark("t", 1, 4)]
     assert dict(store.messages("q")) == messages
     assert store.get_messages("q", [Bookmark("t", 1, 4)]) == [None]
+
+
+def test_writes_of_a_bulk_load_are_written(store: KeyValueStore) -> None:
+    """``bulk_load`` (RocksDB: level-0 compaction put off, then its settings back) changes how
+    the engine keeps its files, never what it stores."""
+    with store.bulk_load():
+        batch = StoreBatch()
+        batch.put_message("q", Bookmark("t", 0, 1), message(1))
+        store.write(batch)
+    batch = StoreBatch()
+    batch.put_message("q", Bookmark("t", 0, 2), message(2))
+    store.write(batch)
+    assert dict(store.messages("q")) == {
+        Bookmark("t", 0, 1): message(1),
+        Bookmark("t", 0, 2): message(2),
+    }
