@@ -147,6 +147,20 @@ def stored_plain(key: bytes | None, value: bytes | None, timestamp_ms: int) -> b
     )
 
 
+def plain_head(key: bytes | None, value_length: int) -> bytes:
+    """The bytes of ``stored_plain`` before the value, for a message with a value of this
+    length: ``plain_head(key, len(v)) + v + plain_tail(ts) == stored_plain(key, v, ts)``. A bulk
+    reader keeps them per length and per timestamp (``layer.coordinator.backlog``)."""
+    return (b"\x01\x00" if key is None else b"\x01\x02" + long(len(key)) + key) + (
+        b"\x02" + long(value_length)
+    )
+
+
+def plain_tail(timestamp_ms: int) -> bytes:
+    """The bytes of ``stored_plain`` after the value (see ``plain_head``)."""
+    return b"\x00" + long(timestamp_ms) + b"\x00\x00"
+
+
 class _Reader:
     __slots__ = ("data", "pos")
 

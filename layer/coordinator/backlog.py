@@ -34,7 +34,7 @@ from layer import avro_fast
 from layer.config import OnUnparseable
 from layer.coordinator.runtime import QueueRuntime
 from layer.engine.model import Bookmark, TopicPartition
-from layer.state.base import MESSAGES, StoreBatch, StoredMessage, pack_offset, partition_prefix
+from layer.state.base import StoreBatch, StoredMessage, pack_offset, partition_prefix
 
 __all__ = ["Backlog"]
 
@@ -65,6 +65,7 @@ class Backlog:
         for bm in rt.restored_delays:
             self._apart.setdefault(TopicPartition(bm.topic, bm.partition), set()).add(bm.offset)
         self._slow = 0  # admitted through rt.admit in this take
+        self._heads: dict[int, bytes] = {}  # value length -> avro_fast.plain_head(None, it)
 
     def take(self, messages: Sequence[Message], batch: StoreBatch, now: float) -> int:
         """Admit ``messages`` (error-free, in offset order per partition) as far as the room
@@ -74,13 +75,21 @@ class Backlog:
         name = rt.name
         record = rt.record_runs
         room = engine.room()
-        append = batch.ops.append
+        keys, values = batch.put_messages_encoded()
+        put_key, put_value = keys.append, values.append
         pack = pack_offset
-        plain = avro_fast.stored_plain
         loads = orjson.loads if self._check_json else None
         fast = self._fast
         dead_letter = rt.config.on_unparseable == OnUnparseable.DEAD_LETTER
         admitted = 0
+        # a plain message's stored record is head + value + tail (``avro_fast.plain_head``):
+        # the head is kept per value length (of a message without key), the tail per timestamp
+        # (a producer's batch shares one)
+        heads = self._heads
+        plain_head = avro_fast.plain_head
+        tail_ts = -1
+        tail = b""
+        plain_tail = avro_fast.plain_tail
         # the partition of the messages at hand, and the run of them being built: its first
         # offset, the offset after it, the timestamps
         topic: str | None = None
@@ -117,8 +126,7 @@ class Backlog:
                 topic, partition, tp = t, p, TopicPartition(t, p)
                 prefix = self._prefix(tp)
                 apart = self._apart.get(tp, _NONE)
-            headers = msg.headers()
-            if headers or not fast or offset in apart:
+            if not fast or offset in apart or msg.headers():
                 if times:
                     flush()
                     times = []
@@ -127,6 +135,10 @@ class Backlog:
                 room -= n
                 continue
             value = msg.value()
+            key = msg.key()
+            ts: int = msg.timestamp()[1]
+            if ts < 0:
+                ts = 0
             error = None
             if loads is not None and value is not None:
                 try:
@@ -144,16 +156,22 @@ class Backlog:
                             room -= n
                             continue
                         rt.unparseable_seen(Bookmark(t, p, offset), error)
-            ts: int = msg.timestamp()[1]
-            if ts < 0:
-                ts = 0
-            if error is None:
-                encoded = plain(msg.key(), value, ts)
+            if error is None and key is None and value is not None:
+                n = len(value)
+                head = heads.get(n)
+                if head is None:
+                    head = heads[n] = plain_head(None, n)
+                if ts != tail_ts:
+                    tail_ts, tail = ts, plain_tail(ts)
+                encoded = head + value + tail
+            elif error is None:
+                encoded = avro_fast.stored_plain(key, value, ts)
             else:
-                encoded = avro_fast.stored_message(msg.key(), value, (), ts, None, error)
-            append((MESSAGES, prefix + pack(offset), encoded))
+                encoded = avro_fast.stored_message(key, value, (), ts, None, error)
+            put_key(prefix + pack(offset))
+            put_value(encoded)
             if cache_room > 0:
-                cache[Bookmark(t, p, offset)] = StoredMessage(msg.key(), value, (), ts, None, error)
+                cache[Bookmark(t, p, offset)] = StoredMessage(key, value, (), ts, None, error)
                 cache_room -= 1
             admitted += 1
             room -= 1

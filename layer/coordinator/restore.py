@@ -42,7 +42,7 @@ from layer.coordinator.view_history import ViewHistory
 from layer.engine.model import Arrival, Bookmark, TopicPartition, ViewChange, ViewChanges
 from layer.engine.queue import QueueEngine
 from layer.state.base import RunRecord, Store, StoreBatch
-from layer.state.recovery import Progress, RestoreResult, restore
+from layer.state.recovery import Progress, RestoreResult, restore, take_batch
 
 __all__ = ["ChangelogSource", "KafkaSource", "Restore"]
 
@@ -110,7 +110,7 @@ class KafkaSource:
             reached: dict[TopicPartition, int] = {}
             last = time.monotonic()
             while pending and time.monotonic() - last < self.BACKLOG_IDLE_S:
-                msgs = consumer.consume(10_000, 0.5)
+                msgs = take_batch(consumer, 10_000, 0.5)
                 good = []
                 for m in msgs:
                     err = m.error()
@@ -277,17 +277,18 @@ class Restore:
 
         def step() -> None:
             # resumable (Kafka away: ``until_reachable`` calls it again): from where it got
-            for fetched in self._source.backlog(dict(backlog.positions)):
-                batch = StoreBatch()
-                for tp, high in fetched.high_watermarks.items():
-                    engine.set_high_watermark(tp, high)
-                backlog.take(fetched.messages, batch, self._clock())
-                self._store.write(batch)
-                line = f"queue={rt.name} {backlog.admitted} messages of its backlog read"
-                if starting:
-                    self._health.restoring(line)
-                if backlog.full:
-                    return
+            with self._store.bulk_load():
+                for fetched in self._source.backlog(dict(backlog.positions)):
+                    batch = StoreBatch()
+                    for tp, high in fetched.high_watermarks.items():
+                        engine.set_high_watermark(tp, high)
+                    backlog.take(fetched.messages, batch, self._clock())
+                    self._store.write(batch)
+                    line = f"queue={rt.name} {backlog.admitted} messages of its backlog read"
+                    if starting:
+                        self._health.restoring(line)
+                    if backlog.full:
+                        return
 
         await self._until_reachable(f"read the backlog of queue {rt.name}", step)
         if not backlog.admitted and not backlog.full:

@@ -26,9 +26,10 @@ Everything one coordinator step changes goes into one ``StoreBatch`` and is appl
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -235,9 +236,9 @@ def prefix_end(prefix: bytes) -> bytes:
     return trimmed[:-1] + bytes((trimmed[-1] + 1,))
 
 
-def pack_offset(offset: int) -> bytes:
-    """The 8-byte big-endian suffix of a message key (offsets are never negative)."""
-    return _OFFSET.pack(offset)
+#: ``pack_offset(offset)``: the 8-byte big-endian suffix of a message key (offsets are never
+#: negative); the struct's own method, as it is called once per message on the bulk paths
+pack_offset: Callable[[int], bytes] = _OFFSET.pack
 
 
 def pack_int(value: int) -> bytes:
@@ -253,13 +254,22 @@ def unpack_int(data: bytes) -> int:
 # Batch and interface
 # ---------------------------------------------------------------------------------------------
 
-#: One write operation: (column family, key, value); value None deletes the key, and an
-#: operation whose value is a ``_Range`` deletes every key from ``key`` (inclusive) to its end.
-Op = tuple[str, bytes, "bytes | _Range | None"]
+#: One write operation: (column family, key, value); value None deletes the key, an
+#: operation whose value is a ``_Range`` deletes every key from ``key`` (inclusive) to its end,
+#: and one whose value is a ``_Many`` puts its keys (``key`` is unused).
+Op = tuple[str, bytes, "bytes | _Range | _Many | None"]
 
 
 class _Range(NamedTuple):
     end: bytes
+
+
+class _Many(NamedTuple):
+    """Puts of many keys of one column family as two lists: a bulk reader's, with no object
+    per key (``StoreBatch.put_messages_encoded``)."""
+
+    keys: list[bytes]
+    values: list[bytes]
 
 
 class StoreBatch:
@@ -331,6 +341,15 @@ class StoreBatch:
 
     def put_message(self, queue: str, bookmark: Bookmark, message: StoredMessage) -> None:
         self.ops.append((MESSAGES, message_key(queue, bookmark), message.encode()))
+
+    def put_messages_encoded(self) -> tuple[list[bytes], list[bytes]]:
+        """Two lists to fill with message keys (``message_key``) and their stored records
+        (``StoredMessage.encode`` or ``avro_fast``) in step: they are put where this operation
+        stands in the batch. For a bulk reader (``layer.coordinator.backlog``): no operation,
+        nor tuple, per message."""
+        many = _Many([], [])
+        self.ops.append((MESSAGES, b"", many))
+        return many
 
     def delete_message(self, queue: str, bookmark: Bookmark) -> None:
         self.ops.append((MESSAGES, message_key(queue, bookmark), None))
@@ -429,6 +448,11 @@ class Store(Protocol):
     def queues(self) -> set[str]: ...
 
     def wipe_queue(self, queue: str) -> None: ...
+
+    def bulk_load(self) -> contextlib.AbstractContextManager[None]:
+        """Within it, writes are a bulk load (a restore's backlog read): the engine may put
+        its upkeep off until the end (RocksDB: compactions of the messages)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -613,6 +637,10 @@ class KeyValueStore:
                 found.add(name.decode())
                 key = self._first_key_at_or_after(cf, name + b"\x01")
         return found
+
+    @contextlib.contextmanager
+    def bulk_load(self) -> Iterator[None]:
+        yield  # nothing to put off
 
     def wipe_queue(self, queue: str) -> None:
         """Delete everything the store holds for a queue (changelog offsets are not per queue)."""

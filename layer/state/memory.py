@@ -6,7 +6,7 @@ import bisect
 import threading
 from collections.abc import Sequence
 
-from layer.state.base import COLUMN_FAMILIES, KeyValueStore, Op, _Range
+from layer.state.base import COLUMN_FAMILIES, KeyValueStore, Op, _Many, _Range
 
 __all__ = ["MemoryStore"]
 
@@ -32,6 +32,8 @@ class MemoryStore(KeyValueStore):
                 elif isinstance(value, _Range):
                     for doomed in [k for k in data if key <= k < value.end]:
                         del data[doomed]
+                elif isinstance(value, _Many):
+                    data.update(zip(value.keys, value.values, strict=True))
                 else:
                     data[key] = value
                 self._sorted[cf] = None

@@ -98,5 +98,11 @@ def test_stored_plain_is_stored_message_without_the_rest(key, value, ts) -> None
     assert plain == avro_fast.stored_message(key, value, (), ts, None, None)
 
 
+@given(st.none() | st.binary(max_size=9000), st.binary(max_size=9000), longs)
+def test_plain_head_and_tail_around_the_value_are_stored_plain(key, value, ts) -> None:
+    parts = avro_fast.plain_head(key, len(value)) + value + avro_fast.plain_tail(ts)
+    assert parts == avro_fast.stored_plain(key, value, ts)
+
+
 def test_long_matches_the_varint_for_every_small_length() -> None:
     assert all(avro_fast.long(n) == avro_fast._varint(n) for n in range(-300, 20_000))

@@ -279,7 +279,8 @@ def test_a_keyed_queue_drops_run_records_and_scans() -> None:
 
 def _backlog(first: int, last: int) -> list[Message]:
     """Messages ``first .. last`` of partition 0: JSON, but 5 is not; 6 has a header, 10 a
-    delay of its own (headers take the live path's admission, the others the bulk one)."""
+    delay of its own (headers take the live path's admission, the others the bulk one); every
+    third has no key."""
     out = []
     for offset in range(first, last + 1):
         value = b"not json" if offset == 5 else b'{"n": %d}' % offset
@@ -293,7 +294,7 @@ def _backlog(first: int, last: int) -> list[Message]:
                 topic=TOPIC,
                 partition=0,
                 offset=offset,
-                key=b"k%d" % offset,
+                key=None if offset % 3 == 2 else b"k%d" % offset,
                 value=value,
                 headers=headers,
                 timestamp=(1, 1_699_999_999_000 + offset),

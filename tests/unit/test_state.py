@@ -26,7 +26,7 @@ from layer.state import (
     StoredMessage,
     discard_state_dir,
 )
-from layer.state.base import KeyValueStore
+from layer.state.base import KeyValueStore, message_key
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -551,3 +551,41 @@ def test_message_meta_reads_order_fields_without_payloads(store: KeyValueStore) 
         (Bookmark("t", 1, 7), 5, 9, False),
         (Bookmark("t", 2, 0), 7, None, True),
     ]
+
+
+def test_messages_put_in_bulk_are_the_messages_put_one_by_one(store: KeyValueStore) -> None:
+    """``put_messages_encoded`` (the bulk backlog read's): the same stored messages as
+    ``put_message``, applied where the operation stands in the batch (a later delete wins)."""
+    messages = {
+        Bookmark("t", p, o): StoredMessage(
+            None if o % 2 else b"k%d" % o, b'{"o": %d}' % o, (), 1_700_000_000_000 + o
+        )
+        for p in (0, 1)
+        for o in range(5)
+    }
+    batch = StoreBatch()
+    keys, values = batch.put_messages_encoded()
+    for bm, message in messages.items():
+        keys.append(message_key("q", bm))
+        values.append(message.encode())
+    batch.delete_message("q", Bookmark("t", 1, 4))
+    store.write(batch)
+    del messages[Bookmark("t", 1, 4)]
+    assert dict(store.messages("q")) == messages
+    assert store.get_messages("q", [Bookmark("t", 1, 4)]) == [None]
+
+
+def test_writes_of_a_bulk_load_are_written(store: KeyValueStore) -> None:
+    """``bulk_load`` (RocksDB: level-0 compaction put off, then its settings back) changes how
+    the engine keeps its files, never what it stores."""
+    with store.bulk_load():
+        batch = StoreBatch()
+        batch.put_message("q", Bookmark("t", 0, 1), message(1))
+        store.write(batch)
+    batch = StoreBatch()
+    batch.put_message("q", Bookmark("t", 0, 2), message(2))
+    store.write(batch)
+    assert dict(store.messages("q")) == {
+        Bookmark("t", 0, 1): message(1),
+        Bookmark("t", 0, 2): message(2),
+    }
