@@ -23,7 +23,14 @@ from layer.coordinator.ingest import Fetched, bookmark_of
 from layer.coordinator.publish_route import PublishRoute
 from layer.coordinator.stages import Stages
 from layer.documents import DocumentReader
-from layer.engine.model import Arrival, Bookmark, Change, LowWater, TopicPartition
+from layer.engine.model import (
+    Arrival,
+    Bookmark,
+    Change,
+    LowWater,
+    TopicPartition,
+    ViewChange,
+)
 from layer.engine.queue import QueueEngine
 from layer.exceptions import UnknownQueue
 from layer.expr import Expression, compile_expression
@@ -114,6 +121,8 @@ class QueueRuntime:
     fetched_at: deque[list[float]] = field(default_factory=deque)
     # Where its view rounds go (view_topic): the generation being written (set by the restore)
     views: ViewHistory | None = None
+    # Its leases as the view topic says (bookmark -> +1 lease change; view_topic only)
+    view_leases: dict[Bookmark, ViewChange] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.exprs = Expressions(self.config)
