@@ -62,6 +62,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from connectors.spark_kafka import follow as following
 from connectors.spark_kafka.broker import BrokerView
 from connectors.spark_kafka.options import (
     KafkaSourceOptions,
@@ -428,9 +429,20 @@ def spark_priority(priority: int | None) -> int | None:
     return None if priority is None else min(priority, 2**63 - 1)
 
 
-def view_rows(kafka: KafkaSourceOptions, placed: list[Placed]) -> list[tuple[Any, ...]]:
-    """Rows of ``view_schema()`` for these changes, their messages fetched from the brokers."""
-    messages = fetch_messages(kafka, {change.bookmark for change, *_ in placed})
+def view_rows(
+    kafka: KafkaSourceOptions, placed: list[Placed], follow: bool = False
+) -> list[tuple[Any, ...]]:
+    """Rows of ``view_schema()`` for these changes, their messages fetched from the brokers;
+    ``follow``: a stream's changes, whose messages this process likely read or can read ahead
+    (``connectors.spark_kafka.follow``)."""
+    wanted = {change.bookmark for change, *_ in placed}
+    if follow:
+        messages, rest = following.follow(kafka, wanted)
+        fetched = fetch_messages(kafka, rest) if rest else {}
+        following.remember(fetched)
+        messages.update(fetched)
+    else:
+        messages = fetch_messages(kafka, wanted)
     rows: list[tuple[Any, ...]] = []
     for change, queue, at_ms, view_partition, view_offset in placed:
         bm = change.bookmark
@@ -483,8 +495,9 @@ def read_view_range(
         chunks: Iterable[list[Placed]] = (live[i : i + _CHUNK] for i in range(0, len(live), _CHUNK))
     else:
         chunks = _changes(options, task)
+    follow = not (isinstance(task, ViewInputPartition) and task.snapshot)
     for chunk in chunks:
-        rows = view_rows(options.kafka, chunk)
+        rows = view_rows(options.kafka, chunk, follow)
         for i in range(0, len(rows), ROWS_PER_ARROW_BATCH):
             yield view_batch(pa, rows[i : i + ROWS_PER_ARROW_BATCH])
 
