@@ -355,7 +355,12 @@ def load_worker(
             if pause > 0:
                 time.sleep(pause)
             probe = i % probe_every == 0
-            producer.produce("fresh.orders", order(i, probe=probe))
+            while True:
+                try:
+                    producer.produce("fresh.orders", order(i, probe=probe))
+                    break
+                except BufferError:  # the broker is behind: the offered rate is not met
+                    producer.poll(0.05)
             if probe:
                 published[i] = time.time()
             producer.poll(0)
