@@ -125,6 +125,10 @@ class Coordinator:
                 self.proc.wait(10)
 
 
+#: settings of the measured session (more with $BENCH_SPARK_CONF="key=value,key=value")
+SESSION_CONF: dict[str, str] = {}
+
+
 def start_spark() -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -141,8 +145,13 @@ def start_spark() -> Any:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.host", "127.0.0.1")
-        .getOrCreate()
     )
+    for key, value in SESSION_CONF.items():
+        spark = spark.config(key, value)
+    for pair in filter(None, os.environ.get("BENCH_SPARK_CONF", "").split(",")):
+        key, _, value = pair.partition("=")
+        spark = spark.config(key.strip(), value.strip())
+    spark = spark.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -346,7 +355,12 @@ def load_worker(
             if pause > 0:
                 time.sleep(pause)
             probe = i % probe_every == 0
-            producer.produce("fresh.orders", order(i, probe=probe))
+            while True:
+                try:
+                    producer.produce("fresh.orders", order(i, probe=probe))
+                    break
+                except BufferError:  # the broker is behind: the offered rate is not met
+                    producer.poll(0.05)
             if probe:
                 published[i] = time.time()
             producer.poll(0)

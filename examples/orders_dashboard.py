@@ -12,7 +12,9 @@ It shows:
    streaming ``live_aggregate`` over the queue's view, printed after every micro-batch;
 2. a batch view of what is waiting right now (``queue_contents``, the same rows as ``browse``),
    and how many times each waiting order was delivered already (``deliveries``): a sign of
-   consumers that took orders and gave them back.
+   consumers that took orders and gave them back;
+3. a per-consumer lease view (``queue_leases``): which consumer (subscription) holds how many
+   orders, their value, and how long it has held the oldest: a stuck consumer stands out.
 
 Needs the ``spark`` extra (PySpark 4.3) and Java 17.
 """
@@ -33,8 +35,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pyspark.sql import functions as F  # noqa: E402
+
 from layer.client import QueueClient  # noqa: E402
-from spark import live_aggregate, local_session, queue_contents, queue_contents_stream  # noqa: E402
+from spark import (  # noqa: E402
+    live_aggregate,
+    local_session,
+    queue_contents,
+    queue_contents_stream,
+    queue_leases,
+)
 
 SCHEMA = "id INT, symbol STRING, qty INT, price DOUBLE"
 SYMBOLS = ("ACME", "INIT", "TECH")
@@ -55,20 +65,24 @@ def local_setup(stack: ExitStack, workdir: Path) -> tuple[Path, str, str]:
 
 
 def trade(address: str, queue: str, seconds: float, stop: threading.Event) -> None:
-    """Publish orders and have a consumer work through some of them (acks, a few cancels)."""
+    """Publish orders and have a consumer work through some of them (acks, a few cancels),
+    while a second, stuck consumer holds the orders it took without acking them."""
     rng = random.Random(1)
     with QueueClient(address) as client:
         for i in range(300):
             order = {"id": i, "symbol": SYMBOLS[i % 3], "qty": 1 + i % 5, "price": 100 + i % 7}
             client.publish(queue, json.dumps(order).encode())
         worker = client.subscribe(queue, max_backlog=5)
+        stuck = client.subscribe(queue, max_backlog=3)
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and not stop.is_set():
             msg = worker.next(timeout=0.2)
             if msg is not None:
                 msg.ack() if rng.random() < 0.8 else msg.cancel()
             time.sleep(0.05)
+        stop.wait()  # both keep what they hold until the notebook is done
         worker.close()
+        stuck.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,6 +134,17 @@ def main(argv: list[str] | None = None) -> int:
         waiting.groupBy("message.symbol", "deliveries").count().orderBy(
             "symbol", "deliveries"
         ).show()
+
+        # %% 3. who holds which orders: per consumer, how many, their value, the oldest lease
+        leases = queue_leases(spark, queue, config=config, schema=SCHEMA)
+        print("leased now, by consumer:")
+        leases.groupBy("lease_holder").agg(
+            F.count("*").alias("orders"),
+            F.sum(F.col("message.price") * F.col("message.qty")).alias("value"),
+            F.round(
+                F.current_timestamp().cast("double") - F.min("leased_at").cast("double"), 1
+            ).alias("oldest_lease_s"),
+        ).orderBy("lease_holder").show(truncate=False)
     return 0
 
 

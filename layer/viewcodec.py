@@ -9,6 +9,7 @@ with ``layer.codec``'s.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from array import array
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ from layer.exceptions import SerializationError
 __all__ = ["VIEW_ROUND", "VIEW_ROUND_VERSION", "ViewRound", "decode_round", "encode_round"]
 
 VIEW_ROUND = "view_round"
-VIEW_ROUND_VERSION = 1  # the format byte of avro/view_round.avsc (no history versions yet)
+VIEW_ROUND_VERSION = 2  # the format byte of avro/view_round.avsc (1: without lease changes)
 
 _LITTLE = sys.byteorder == "little"
 
@@ -39,8 +40,14 @@ def _bytes(data: bytes) -> bytes:
     return long(len(data)) + data
 
 
-def encode_round(queue: str, changes: ViewChanges, at_ms: int) -> bytes:
-    """One round's changes as a ``ViewRound`` (format byte first, as ``layer.codec`` writes)."""
+def encode_round(
+    queue: str, changes: ViewChanges, at_ms: int, leases: Sequence[ViewChange] = ()
+) -> bytes:
+    """One round's changes as a ``ViewRound`` (format byte first, as ``layer.codec`` writes):
+    ``changes`` of the live contents, then ``leases``, changes of the set of leased messages
+    (``ViewChange.holder`` set)."""
+    if leases:
+        changes = _with_leases(changes, leases)
     bookmarks = changes.bookmarks
     if not bookmarks:  # a snapshot of an empty queue (layer.viewgen)
         topics, topic_index = [], b""
@@ -75,16 +82,49 @@ def encode_round(queue: str, changes: ViewChanges, at_ms: int) -> bytes:
         _bytes(priority),
         _bytes(has_priority),
     )
+    if leases:
+        holders: dict[str, int] = {}
+        for lease in leases:
+            holders.setdefault(lease.holder or "", len(holders) + 1)
+        parts.append(long(len(holders)))
+        for holder in holders:
+            h = holder.encode()
+            parts += (long(len(h)), h)
+        parts.append(b"\x00")
+        none = [0] * (len(changes) - len(leases))
+        holder_index = none + [holders[lease.holder or ""] for lease in leases]
+        parts += (
+            _bytes(_packed("H", holder_index)),
+            _bytes(_packed("q", none + [lease.leased_at for lease in leases])),
+        )
+    else:
+        parts.append(b"\x00\x00\x00")  # no holders, empty holder_index and leased_at
     return b"".join(parts)
+
+
+def _with_leases(changes: ViewChanges, leases: Sequence[ViewChange]) -> ViewChanges:
+    """``changes`` followed by ``leases`` (a new ViewChanges: ``changes`` is left as it is)."""
+    both = ViewChanges(
+        list(changes.bookmarks),
+        list(changes.signs),
+        list(changes.deliveries),
+        list(changes.cancels),
+        None if changes.priorities is None else list(changes.priorities),
+    )
+    for lease in leases:
+        both.append(lease)
+    return both
 
 
 @dataclass(frozen=True, slots=True)
 class ViewRound:
-    """A decoded ``ViewRound``: the queue, the time, and the changes in order."""
+    """A decoded ``ViewRound``: the queue, the time, the changes of the live contents in
+    order, and the lease changes in order (none before version 2)."""
 
     queue: str
     at_ms: int
     changes: list[ViewChange]
+    leases: list[ViewChange] = dataclasses.field(default_factory=list)
 
 
 def _unpacked(typecode: str, data: bytes, count: int, field: str) -> array[int]:
@@ -128,4 +168,19 @@ def decode_round(data: bytes) -> ViewRound:
             names, partitions, offsets, signs, deliveries, cancels, priorities, strict=True
         )
     ]
-    return ViewRound(record["queue"], record["at_ms"], changes)
+    if not record["holder_index"]:
+        return ViewRound(record["queue"], record["at_ms"], changes)
+    holders: list[str] = record["holders"]
+    index = _unpacked("H", record["holder_index"], n, "holder_index")
+    leased_at = _unpacked("q", record["leased_at"], n, "leased_at")
+    contents: list[ViewChange] = []
+    leases: list[ViewChange] = []
+    try:
+        for change, i, at in zip(changes, index, leased_at, strict=True):
+            if i:
+                leases.append(change._replace(holder=holders[i - 1], leased_at=at))
+            else:
+                contents.append(change)
+    except IndexError:
+        raise SerializationError("view round: a holder index past its holders") from None
+    return ViewRound(record["queue"], record["at_ms"], contents, leases)

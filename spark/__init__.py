@@ -10,16 +10,24 @@ and never lease::
     changes = queue_contents_stream(spark, "orders", config="qlayer.toml",
                                     schema="symbol STRING, qty INT, price DOUBLE")
     live_aggregate(changes, by="symbol", sum={"value": "price * qty"})  # stays right, streaming
+    queue_leases(spark, "orders", config="qlayer.toml")  # who holds which leases, since when
 """
 
 from spark.aggregates import live_aggregate
 from spark.messages import message_column, spark_type_of
 from spark.session import java_problem, local_session, prepare
 from spark.settings import ViewSettings, view_settings
-from spark.views import CONTENT_COLUMNS, queue_contents, queue_contents_stream
+from spark.views import (
+    CONTENT_COLUMNS,
+    LEASE_COLUMNS,
+    queue_contents,
+    queue_contents_stream,
+    queue_leases,
+)
 
 __all__ = [
     "CONTENT_COLUMNS",
+    "LEASE_COLUMNS",
     "ViewSettings",
     "java_problem",
     "live_aggregate",
@@ -28,6 +36,7 @@ __all__ = [
     "prepare",
     "queue_contents",
     "queue_contents_stream",
+    "queue_leases",
     "spark_type_of",
     "view_settings",
 ]

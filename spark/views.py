@@ -41,9 +41,26 @@ CONTENT_COLUMNS = (
     "changed_at",
 )
 
+#: The columns of ``queue_leases``.
+LEASE_COLUMNS = (
+    "lease_holder",
+    "leased_at",
+    "bookmark",
+    "topic",
+    "partition",
+    "offset",
+    "key",
+    "headers",
+    "value",
+    "message",
+    "deliveries",
+    "cancels",
+    "enqueue_time",
+)
+
 # Options the views set themselves: the whole topic, read as the live contents and then changes,
 # of this queue only.
-_FIXED = ("startingoffsets", "snapshot", "queue")
+_FIXED = ("startingoffsets", "snapshot", "queue", "leases")
 
 
 def queue_contents(
@@ -91,6 +108,37 @@ def queue_contents(
         .load()
     )
     return _with_message(frame, settings, schema).select(*CONTENT_COLUMNS)
+
+
+def queue_leases(
+    spark: SparkSession,
+    queue: str,
+    *,
+    config: ConfigLike = None,
+    bootstrap_servers: str | None = None,
+    view_topic: str | None = None,
+    schema: SchemaLike = None,
+    options: Mapping[str, str] | None = None,
+) -> DataFrame:
+    """The messages of ``queue`` leased now, one row each: ``lease_holder`` (the subscription
+    holding it), ``leased_at`` (when its lease began), then the message's columns as in
+    :func:`queue_contents` (``deliveries`` counts this delivery). Which consumer holds how
+    much, and since when::
+
+        queue_leases(spark, "orders", config="qlayer.toml").groupBy("lease_holder").agg(
+            F.count("*").alias("leases"), F.min("leased_at").alias("oldest"))
+
+    Arguments as for :func:`queue_contents`. A lease the coordinator restored at a restart
+    under another holder (or whose start it no longer knew) shows the restart's time.
+    """
+    settings = _settings(queue, config, bootstrap_servers, view_topic, options)
+    frame = (
+        spark.read.format(_register(spark))
+        .options(**settings.options, startingOffsets="earliest", snapshot="true", queue=queue)
+        .option("leases", "true")
+        .load()
+    )
+    return _with_message(frame, settings, schema).select(*LEASE_COLUMNS)
 
 
 def queue_contents_stream(

@@ -10,7 +10,8 @@ message from its underlying topic by offset (the same brokers and ``kafka.*`` se
 executors. Columns::
 
     sign, queue, bookmark, topic, partition, offset, key, headers, value, priority,
-    deliveries, cancels, enqueue_time, changed_at, view_partition, view_offset
+    deliveries, cancels, enqueue_time, changed_at, view_partition, view_offset,
+    lease_holder, leased_at
 
 ``view_partition``/``view_offset`` are the round's place in the view topic (its order; the
 changes of one round keep their order within it). A message no longer on the broker (retention
@@ -22,6 +23,10 @@ differences: ``startingOffsets`` defaults to ``earliest`` in streaming too;
 transactions); ``includeHeaders`` and ``maxOffsetsPerTrigger`` are refused. And two of its own:
 
 - ``queue``: only that queue's rounds (a view topic may be shared); default: every queue's.
+- ``leases`` (default false): the set of leased messages instead of the live contents: +1 when
+  a lease began, -1 when it ended, with ``lease_holder`` (the subscription holding it) and
+  ``leased_at`` (when the lease began); both NULL in the live contents. (View topics written
+  before lease changes existed have none.)
 - ``snapshot`` (default true): a range that starts at the beginning of a partition is read as the
   live contents at its end (per bookmark the last change, kept if it is +1) instead of every
   change. A batch read from ``earliest`` then *is* the live contents, and a stream's first
@@ -57,6 +62,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from connectors.spark_kafka import follow as following
 from connectors.spark_kafka.broker import BrokerView
 from connectors.spark_kafka.options import (
     KafkaSourceOptions,
@@ -117,6 +123,8 @@ def view_schema() -> StructType:
             StructField("changed_at", TimestampType()),
             StructField("view_partition", IntegerType()),
             StructField("view_offset", LongType()),
+            StructField("lease_holder", StringType()),
+            StructField("leased_at", TimestampType()),
         ]
     )
 
@@ -129,6 +137,7 @@ class ViewSourceOptions:
     snapshot: bool = True
     queue: str | None = None
     splits: int = 1
+    leases: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ViewSourceOptions:
@@ -137,6 +146,7 @@ class ViewSourceOptions:
             if key in given:
                 raise ConfigError(f"option {key!r} is not supported by {VIEW_FORMAT}: {why}")
         snapshot = boolean_option("snapshot", given.pop("snapshot", "true"))
+        leases = boolean_option("leases", given.pop("leases", "false"))
         queue = given.pop("queue", None)
         splits_text = given.pop("splits", "1")
         if not splits_text.isdigit() or not 1 <= int(splits_text) <= 1024:
@@ -146,7 +156,7 @@ class ViewSourceOptions:
         given.setdefault("kafka.isolation.level", "read_committed")
         given.setdefault("startingoffsets", "earliest")
         kafka = KafkaSourceOptions.parse(given, source=VIEW_FORMAT)
-        return cls(kafka, snapshot, queue, int(splits_text))
+        return cls(kafka, snapshot, queue, int(splits_text), leases)
 
 
 class ViewInputPartition(KafkaInputPartition):
@@ -325,7 +335,8 @@ def _changes(options: ViewSourceOptions, task: KafkaInputPartition) -> Iterator[
                     f"view record {task.topic}/{task.partition}/{offset}: {exc}"
                 ) from exc
             queue, at_ms, partition = round_.queue, round_.at_ms, task.partition
-            chunk.extend((change, queue, at_ms, partition, offset) for change in round_.changes)
+            changes = round_.leases if options.leases else round_.changes
+            chunk.extend((change, queue, at_ms, partition, offset) for change in changes)
         if len(chunk) >= _CHUNK:
             yield chunk
             chunk = []
@@ -418,9 +429,20 @@ def spark_priority(priority: int | None) -> int | None:
     return None if priority is None else min(priority, 2**63 - 1)
 
 
-def view_rows(kafka: KafkaSourceOptions, placed: list[Placed]) -> list[tuple[Any, ...]]:
-    """Rows of ``view_schema()`` for these changes, their messages fetched from the brokers."""
-    messages = fetch_messages(kafka, {change.bookmark for change, *_ in placed})
+def view_rows(
+    kafka: KafkaSourceOptions, placed: list[Placed], follow: bool = False
+) -> list[tuple[Any, ...]]:
+    """Rows of ``view_schema()`` for these changes, their messages fetched from the brokers;
+    ``follow``: a stream's changes, whose messages this process likely read or can read ahead
+    (``connectors.spark_kafka.follow``)."""
+    wanted = {change.bookmark for change, *_ in placed}
+    if follow:
+        messages, rest = following.follow(kafka, wanted)
+        fetched = fetch_messages(kafka, rest) if rest else {}
+        following.remember(fetched)
+        messages.update(fetched)
+    else:
+        messages = fetch_messages(kafka, wanted)
     rows: list[tuple[Any, ...]] = []
     for change, queue, at_ms, view_partition, view_offset in placed:
         bm = change.bookmark
@@ -452,6 +474,8 @@ def view_rows(kafka: KafkaSourceOptions, placed: list[Placed]) -> list[tuple[Any
                 at_ms * 1000,
                 view_partition,
                 view_offset,
+                change.holder,
+                change.leased_at * 1000 if change.holder is not None else None,
             )
         )
     return rows
@@ -471,8 +495,9 @@ def read_view_range(
         chunks: Iterable[list[Placed]] = (live[i : i + _CHUNK] for i in range(0, len(live), _CHUNK))
     else:
         chunks = _changes(options, task)
+    follow = not (isinstance(task, ViewInputPartition) and task.snapshot)
     for chunk in chunks:
-        rows = view_rows(options.kafka, chunk)
+        rows = view_rows(options.kafka, chunk, follow)
         for i in range(0, len(rows), ROWS_PER_ARROW_BATCH):
             yield view_batch(pa, rows[i : i + ROWS_PER_ARROW_BATCH])
 
@@ -497,6 +522,8 @@ def _arrow_types(pa: Any) -> list[Any]:
         micros,  # changed_at
         pa.int32(),  # view_partition
         pa.int64(),  # view_offset
+        pa.string(),  # lease_holder
+        micros,  # leased_at
     ]
 
 

@@ -37,7 +37,7 @@ from layer.coordinator.health import Health
 from layer.coordinator.ingest import Fetched
 from layer.coordinator.round import Changelog
 from layer.coordinator.runtime import QueueRuntime
-from layer.coordinator.view import read_view, reconcile, view_record
+from layer.coordinator.view import read_view, reconcile, reconcile_leases, view_record
 from layer.coordinator.view_history import ViewHistory
 from layer.engine.model import Arrival, Bookmark, TopicPartition, ViewChange, ViewChanges
 from layer.engine.queue import QueueEngine
@@ -442,14 +442,18 @@ class Restore:
         engine = rt.engine
         live = engine.view_contents()
         corrections = reconcile(published, live)
-        if corrections:
-            now_ms = int(self._clock() * 1000)
-            record = view_record(topic, rt.name, ViewChanges.of(corrections), now_ms)
+        now_ms = int(self._clock() * 1000)
+        rt.view_leases, lease_fixes = reconcile_leases(
+            getattr(published, "leases", {}), engine.lease_contents(), now_ms
+        )
+        if corrections or lease_fixes:
+            record = view_record(topic, rt.name, ViewChanges.of(corrections), now_ms, lease_fixes)
             await self._changelog.commit([], [record])
         engine.view_synced()
         if views is not None:
             views.attach(rt, generation, len(live))
         self._progress(
-            f"view of queue={rt.name}: {len(live)} live messages, {len(corrections)} corrections"
+            f"view of queue={rt.name}: {len(live)} live messages, {len(corrections)} corrections,"
+            f" {len(rt.view_leases)} leases, {len(lease_fixes)} lease corrections"
             f" ({topic})"
         )

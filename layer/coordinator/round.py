@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Protocol
 from layer.api.service import DeliveredMessage
 from layer.codec import encode, encode_change, encode_run
 from layer.coordinator.runtime import QueueRuntime
-from layer.coordinator.view import view_record
+from layer.coordinator.view import lease_changes, view_record
 from layer.engine.model import (
     AckOp,
     Bookmark,
@@ -302,14 +302,15 @@ class Round:
             records.append(
                 _run_record(topic, name, forgets[0].bookmark, len(forgets), forget_key, None)
             )
-        if effects.view:
-            assert rt.config.view_topic is not None  # the engine tracks views for it only
-            if rt.views is not None:  # the generation being written (view_history)
-                rt.views.write(rt, effects.view, self.now_ms, self.views)
-            else:
-                self.views.append(
-                    view_record(rt.config.view_topic, name, effects.view, self.now_ms)
-                )
+        if rt.config.view_topic is not None:
+            leases = lease_changes(rt.view_leases, changes, now_ms) if changes else []
+            if effects.view or leases:
+                if rt.views is not None:  # the generation being written (view_history)
+                    rt.views.write(rt, effects.view, now_ms, self.views, leases)
+                else:
+                    self.views.append(
+                        view_record(rt.config.view_topic, name, effects.view, now_ms, leases)
+                    )
         if effects.deliveries:
             # counted with the round whose commit makes them durable (its counters go with it)
             rt.counters.delivered += len(effects.deliveries)

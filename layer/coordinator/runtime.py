@@ -31,6 +31,7 @@ from layer.engine.model import (
     DoneReason,
     LowWater,
     TopicPartition,
+    ViewChange,
 )
 from layer.engine.priorities import qpid_level
 from layer.engine.queue import QueueEngine
@@ -222,6 +223,8 @@ class QueueRuntime:
     fetched_at: deque[list[float]] = field(default_factory=deque)
     # Where its view rounds go (view_topic): the generation being written (set by the restore)
     views: ViewHistory | None = None
+    # Its leases as the view topic says (bookmark -> +1 lease change; view_topic only)
+    view_leases: dict[Bookmark, ViewChange] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.exprs = Expressions(self.config)

@@ -82,7 +82,9 @@ class _Lineage:
     written: dict[int, int] = field(default_factory=dict)
 
 
-def before_round(live: Sequence[ViewChange], changes: ViewChanges) -> list[ViewChange]:
+def before_round(
+    live: Sequence[ViewChange], changes: ViewChanges | Sequence[ViewChange]
+) -> list[ViewChange]:
     """The live contents before a round, from those after it (``live``) and its changes: a
     message the round changed was in them if its first change is -1 (it left); the others are
     as they are now. Only the round's changes are indexed, not the live contents."""
@@ -169,10 +171,15 @@ class ViewHistory:
     # -- in a round ----------------------------------------------------------------------------
 
     def write(
-        self, rt: QueueRuntime, changes: ViewChanges, now_ms: int, out: list[ExtraRecord]
+        self,
+        rt: QueueRuntime,
+        changes: ViewChanges,
+        now_ms: int,
+        out: list[ExtraRecord],
+        leases: Sequence[ViewChange] = (),
     ) -> None:
-        """Append to ``out`` (the round's view records) ``rt``'s round ``changes``, after a new
-        generation's snapshot when one is due and ready."""
+        """Append to ``out`` (the round's view records) ``rt``'s round ``changes`` and lease
+        changes, after a new generation's snapshot when one is due and ready."""
         view_topic = rt.config.view_topic
         assert view_topic is not None
         line = self._lines[view_topic]
@@ -190,12 +197,12 @@ class ViewHistory:
                 )
             elif not any(record[0] == line.topic for record in out):
                 line.pending = None
-                self._begin(line, rt, changes, now_ms, out)
+                self._begin(line, rt, changes, leases, now_ms, out)
         if line.pending is None and self._due(line):
             line.pending = self._pool.submit(self._prepare, view_topic, line.generation + 1)
-        record = view_record(line.topic, rt.name, changes, now_ms)
+        record = view_record(line.topic, rt.name, changes, now_ms, leases)
         out.append(record)
-        line.tail += len(changes)
+        line.tail += len(changes) + len(leases)
         line.written[line.generation] = (
             line.written.get(line.generation, 0) + len(record[1]) + len(record[2])
         )
@@ -219,7 +226,13 @@ class ViewHistory:
             log.info("view topic %s: deleted generations %s", view_topic, old)
 
     def _begin(
-        self, line: _Lineage, rt: QueueRuntime, changes: ViewChanges, now_ms: int, out: list
+        self,
+        line: _Lineage,
+        rt: QueueRuntime,
+        changes: ViewChanges,
+        leases: Sequence[ViewChange],
+        now_ms: int,
+        out: list,
     ) -> None:
         """Step 2: the snapshot of every queue of the lineage, to the next generation."""
         generation = line.generation + 1
@@ -227,13 +240,21 @@ class ViewHistory:
         size = 0
         for q in line.queues.values():
             live = q.engine.view_contents()
-            if q is rt:
+            held = list(q.view_leases.values())
+            if q is rt:  # both as they were when the round began
                 live = before_round(live, changes)
-            size += len(live)
+                held = before_round(held, leases)
+            size += len(live) + len(held)
             key = q.name.encode()
-            for i in range(0, max(len(live), 1), SNAPSHOT_CHUNK):
-                chunk = ViewChanges.of(live[i : i + SNAPSHOT_CHUNK])
-                value = encode_round(q.name, chunk, now_ms)
+            records = [
+                encode_round(q.name, ViewChanges.of(live[i : i + SNAPSHOT_CHUNK]), now_ms)
+                for i in range(0, max(len(live), 1), SNAPSHOT_CHUNK)
+            ]
+            records.extend(  # the leases, in records of their own
+                encode_round(q.name, ViewChanges(), now_ms, held[i : i + SNAPSHOT_CHUNK])
+                for i in range(0, len(held), SNAPSHOT_CHUNK)
+            )
+            for value in records:
                 out.append((topic, key, value, _SNAPSHOT_HEADERS))
                 line.written[generation] = line.written.get(generation, 0) + len(key) + len(value)
         for old in [n for n in line.written if n < generation - KEPT]:

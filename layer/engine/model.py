@@ -286,6 +286,11 @@ class ViewChange(NamedTuple):
     deliveries: int
     cancels: int
     priority: int | None = None  # the message's priority (priority queues only)
+    # A lease change (the coordinator's, not the engine's): the set of leased messages, beside
+    # the live contents: +1 the lease began, held by ``holder`` since ``leased_at`` (ms), -1 it
+    # ended. None: a change of the live contents.
+    holder: str | None = None
+    leased_at: int = 0
 
 
 @dataclass(slots=True)
@@ -325,6 +330,12 @@ class ViewChanges:
             self.bookmarks, self.signs, self.deliveries, self.cancels, priorities, strict=True
         ):
             yield ViewChange(*row)
+
+
+def lease_change(bookmark: Bookmark, sign: int, holder: str, leased_at: int,
+                 deliveries: int, cancels: int) -> ViewChange:  # fmt: skip
+    """A change of the set of leased messages (see ``ViewChange.holder``)."""
+    return ViewChange(bookmark, sign, deliveries, cancels, None, holder, leased_at)
 
 
 @dataclass(slots=True)

@@ -57,6 +57,15 @@ class Queries(EngineBase):
             for entry in (*self._entries(AVAILABLE), *(e for e in self._held if e.state == HELD))
         ]
 
+    def lease_contents(self) -> list[tuple[Bookmark, str, int, int]]:
+        """Every leased message as (bookmark, holder, deliveries, cancels): the leases a view
+        topic must show."""
+        return [
+            (entry.bookmark, entry.holder.name, entry.deliveries, entry.cancels)
+            for entry in self._entries(LEASED)
+            if entry.holder is not None
+        ]
+
     def lease_of(self, bookmark: Bookmark) -> Lease | None:
         part = self._lookup(bookmark)
         entry = None if part is None else part.entry(bookmark.offset)

@@ -46,10 +46,18 @@ class ViewReader:
         last: dict[str, ViewChange] = {}
         signs: dict[str, int] = {}
         qty: dict[str, float] = {}
+        leases: dict[str, ViewChange] = {}
         for msg in self.consume_all(self.view_topic):
             assert msg.key() == self.queue.encode()
             round_ = decode_round(msg.value())
-            assert round_.queue == self.queue and round_.changes
+            assert round_.queue == self.queue and (round_.changes or round_.leases)
+            for lease in round_.leases:
+                bm = str(lease.bookmark)
+                if lease.sign > 0:
+                    assert bm not in leases, f"{bm}: leased twice without an end"
+                    leases[bm] = lease
+                else:
+                    assert leases.pop(bm).holder == lease.holder, bm
             for change in round_.changes:
                 bm = str(change.bookmark)
                 last[bm] = change
@@ -57,6 +65,7 @@ class ViewReader:
                 assert signs[bm] in (0, 1), f"{bm}: the signs of its changes sum to {signs[bm]}"
                 doc = json.loads(values[bm])
                 qty[doc["sym"]] = qty.get(doc["sym"], 0) + change.sign * doc["qty"]
+        self.leases = leases
         return {bm: c for bm, c in last.items() if c.sign > 0}, signs, qty
 
 
@@ -78,7 +87,12 @@ def assert_view_matches(client: QueueClient, q: str, view: ViewReader) -> dict[s
         bookmarks, browse_qty = browse_state(client, q)
         state.update(members=members, bookmarks=bookmarks, qty=qty, browse_qty=browse_qty)
         nonzero = {k: v for k, v in qty.items() if v}
-        return set(members) == bookmarks and nonzero == browse_qty
+        state.update(leases=view.leases, leased=client.stats(q)[0].leased)
+        return (
+            set(members) == bookmarks
+            and nonzero == browse_qty
+            and len(view.leases) == state["leased"]
+        )
 
     wait_until(same, 15, message=lambda: f"view == browse: {state}")
     by_bm = {str(m.bookmark): m for m in client.browse(q)}
@@ -117,6 +131,9 @@ def test_view_topic_follows_the_live_contents(
             assert all(m is not None for m in got)
             state = assert_view_matches(client, q, view)  # 8 leased: out of the view
             assert len(state["members"]) == 12
+            # ... and in the view's leases, held by this subscription
+            assert set(state["leases"]) == {str(m.bookmark) for m in got}
+            assert {lease.holder for lease in state["leases"].values()} == {sub.id}
             got[0].ack()
             got[1].ack()
             got[2].cancel()
@@ -218,4 +235,3 @@ def test_the_view_topic_keeps_every_round_and_a_compacted_one_is_refused(
     )  # fmt: skip
     assert r.returncode == 2, r.stderr
     assert f"topic {compacted!r} has cleanup.policy=compact" in r.stderr, r.stderr
-

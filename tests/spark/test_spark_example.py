@@ -33,3 +33,8 @@ def test_the_orders_dashboard_example_runs_and_shows_live_totals() -> None:
     assert set(first) <= {"ACME", "INIT", "TECH"} and first, batches[0]
     assert "waiting now, by symbol and times delivered:" in done.stdout
     assert re.search(r"\|\s*(ACME|INIT|TECH)\s*\|\s*\d+\s*\|\s*\d+\s*\|", done.stdout), done.stdout
+    # the lease view: two consumers, the worker's backlog of 5 and the stuck one's 3
+    assert "leased now, by consumer:" in done.stdout
+    held = re.findall(r"\|(\S+-\d+)\s*\|(\d+)\s*\|(\d+\.\d+)\s*\|(\d+\.\d+)\s*\|", done.stdout)
+    assert sorted(int(orders) for _h, orders, _v, _age in held) == [3, 5], done.stdout[-3000:]
+    assert all(float(age) >= 0 for *_rest, age in held), held
