@@ -208,7 +208,7 @@ def test_a_sigstopped_coordinator_first_in_the_list_is_left_for_the_next(
     try:
         with QueueClient(f"{a},{b}", connect_timeout=1.0) as client:
             started = time.monotonic()
-            bookmark = client.publish(q, b"x")  # not sent to a: it goes on to b
+            bookmark = client.publish(q, b'"x"')  # not sent to a: it goes on to b
             took = time.monotonic() - started
             assert 0.9 <= took < 15, took
         with QueueClient(f"{a},{b}", connect_timeout=1.0) as client, client.subscribe(q) as sub:
