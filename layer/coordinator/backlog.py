@@ -126,7 +126,23 @@ class Backlog:
                 topic, partition, tp = t, p, TopicPartition(t, p)
                 prefix = self._prefix(tp)
                 apart = self._apart.get(tp, _NONE)
-            if not fast or offset in apart or msg.headers():
+            # the live path's admission for what is not a plain message: not fast, set apart,
+            # with headers, or unparseable on a queue that dead-letters those on arrival
+            slow = not fast or offset in apart or bool(msg.headers())
+            error = None
+            if not slow:
+                value = msg.value()
+                key = msg.key()
+                ts: int = msg.timestamp()[1]
+                if ts < 0:
+                    ts = 0
+                if loads is not None and value is not None:
+                    try:
+                        loads(value)
+                    except orjson.JSONDecodeError:
+                        error = self._error(value)
+                        slow = error is not None and dead_letter
+            if slow:
                 if times:
                     flush()
                     times = []
@@ -134,28 +150,8 @@ class Backlog:
                 admitted += n
                 room -= n
                 continue
-            value = msg.value()
-            key = msg.key()
-            ts: int = msg.timestamp()[1]
-            if ts < 0:
-                ts = 0
-            error = None
-            if loads is not None and value is not None:
-                try:
-                    loads(value)
-                except orjson.JSONDecodeError:
-                    error = self._error(value)
-                    if error is not None:
-                        if dead_letter:
-                            # done on arrival (its dead letter): the live path's admission
-                            if times:
-                                flush()
-                                times = []
-                            n = self._one(msg, tp, offset, batch, now, read_to)
-                            admitted += n
-                            room -= n
-                            continue
-                        rt.unparseable_seen(Bookmark(t, p, offset), error)
+            if error is not None:
+                rt.unparseable_seen(Bookmark(t, p, offset), error)
             if error is None and key is None and value is not None:
                 n = len(value)
                 head = heads.get(n)
