@@ -596,7 +596,8 @@ class QueueClient:
         beginning), or a time (an aware ``datetime`` or epoch seconds), or None (from the
         beginning). ``until``: stop before records at or after this time. Without ``follow`` the
         replay ends at the end each partition had when it began; with it, it goes on (until
-        ``until``, or until the iterator is closed). ``filter``: only matching payloads. Each
+        ``until``, or until the iterator is closed). ``filter``: only the records it matches
+        (payload fields, ``KEY()``, ``HEADER('name')``, ...). Each
         item is a ``BrowsedMessage`` (``deliveries`` 0; ``parse_error`` set for a payload that
         does not parse as the queue's type). Raises, while iterating, ``UnknownQueue``,
         ``InvalidRequest`` (a bad bookmark or filter), ``PermissionDenied``."""
