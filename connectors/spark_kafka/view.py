@@ -271,6 +271,20 @@ def _superseded(
     return False
 
 
+def _continues(options: KafkaSourceOptions, topic: str, offsets: Iterable[tuple[str, int]]) -> bool:
+    """Whether ``topic`` is a generation newer than one ``offsets`` name: a stream in the older
+    one goes on into it past its snapshot, even once its offsets name the newer one (at 0, when
+    the newer one was created but its snapshot not yet written as a micro-batch was planned)."""
+    for view_topic in options.subscription.topics:
+        number = generation_of(view_topic, topic)
+        if number is not None:
+            return any(
+                (older := generation_of(view_topic, t)) is not None and older < number
+                for t, _p in offsets
+            )
+    return False
+
+
 def _mark(
     options: ViewSourceOptions,
     ranges: Sequence[InputPartition],
@@ -604,7 +618,11 @@ class ViewStreamReader(KafkaStreamReader):
                 for tp, offset in begin.items()
                 if tp in until or not _superseded(kafka, tp[0], begin)
             }
-        continuing = [tp for tp in until if tp not in begin] if _generational(kafka) else []
+        continuing = (
+            [tp for tp in until if tp not in begin or _continues(kafka, tp[0], begin)]
+            if _generational(kafka)
+            else []
+        )
         ranges = super().partitions(offsets_to_json(begin), end)
         return _mark(self._view, ranges, continuing)
 
