@@ -325,7 +325,7 @@ class Restore:
             if whole or maybe_delayed:
                 stored = store.get_messages(name, [bm])[0]
                 if stored is not None:
-                    doc = exprs.reader.read(stored.value)[0] if exprs.reader else None
+                    doc = exprs.document_of(stored)
                     arrival = rt.arrival(bm, stored, doc, now)
                     arrivals.append(arrival)
                     runs.append((tp, bm.offset, [arrival.timestamp], stored.priority, True))
@@ -419,8 +419,7 @@ class Restore:
         stored = self._store.get_messages(rt.name, [bm])[0]
         if stored is None:
             return 0
-        exprs = rt.exprs
-        doc = exprs.reader.read(stored.value)[0] if exprs.reader else None
+        doc = rt.exprs.document_of(stored)
         rt.engine.add([rt.arrival(bm, stored, doc, now)], now)
         return 1
 

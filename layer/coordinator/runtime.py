@@ -162,6 +162,11 @@ class Expressions:
             DocumentReader(config.message_type, config.avro_schema) if typed else None
         )
 
+    def document_of(self, stored: StoredMessage) -> object:
+        """A stored message's parsed payload for the expressions (None: no reader, or it does
+        not parse)."""
+        return self.reader.read(stored.value)[0] if self.reader is not None else None
+
     def priority_of(self, doc: object, record: Record | None) -> int | None:
         """The message's priority: the expression's value, as a Qpid level with ``priorities``."""
         if self.priority is None:
@@ -244,8 +249,7 @@ class QueueRuntime:
         expression = self.exprs.dead_letter_if
         if expression is None or change.reason not in DMQ_REASONS or stored is None:
             return True
-        reader = self.exprs.reader
-        doc = reader.read(stored.value)[0] if reader is not None else None
+        doc = self.exprs.document_of(stored)
         record = record_of(stored, change.bookmark) if self.exprs.uses_record else None
         if expression.matches(doc, time.time(), record):
             return True
@@ -544,9 +548,7 @@ class QueueRuntime:
             return docs[bookmark]
         if stored is None:
             stored = self.stored_message(store, bookmark)
-        doc = None
-        if stored is not None and self.exprs.reader is not None:
-            doc = self.exprs.reader.read(stored.value)[0]
+        doc = None if stored is None else self.exprs.document_of(stored)
         if len(docs) >= self.payload_cache_size:
             docs.clear()  # a bounded memo: filters re-match only on requeues
         docs[bookmark] = doc
