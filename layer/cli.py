@@ -15,8 +15,10 @@ import math
 import signal
 import sys
 import time
+import tomllib
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from layer.exceptions import (
@@ -26,6 +28,8 @@ from layer.exceptions import (
     LeaseError,
     PermissionDenied,
     QLayerError,
+    QueueBusy,
+    QueueExists,
     StateMismatch,
     Unauthenticated,
     UnknownQueue,
@@ -329,6 +333,89 @@ def _parser() -> argparse.ArgumentParser:
     )
     client_args(rl)
 
+    qd = sub.add_parser(
+        "queue",
+        help="create, alter, delete or list the cluster's queues, live",
+        description=(
+            "The cluster's queues live in its definitions topic (qlayer.queues.<cluster>, the\n"
+            "cluster being [coordinator] cluster, or its id): a change made here is live on\n"
+            "every coordinator of the cluster at once, with no restart, and survives restarts.\n"
+            "The config file's [[queue]] tables seed the topic: a table new or edited in the\n"
+            "file is written when the coordinator starts or reloads; an unchanged table writes\n"
+            "nothing, so what you change here stays as you left it. Options and their checks\n"
+            "are the config file's. Admin calls (create, alter, delete): pass a token with the\n"
+            'admin right on every queue (a grant on "*") or the admin_token, with --token.\n'
+            "Exit codes: 0 done, 2 invalid input (nothing changed), 3 refused (unknown queue,\n"
+            "leased messages, permission)."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    qsub = qd.add_subparsers(dest="queue_command", metavar="ACTION", required=True)
+    option_help = (
+        "an option of the queue's [[queue]] table, its value as TOML writes it"
+        ' (lease_period=30s, max_deliveries=5, exclusive=true, filter="/x > 1"); a value'
+        " that is not TOML is taken as a string; repeat for several"
+    )
+    qc = qsub.add_parser(
+        "create",
+        help="define a new queue for the whole cluster",
+        description=(
+            "Define a queue: it serves on every coordinator of the cluster as soon as this\n"
+            "returns (topics created if missing, as for the config file's queues)."
+        ),
+        epilog=(
+            "examples:\n"
+            "  qlayer queue create orders --underlying-topic orders --option lease_period=30s\n"
+            "  qlayer queue create --from-file orders.toml   # a file of one [[queue]] table"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    qc.add_argument("name", nargs="?", help="the queue's name (or give it in --from-file)")
+    qc.add_argument("--underlying-topic", metavar="TOPIC", help="the topic (or ^regex) it reads")
+    qc.add_argument(
+        "--from-file", metavar="FILE", help="a TOML file with one [[queue]] table (or its keys)"
+    )
+    qc.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help=option_help)
+    client_args(qc)
+    qa = qsub.add_parser(
+        "alter",
+        help="change options of a queue, live",
+        description=(
+            "New values of a queue's options, live on every coordinator when this returns:\n"
+            "lease_period, max_per_subscription_backlog, fairness, leasing, max_deliveries,\n"
+            "max_cancels, expiration, target_queue_depth, redelivery_backoff,\n"
+            "dead_letter_topic, on_unparseable. The others (underlying_topic, semantics,\n"
+            "filter, priority, ...) shape the state already built: refused, with the reason;\n"
+            "define a new queue instead."
+        ),
+        epilog=(
+            "example:\n"
+            "  qlayer queue alter orders --option lease_period=2m --option max_deliveries=5"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    qa.add_argument("name")
+    qa.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help=option_help)
+    client_args(qa)
+    qx = qsub.add_parser(
+        "delete",
+        help="delete a queue for the whole cluster",
+        description=(
+            "Delete a queue: its subscriptions end (queue_removed) and it stops serving on\n"
+            "every coordinator; it stays deleted across restarts even if a config file still\n"
+            "has its table (create it again to bring it back). Its topics and changelog are\n"
+            "kept: a queue created again under the same name resumes from its state. Refused\n"
+            "while messages are leased (their acks would be refused) unless --force."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    qx.add_argument("name")
+    qx.add_argument("--force", action="store_true", help="delete even with leased messages")
+    client_args(qx)
+    ql = qsub.add_parser("list", help="the cluster's queue definitions")
+    ql.add_argument("--json", action="store_true", help="one JSON object per queue")
+    client_args(ql)
+
     tok = sub.add_parser(
         "token",
         help="make bearer tokens for the coordinator's tokens file",
@@ -387,9 +474,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(COMMANDS[args.command](args) or 0)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except (ConfigError, InvalidRequest) as exc:
+    except (ConfigError, InvalidRequest, QueueExists) as exc:
         return _fail(args, exc, EXIT_USAGE)
-    except (UnknownQueue, LeaseError, PermissionDenied, Unauthenticated) as exc:
+    except (UnknownQueue, QueueBusy, LeaseError, PermissionDenied, Unauthenticated) as exc:
         return _fail(args, exc, EXIT_REFUSED)
     except (ClientError, QLayerError) as exc:
         return _fail(args, exc, EXIT_FAILURE)
@@ -746,6 +833,74 @@ def cmd_reload(args: argparse.Namespace) -> int:
     return EXIT_OK if result.applied else EXIT_REFUSED
 
 
+def _options(pairs: Sequence[str]) -> dict[str, object]:
+    """``--option key=value`` as TOML values (a value that is not TOML is a string)."""
+    from layer.definitions import parse_literal
+
+    out: dict[str, object] = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key.strip():
+            raise InvalidRequest(f"--option {pair!r}: expected KEY=VALUE")
+        try:
+            out[key.strip()] = parse_literal(value)
+        except ValueError:
+            out[key.strip()] = value
+    return out
+
+
+def cmd_queue(args: argparse.Namespace) -> int:
+    action = args.queue_command
+    if action == "create":
+        options: dict[str, object] = {}
+        if args.from_file:
+            try:
+                data = tomllib.loads(Path(args.from_file).read_text(encoding="utf-8"))
+            except (OSError, tomllib.TOMLDecodeError) as exc:
+                raise ConfigError(f"{args.from_file}: {exc}") from None
+            tables = data.get("queue", [data])
+            if not isinstance(tables, list) or len(tables) != 1:
+                raise ConfigError(f"{args.from_file}: expected one [[queue]] table")
+            options = dict(tables[0])
+        if args.name:
+            options["name"] = args.name
+        if args.underlying_topic:
+            options["underlying_topic"] = args.underlying_topic
+        options.update(_options(args.option))
+        with _client(args) as client:
+            info = client.create_queue(options)
+        print(f"created queue {info.name!r}", flush=True)
+    elif action == "alter":
+        with _client(args) as client:
+            info = client.alter_queue(args.name, _options(args.option))
+        print(f"altered queue {info.name!r}", flush=True)
+    elif action == "delete":
+        with _client(args) as client:
+            client.delete_queue(args.name, force=args.force)
+        print(f"deleted queue {args.name!r}", flush=True)
+    else:
+        with _client(args) as client:
+            found = client.queue_definitions()
+        for d in found:
+            if args.json:
+                print(
+                    json.dumps(
+                        {
+                            "name": d.name,
+                            "options": d.options,
+                            "origin": d.origin,
+                            "changed_by": d.changed_by,
+                            "changed_at_ms": d.changed_at_ms,
+                        }
+                    )
+                )
+            else:
+                opts = " ".join(f"{k}={v}" for k, v in d.options.items() if k != "name")
+                print(f"{d.name}  {opts}  ({d.origin})")
+        sys.stdout.flush()
+    return EXIT_OK
+
+
 def cmd_token(args: argparse.Namespace) -> int:
     from layer.api.access import token_hash
     from layer.api.tokens import new_token, principal_table
@@ -789,6 +944,7 @@ COMMANDS = {
     "dead-letters": cmd_dead_letters,
     "replay": cmd_replay,
     "reload": cmd_reload,
+    "queue": cmd_queue,
     "token": cmd_token,
     "demo": cmd_demo,
 }

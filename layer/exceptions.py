@@ -50,6 +50,14 @@ class QueueRemoved(UnknownQueue):
     """The queue was removed by a reload of the configuration."""
 
 
+class QueueExists(QueueError):
+    """A queue of that name is already defined."""
+
+
+class QueueBusy(QueueError):
+    """The queue has leased messages: refused unless forced."""
+
+
 class LeaseError(QueueError):
     """A lease operation (ack, cancel, expire, extend) was refused."""
 

@@ -76,6 +76,12 @@ RPC_RIGHTS: Mapping[str, Right] = {
     "DeadLetters": Right.BROWSE,
     "Redrive": Right.ADMIN,
     "Reload": Right.ADMIN,
+    # the cluster's queue definitions: admin on every queue, as Reload (they change the
+    # cluster); the list answers only the queues the caller may browse
+    "CreateQueue": Right.ADMIN,
+    "AlterQueue": Right.ADMIN,
+    "DeleteQueue": Right.ADMIN,
+    "ListDefinitions": Right.BROWSE,
     "Replay": Right.BROWSE,
 }
 

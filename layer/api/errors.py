@@ -33,6 +33,8 @@ from layer.exceptions import (
     PermissionDenied,
     PublishUncertain,
     QLayerError,
+    QueueBusy,
+    QueueExists,
     QueueRemoved,
     SubscriptionClosed,
     Unauthenticated,
@@ -50,7 +52,9 @@ class ErrorCode(enum.StrEnum):
     """Why a request was refused; the value is what travels on the wire."""
 
     UNKNOWN_QUEUE = "unknown_queue"
-    QUEUE_REMOVED = "queue_removed"  # by a reload of the configuration
+    QUEUE_REMOVED = "queue_removed"  # by a reload of the configuration, or deleted
+    QUEUE_EXISTS = "queue_exists"  # queue create of a name that is defined
+    QUEUE_BUSY = "queue_busy"  # queue delete of a queue with leased messages, not forced
     INVALID_EXPRESSION = "invalid_expression"
     INVALID_REQUEST = "invalid_request"
     MALFORMED_BOOKMARK = "malformed_bookmark"
@@ -89,6 +93,8 @@ TABLE: tuple[_Row, ...] = (
     _Row(UnexpectedFrame, _S.INVALID_ARGUMENT, ErrorCode.UNEXPECTED_FRAME),
     _Row(InvalidRequest, _S.INVALID_ARGUMENT, ErrorCode.INVALID_REQUEST),
     _Row(QueueRemoved, _S.NOT_FOUND, ErrorCode.QUEUE_REMOVED),
+    _Row(QueueExists, _S.ALREADY_EXISTS, ErrorCode.QUEUE_EXISTS),
+    _Row(QueueBusy, _S.FAILED_PRECONDITION, ErrorCode.QUEUE_BUSY),
     _Row(UnknownQueue, _S.NOT_FOUND, ErrorCode.UNKNOWN_QUEUE),
     _Row(UnknownBookmark, _S.NOT_FOUND, ErrorCode.UNKNOWN_BOOKMARK),
     _Row(NotLeaseHolder, _S.FAILED_PRECONDITION, ErrorCode.NOT_LEASE_HOLDER),

@@ -31,6 +31,7 @@ from layer.api.service import (
     DeadLetter,
     DeliveredMessage,
     OffsetRuns,
+    QueueDefinitionInfo,
     QueueInfo,
     QueueStats,
     ReloadChange,
@@ -56,6 +57,20 @@ __all__ = [
     "REDRIVE_CODEC",
     "REDRIVE_REPLY_CODEC",
     "RELOAD_CODEC",
+    "CREATE_QUEUE_CODEC",
+    "ALTER_QUEUE_CODEC",
+    "DELETE_QUEUE_CODEC",
+    "DELETE_QUEUE_REPLY_CODEC",
+    "DEFINITION_REPLY_CODEC",
+    "LIST_DEFINITIONS_CODEC",
+    "DEFINITION_LIST_CODEC",
+    "CreateQueue",
+    "AlterQueue",
+    "DeleteQueue",
+    "DeleteQueueReply",
+    "DefinitionReply",
+    "ListDefinitions",
+    "DefinitionList",
     "RELOAD_REPLY_CODEC",
     "REPLAY_CODEC",
     "REPLAY_REPLY_CODEC",
@@ -329,6 +344,43 @@ class Reload:
 @dataclass(frozen=True, slots=True)
 class ReloadReply:
     result: ReloadResult
+
+
+@dataclass(frozen=True, slots=True)
+class CreateQueue:
+    options: dict[str, str]  # the [[queue]] table, each value a TOML literal
+
+
+@dataclass(frozen=True, slots=True)
+class AlterQueue:
+    name: str
+    options: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteQueue:
+    name: str
+    force: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteQueueReply:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class DefinitionReply:
+    definition: QueueDefinitionInfo
+
+
+@dataclass(frozen=True, slots=True)
+class ListDefinitions:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class DefinitionList:
+    definitions: list[QueueDefinitionInfo]
 
 
 # --- the codec --------------------------------------------------------------------------------
@@ -735,6 +787,53 @@ RELOAD_CODEC: FrameCodec[Reload] = FrameCodec(
     pb.ReloadRequest, lambda f: pb.ReloadRequest(), lambda r: Reload()
 )
 RELOAD_REPLY_CODEC: FrameCodec[ReloadReply] = FrameCodec(pb.ReloadReply, _reload_to, _reload_from)
+
+
+def _definition_to(d: QueueDefinitionInfo) -> Any:
+    return pb.QueueDefinition(
+        name=d.name,
+        options=d.options,
+        origin=d.origin,
+        changed_by=d.changed_by,
+        changed_at_ms=d.changed_at_ms,
+    )
+
+
+def _definition_from(r: Any) -> QueueDefinitionInfo:
+    return QueueDefinitionInfo(r.name, dict(r.options), r.origin, r.changed_by, r.changed_at_ms)
+
+
+CREATE_QUEUE_CODEC: FrameCodec[CreateQueue] = FrameCodec(
+    pb.CreateQueueRequest,
+    lambda f: pb.CreateQueueRequest(options=f.options),
+    lambda r: CreateQueue(dict(r.options)),
+)
+ALTER_QUEUE_CODEC: FrameCodec[AlterQueue] = FrameCodec(
+    pb.AlterQueueRequest,
+    lambda f: pb.AlterQueueRequest(name=f.name, options=f.options),
+    lambda r: AlterQueue(r.name, dict(r.options)),
+)
+DELETE_QUEUE_CODEC: FrameCodec[DeleteQueue] = FrameCodec(
+    pb.DeleteQueueRequest,
+    lambda f: pb.DeleteQueueRequest(name=f.name, force=f.force),
+    lambda r: DeleteQueue(r.name, r.force),
+)
+DELETE_QUEUE_REPLY_CODEC: FrameCodec[DeleteQueueReply] = FrameCodec(
+    pb.DeleteQueueReply, lambda f: pb.DeleteQueueReply(), lambda r: DeleteQueueReply()
+)
+DEFINITION_REPLY_CODEC: FrameCodec[DefinitionReply] = FrameCodec(
+    pb.QueueDefinitionReply,
+    lambda f: pb.QueueDefinitionReply(definition=_definition_to(f.definition)),
+    lambda r: DefinitionReply(_definition_from(r.definition)),
+)
+LIST_DEFINITIONS_CODEC: FrameCodec[ListDefinitions] = FrameCodec(
+    pb.ListDefinitionsRequest, lambda f: pb.ListDefinitionsRequest(), lambda r: ListDefinitions()
+)
+DEFINITION_LIST_CODEC: FrameCodec[DefinitionList] = FrameCodec(
+    pb.ListDefinitionsReply,
+    lambda f: pb.ListDefinitionsReply(definitions=[_definition_to(d) for d in f.definitions]),
+    lambda r: DefinitionList([_definition_from(d) for d in r.definitions]),
+)
 REDRIVE_CODEC: FrameCodec[Redrive] = FrameCodec(
     pb.RedriveRequest,
     lambda f: pb.RedriveRequest(queue=f.queue, filter=f.filter, limit=f.limit),

@@ -56,11 +56,18 @@ from layer.api.errors import CODE_METADATA_KEY, ErrorCode, code_of, status_of
 from layer.api.frames import (
     ACK_WHERE_CODEC,
     ACK_WHERE_REPLY_CODEC,
+    ALTER_QUEUE_CODEC,
     BROWSE_CODEC,
     BROWSE_REPLY_CODEC,
     CLIENT_FRAME_CODEC,
+    CREATE_QUEUE_CODEC,
     DEAD_LETTERS_CODEC,
     DEAD_LETTERS_REPLY_CODEC,
+    DEFINITION_LIST_CODEC,
+    DEFINITION_REPLY_CODEC,
+    DELETE_QUEUE_CODEC,
+    DELETE_QUEUE_REPLY_CODEC,
+    LIST_DEFINITIONS_CODEC,
     LIST_QUEUES_CODEC,
     PUBLISH_CODEC,
     PUBLISHED_CODEC,
@@ -79,13 +86,20 @@ from layer.api.frames import (
     AckResult,
     AckWhere,
     AckWhereReply,
+    AlterQueue,
     Browse,
     BrowseReply,
     Close,
+    CreateQueue,
     DeadLetters,
     DeadLettersReply,
+    DefinitionList,
+    DefinitionReply,
+    DeleteQueue,
+    DeleteQueueReply,
     Error,
     FrameCodec,
+    ListDefinitions,
     ListQueues,
     Messages,
     Publish,
@@ -116,6 +130,14 @@ from layer.exceptions import (
 __all__ = ["SERVICE_NAME", "ApiServer"]
 
 log = logging.getLogger(__name__)
+
+# The calls that need their right on every queue (a grant on "*"): they change the cluster.
+_CLUSTER_ADMIN = {
+    "Reload": "reload",
+    "CreateQueue": "queue create",
+    "AlterQueue": "queue alter",
+    "DeleteQueue": "queue delete",
+}
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # A Messages frame is cut once its payload passes this, well under MAX_MESSAGE_BYTES.
@@ -444,6 +466,10 @@ class ApiServer:
         "DeadLetters": ("_dead_letters", DEAD_LETTERS_CODEC, DEAD_LETTERS_REPLY_CODEC),
         "Redrive": ("_redrive", REDRIVE_CODEC, REDRIVE_REPLY_CODEC),
         "Reload": ("_reload", RELOAD_CODEC, RELOAD_REPLY_CODEC),
+        "CreateQueue": ("_create_queue", CREATE_QUEUE_CODEC, DEFINITION_REPLY_CODEC),
+        "AlterQueue": ("_alter_queue", ALTER_QUEUE_CODEC, DEFINITION_REPLY_CODEC),
+        "DeleteQueue": ("_delete_queue", DELETE_QUEUE_CODEC, DELETE_QUEUE_REPLY_CODEC),
+        "ListDefinitions": ("_list_definitions", LIST_DEFINITIONS_CODEC, DEFINITION_LIST_CODEC),
         "Replay": ("_replay", REPLAY_CODEC, REPLAY_REPLY_CODEC),
     }
 
@@ -488,8 +514,8 @@ class ApiServer:
             return  # nothing configured: every caller has every right
         right = RPC_RIGHTS[rpc]
         try:
-            if rpc == "Reload":
-                self._access.authorize_everywhere(principal, right, "reload")
+            if rpc in _CLUSTER_ADMIN:
+                self._access.authorize_everywhere(principal, right, _CLUSTER_ADMIN[rpc])
             elif queue is not None:
                 for name in self._queues_named(queue):
                     self._access.authorize(principal, right, name)
@@ -647,6 +673,45 @@ class ApiServer:
         except QLayerError as exc:  # a file that does not load: ConfigError, INVALID_ARGUMENT
             await _refuse(context, exc)
         return ReloadReply(result)
+
+    async def _create_queue(
+        self, request: object, context: grpc.aio.ServicerContext
+    ) -> DefinitionReply:
+        principal, req = await self._admitted(context, request, CreateQueue, "CreateQueue")
+        try:
+            info = await asyncio.shield(self._service.create_queue(req.options, principal.name))
+        except QLayerError as exc:
+            await _refuse(context, exc)
+        return DefinitionReply(info)
+
+    async def _alter_queue(
+        self, request: object, context: grpc.aio.ServicerContext
+    ) -> DefinitionReply:
+        principal, req = await self._admitted(context, request, AlterQueue, "AlterQueue")
+        try:
+            info = await asyncio.shield(
+                self._service.alter_queue(req.name, req.options, principal.name)
+            )
+        except QLayerError as exc:
+            await _refuse(context, exc)
+        return DefinitionReply(info)
+
+    async def _delete_queue(
+        self, request: object, context: grpc.aio.ServicerContext
+    ) -> DeleteQueueReply:
+        principal, req = await self._admitted(context, request, DeleteQueue, "DeleteQueue")
+        try:
+            await asyncio.shield(self._service.delete_queue(req.name, req.force, principal.name))
+        except QLayerError as exc:
+            await _refuse(context, exc)
+        return DeleteQueueReply()
+
+    async def _list_definitions(
+        self, request: object, context: grpc.aio.ServicerContext
+    ) -> DefinitionList:
+        principal, _ = await self._admitted(context, request, ListDefinitions, "ListDefinitions")
+        found = self._service.definitions()
+        return DefinitionList([d for d in found if principal.allows(Right.BROWSE, d.name)])
 
     # --- the subscription stream --------------------------------------------------------------
 

@@ -7,7 +7,7 @@ coordinator implements it. Everything runs on one asyncio loop.
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -112,6 +112,18 @@ class AckWhereResult:
 
     acked: int
     skipped: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDefinitionInfo:
+    """A queue's definition as the cluster's definitions topic holds it: its ``[[queue]]``
+    table (option -> value as TOML writes it) and who wrote it last."""
+
+    name: str
+    options: dict[str, str]
+    origin: str = "api"  # or "file:<coordinator id>"
+    changed_by: str = ""
+    changed_at_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,4 +345,24 @@ class QueueService(Protocol):
     async def reload(self) -> ReloadResult:
         """Read the config file again and apply it, all or nothing (see ``ReloadResult``);
         ``ConfigError`` for a file that does not load (nothing changes)."""
+        ...
+
+    async def create_queue(self, options: Mapping[str, str], by: str) -> QueueDefinitionInfo:
+        """Define a queue for the cluster (``options``: its table, values as TOML literals);
+        ``ConfigError`` as the file's, ``QueueExists``."""
+        ...
+
+    async def alter_queue(
+        self, name: str, options: Mapping[str, str], by: str
+    ) -> QueueDefinitionInfo:
+        """New values of a queue's options; ``ConfigError`` for one that cannot change live."""
+        ...
+
+    async def delete_queue(self, name: str, force: bool, by: str) -> None:
+        """Delete a queue for the cluster; ``QueueBusy`` while messages are leased, unless
+        ``force``."""
+        ...
+
+    def definitions(self) -> list[QueueDefinitionInfo]:
+        """The cluster's queue definitions."""
         ...

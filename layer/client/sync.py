@@ -18,7 +18,7 @@ from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
@@ -27,10 +27,14 @@ from layer.api.frames import (
     CLIENT_FRAME_CODEC,
     SERVER_FRAME_CODEC,
     AckWhere,
+    AlterQueue,
     Browse,
     ClientFrame,
     Close,
+    CreateQueue,
     DeadLetters,
+    DeleteQueue,
+    ListDefinitions,
     ListQueues,
     Redrive,
     Reload,
@@ -41,6 +45,7 @@ from layer.api.service import (
     AckWhereResult,
     DeadLetter,
     DeliveredMessage,
+    QueueDefinitionInfo,
     QueueInfo,
     QueueStats,
     RedriveResult,
@@ -82,6 +87,7 @@ from layer.client._core import (
     is_connection_error,
     unary_failure,
 )
+from layer.definitions import toml_literal
 from layer.engine.model import AckOp, Bookmark
 from layer.exceptions import ClientError, ConnectionLost, QLayerError
 
@@ -656,6 +662,39 @@ class QueueClient:
         reply = self._call("Reload", Reload(), idempotent=False)
         result: ReloadResult = reply.result
         return result
+
+    def create_queue(self, options: Mapping[str, object]) -> QueueDefinitionInfo:
+        """Define a queue for the whole cluster (an admin call): ``options`` is its
+        ``[[queue]]`` table (``name`` and ``underlying_topic`` required), values as TOML has
+        them. Returns once this
+        coordinator serves it. Raises ``ConfigError`` as the config file's loading does,
+        ``QueueExists``."""
+        reply = self._call(
+            "CreateQueue",
+            CreateQueue({k: toml_literal(v) for k, v in options.items()}),
+            idempotent=False,
+        )
+        return cast(QueueDefinitionInfo, reply.definition)
+
+    def alter_queue(self, name: str, options: Mapping[str, object]) -> QueueDefinitionInfo:
+        """New values of a queue's options (an admin call); live once it returns. Raises
+        ``ConfigError`` for an invalid value or an option that cannot change live (nothing
+        changes), ``UnknownQueue``."""
+        reply = self._call(
+            "AlterQueue",
+            AlterQueue(name, {k: toml_literal(v) for k, v in options.items()}),
+            idempotent=False,
+        )
+        return cast(QueueDefinitionInfo, reply.definition)
+
+    def delete_queue(self, name: str, force: bool = False) -> None:
+        """Delete a queue for the whole cluster (an admin call). Raises ``QueueBusy`` while it
+        has leased messages unless ``force``, ``UnknownQueue``."""
+        self._call("DeleteQueue", DeleteQueue(name, force), idempotent=False)
+
+    def queue_definitions(self) -> list[QueueDefinitionInfo]:
+        """The cluster's queue definitions (those this client may browse)."""
+        return list(self._call("ListDefinitions", ListDefinitions()).definitions)
 
     def stats(self, queue: str | None = None) -> list[QueueStats]:
         """Stats of one queue, or of every queue."""

@@ -20,7 +20,7 @@ come from the file, the variable or flag they came from.
 Objects built directly (in tests, say) are not validated: build them through ``load``/``loads``.
 """
 
-from layer.config.loader import load, loads, reread
+from layer.config.loader import load, loads, queue_from_table, queue_table, reread
 from layer.config.model import (
     BrokerConfig,
     BrokerProfile,
@@ -43,5 +43,7 @@ __all__ = [
     "StartFrom",
     "load",
     "loads",
+    "queue_from_table",
+    "queue_table",
     "reread",
 ]

@@ -12,7 +12,8 @@ import os
 import re
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import fields, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, cast
 
@@ -396,6 +397,7 @@ _COORDINATOR_KEYS = (
     "metrics_right",
     "snapshot_every",
     "snapshot_interval",
+    "cluster",
 )
 
 
@@ -477,6 +479,7 @@ def _coordinator(
         snapshot_interval=section.get(
             "snapshot_interval", default.snapshot_interval, _duration(allow_zero=True)
         ),
+        cluster=section.get("cluster", None, _name),
     )
     if config.admin_token is not None and config.admin_token == config.auth_token:
         raise section.error(
@@ -729,3 +732,49 @@ def _check_queue(queue: QueueConfig, section: _Section, coordinator: Coordinator
             f"its changelog topic {changelog!r} would be longer than Kafka's "
             f"{MAX_TOPIC_LENGTH} characters: shorten the name or the coordinator's id",
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# One queue's options as a table: the queue definitions topic (layer.definitions) and the CLI
+# ---------------------------------------------------------------------------------------------
+
+
+def queue_from_table(
+    table: Mapping[str, Any],
+    source: str,
+    coordinator: CoordinatorConfig,
+    base_dir: Path | None = None,
+) -> QueueConfig:
+    """Validate one ``[[queue]]`` table (as ``tomllib`` reads it) exactly as ``load`` does, with
+    the same one-line ``ConfigError``s; ``source`` names where it came from in them. Relative
+    paths are taken from ``base_dir`` (default: the current directory)."""
+    return _queue(dict(table), 1, source, base_dir or Path.cwd(), coordinator)
+
+
+def queue_table(queue: QueueConfig) -> dict[str, Any]:
+    """The ``[[queue]]`` table that loads back to ``queue``: its name, underlying topic and
+    every option that differs from its default, as TOML values (the inverse of
+    ``queue_from_table``, up to how an option was spelled: ``lvq`` comes back as
+    ``conflate_key``, a relative ``avro_schema`` as an absolute path)."""
+    defaults = QueueConfig(name=queue.name, underlying_topic=queue.underlying_topic)
+    # fairness's default is the semantics' own
+    fairness = replace(defaults, semantics=queue.semantics, fairness=None).fairness  # type: ignore[arg-type]
+    table: dict[str, Any] = {"name": queue.name, "underlying_topic": queue.underlying_topic}
+    for f in fields(queue):
+        value = getattr(queue, f.name)
+        default = fairness if f.name == "fairness" else getattr(defaults, f.name)
+        if f.name in table or value == default:
+            continue
+        table[f.name] = _toml_of(f.name, value)
+    return table
+
+
+def _toml_of(option: str, value: object) -> object:
+    if option == "redelivery_backoff":
+        initial, multiplier, cap = cast(tuple[float, float, float], value)
+        return {"initial": initial, "multiplier": multiplier, "max": cap}
+    if isinstance(value, StrEnum):
+        return value.value
+    if isinstance(value, Path):
+        return str(value)
+    return value

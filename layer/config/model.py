@@ -146,6 +146,9 @@ class CoordinatorConfig:
     snapshot_every: int = 1000
     # ... and after this many seconds with any record since the last snapshot, 0 = not by time
     snapshot_interval: float = 30.0
+    # the cluster this coordinator belongs to; None: a cluster of its own, named by ``id``.
+    # Names the queue definitions topic (``definitions_topic``) its members share.
+    cluster: str | None = None
 
     def __repr__(self) -> str:
         token = None if self.auth_token is None else _MASK
@@ -160,7 +163,7 @@ class CoordinatorConfig:
             f"tls_client_ca={self.tls_client_ca!r}, tokens_file={self.tokens_file!r}, "
             f"http={self.http!r}, "
             f"snapshot_every={self.snapshot_every!r}, "
-            f"snapshot_interval={self.snapshot_interval!r})"
+            f"snapshot_interval={self.snapshot_interval!r}, cluster={self.cluster!r})"
         )
 
     @property
@@ -173,6 +176,11 @@ class CoordinatorConfig:
 
     def changelog_topic(self, queue_name: str) -> str:
         return f"{self.changelog_topic_prefix}{self.id}.{queue_name}"
+
+    @property
+    def definitions_topic(self) -> str:
+        """The compacted topic of the cluster's queue definitions (``layer.definitions``)."""
+        return f"qlayer.queues.{self.cluster or self.id}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,6 +86,8 @@ class ReloadPlan:
     changed: tuple[QueueConfig, ...] = ()
     changes: tuple[ReloadChange, ...] = ()
     refused: tuple[ReloadRefusal, ...] = ()
+    # the queues with a refused option: they keep their running config where the rest applies
+    refused_queues: frozenset[str] = frozenset()
 
     @property
     def applicable(self) -> bool:
@@ -122,6 +124,7 @@ def plan(old: Config, new: Config) -> ReloadPlan:
     removed = tuple(q.name for q in old.queues if q.name not in new_queues)
     changed: list[QueueConfig] = []
     changes: list[ReloadChange] = []
+    refused_queues: set[str] = set()
     for name, new_queue in new_queues.items():
         old_queue = old_queues.get(name)
         if old_queue is None:
@@ -133,6 +136,7 @@ def plan(old: Config, new: Config) -> ReloadPlan:
                 live.append(ReloadChange(name, option, before, after))
             else:
                 fixed = True
+                refused_queues.add(name)
                 reason = FIXED_OPTIONS.get(option, "the queue's state is built on it")
                 refused.append(ReloadRefusal(f"queue {name!r}", option, before, after, reason))
         changes.extend(live)
@@ -145,6 +149,7 @@ def plan(old: Config, new: Config) -> ReloadPlan:
         changed=tuple(changed),
         changes=tuple(changes),
         refused=tuple(refused),
+        refused_queues=frozenset(refused_queues),
     )
 
 

@@ -425,6 +425,83 @@ class ReloadRefusal(_message.Message):
     reason: str
     def __init__(self, where: _Optional[str] = ..., option: _Optional[str] = ..., old: _Optional[str] = ..., new: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class QueueDefinition(_message.Message):
+    __slots__ = ("name", "options", "origin", "changed_by", "changed_at_ms")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_BY_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    options: _containers.ScalarMap[str, str]
+    origin: str
+    changed_by: str
+    changed_at_ms: int
+    def __init__(self, name: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ..., origin: _Optional[str] = ..., changed_by: _Optional[str] = ..., changed_at_ms: _Optional[int] = ...) -> None: ...
+
+class CreateQueueRequest(_message.Message):
+    __slots__ = ("options",)
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    options: _containers.ScalarMap[str, str]
+    def __init__(self, options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class AlterQueueRequest(_message.Message):
+    __slots__ = ("name", "options")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    options: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class QueueDefinitionReply(_message.Message):
+    __slots__ = ("definition",)
+    DEFINITION_FIELD_NUMBER: _ClassVar[int]
+    definition: QueueDefinition
+    def __init__(self, definition: _Optional[_Union[QueueDefinition, _Mapping]] = ...) -> None: ...
+
+class DeleteQueueRequest(_message.Message):
+    __slots__ = ("name", "force")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    force: bool
+    def __init__(self, name: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class DeleteQueueReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListDefinitionsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListDefinitionsReply(_message.Message):
+    __slots__ = ("definitions",)
+    DEFINITIONS_FIELD_NUMBER: _ClassVar[int]
+    definitions: _containers.RepeatedCompositeFieldContainer[QueueDefinition]
+    def __init__(self, definitions: _Optional[_Iterable[_Union[QueueDefinition, _Mapping]]] = ...) -> None: ...
+
 class ReplayRequest(_message.Message):
     __slots__ = ("queue", "since_bookmarks", "since_ms", "until_ms", "follow", "filter")
     QUEUE_FIELD_NUMBER: _ClassVar[int]

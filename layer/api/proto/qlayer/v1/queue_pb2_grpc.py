@@ -79,6 +79,26 @@ class QueueServiceStub:
                 request_serializer=qlayer_dot_v1_dot_queue__pb2.ReloadRequest.SerializeToString,
                 response_deserializer=qlayer_dot_v1_dot_queue__pb2.ReloadReply.FromString,
                 _registered_method=True)
+        self.CreateQueue = channel.unary_unary(
+                '/qlayer.v1.QueueService/CreateQueue',
+                request_serializer=qlayer_dot_v1_dot_queue__pb2.CreateQueueRequest.SerializeToString,
+                response_deserializer=qlayer_dot_v1_dot_queue__pb2.QueueDefinitionReply.FromString,
+                _registered_method=True)
+        self.AlterQueue = channel.unary_unary(
+                '/qlayer.v1.QueueService/AlterQueue',
+                request_serializer=qlayer_dot_v1_dot_queue__pb2.AlterQueueRequest.SerializeToString,
+                response_deserializer=qlayer_dot_v1_dot_queue__pb2.QueueDefinitionReply.FromString,
+                _registered_method=True)
+        self.DeleteQueue = channel.unary_unary(
+                '/qlayer.v1.QueueService/DeleteQueue',
+                request_serializer=qlayer_dot_v1_dot_queue__pb2.DeleteQueueRequest.SerializeToString,
+                response_deserializer=qlayer_dot_v1_dot_queue__pb2.DeleteQueueReply.FromString,
+                _registered_method=True)
+        self.ListDefinitions = channel.unary_unary(
+                '/qlayer.v1.QueueService/ListDefinitions',
+                request_serializer=qlayer_dot_v1_dot_queue__pb2.ListDefinitionsRequest.SerializeToString,
+                response_deserializer=qlayer_dot_v1_dot_queue__pb2.ListDefinitionsReply.FromString,
+                _registered_method=True)
         self.Replay = channel.unary_stream(
                 '/qlayer.v1.QueueService/Replay',
                 request_serializer=qlayer_dot_v1_dot_queue__pb2.ReplayRequest.SerializeToString,
@@ -163,6 +183,39 @@ class QueueServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateQueue(self, request, context):
+        """Admin: define a new queue for the whole cluster (its definitions topic); answers once this
+        coordinator serves it. Validated as the config file's [[queue]] tables are: a bad option
+        is INVALID_ARGUMENT config_error, an existing name ALREADY_EXISTS queue_exists.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AlterQueue(self, request, context):
+        """Admin: new values of a queue's options (merged into its definition). An option that cannot
+        change while the queue serves is INVALID_ARGUMENT config_error, and nothing changes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteQueue(self, request, context):
+        """Admin: delete a queue for the whole cluster: its subscriptions end (queue_removed). While
+        it has leased messages, FAILED_PRECONDITION queue_busy unless `force`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListDefinitions(self, request, context):
+        """The queue definitions of the cluster, as its definitions topic holds them (browse: only
+        the queues the caller may browse).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Replay(self, request, context):
         """Replay through the queue's name (AMPS's bookmark subscription to a queue): the records
         of the queue's underlying topics from a point on, as plain publish/subscribe. Nothing is
@@ -223,6 +276,26 @@ def add_QueueServiceServicer_to_server(servicer, server):
                     servicer.Reload,
                     request_deserializer=qlayer_dot_v1_dot_queue__pb2.ReloadRequest.FromString,
                     response_serializer=qlayer_dot_v1_dot_queue__pb2.ReloadReply.SerializeToString,
+            ),
+            'CreateQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateQueue,
+                    request_deserializer=qlayer_dot_v1_dot_queue__pb2.CreateQueueRequest.FromString,
+                    response_serializer=qlayer_dot_v1_dot_queue__pb2.QueueDefinitionReply.SerializeToString,
+            ),
+            'AlterQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterQueue,
+                    request_deserializer=qlayer_dot_v1_dot_queue__pb2.AlterQueueRequest.FromString,
+                    response_serializer=qlayer_dot_v1_dot_queue__pb2.QueueDefinitionReply.SerializeToString,
+            ),
+            'DeleteQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteQueue,
+                    request_deserializer=qlayer_dot_v1_dot_queue__pb2.DeleteQueueRequest.FromString,
+                    response_serializer=qlayer_dot_v1_dot_queue__pb2.DeleteQueueReply.SerializeToString,
+            ),
+            'ListDefinitions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDefinitions,
+                    request_deserializer=qlayer_dot_v1_dot_queue__pb2.ListDefinitionsRequest.FromString,
+                    response_serializer=qlayer_dot_v1_dot_queue__pb2.ListDefinitionsReply.SerializeToString,
             ),
             'Replay': grpc.unary_stream_rpc_method_handler(
                     servicer.Replay,
@@ -473,6 +546,114 @@ class QueueService:
             '/qlayer.v1.QueueService/Reload',
             qlayer_dot_v1_dot_queue__pb2.ReloadRequest.SerializeToString,
             qlayer_dot_v1_dot_queue__pb2.ReloadReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qlayer.v1.QueueService/CreateQueue',
+            qlayer_dot_v1_dot_queue__pb2.CreateQueueRequest.SerializeToString,
+            qlayer_dot_v1_dot_queue__pb2.QueueDefinitionReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qlayer.v1.QueueService/AlterQueue',
+            qlayer_dot_v1_dot_queue__pb2.AlterQueueRequest.SerializeToString,
+            qlayer_dot_v1_dot_queue__pb2.QueueDefinitionReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qlayer.v1.QueueService/DeleteQueue',
+            qlayer_dot_v1_dot_queue__pb2.DeleteQueueRequest.SerializeToString,
+            qlayer_dot_v1_dot_queue__pb2.DeleteQueueReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDefinitions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qlayer.v1.QueueService/ListDefinitions',
+            qlayer_dot_v1_dot_queue__pb2.ListDefinitionsRequest.SerializeToString,
+            qlayer_dot_v1_dot_queue__pb2.ListDefinitionsReply.FromString,
             options,
             channel_credentials,
             insecure,
