@@ -19,7 +19,7 @@ and skipped: the queue keeps its previous definition, the others are not affecte
 
 from __future__ import annotations
 
-import json
+import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +46,7 @@ DEFINITION_SCHEMA = "queue_definition"
 MANIFEST_SCHEMA = "file_manifest"
 API_ORIGIN = "api"
 _MANIFEST_PREFIX = "file:"
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def file_origin(coordinator_id: str) -> str:
@@ -59,12 +60,31 @@ def toml_literal(value: object) -> str:
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)  # a valid TOML basic string
+        return _toml_string(value)
     if isinstance(value, Mapping):
-        return "{ " + ", ".join(f"{k} = {toml_literal(v)}" for k, v in value.items()) + " }"
+        items = (f"{_toml_key(str(k))} = {toml_literal(v)}" for k, v in value.items())
+        return "{ " + ", ".join(items) + " }"
     if isinstance(value, list | tuple):
         return "[" + ", ".join(toml_literal(v) for v in value) + "]"
     raise ValueError(f"cannot write {value!r} as a TOML value")
+
+
+def _toml_string(text: str) -> str:
+    """A TOML basic string: quotes, backslashes and control characters (DEL too, which JSON
+    leaves as it is and TOML refuses) escaped."""
+    out = []
+    for ch in text:
+        if ch in ('"', "\\"):
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _toml_key(key: str) -> str:
+    return key if _BARE_KEY.fullmatch(key) else _toml_string(key)
 
 
 def parse_literal(text: str) -> object:

@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import grpc.aio
@@ -27,10 +27,14 @@ from layer.api.frames import (
     CLIENT_FRAME_CODEC,
     SERVER_FRAME_CODEC,
     AckWhere,
+    AlterQueue,
     Browse,
     ClientFrame,
     Close,
+    CreateQueue,
     DeadLetters,
+    DeleteQueue,
+    ListDefinitions,
     ListQueues,
     Redrive,
     Reload,
@@ -41,6 +45,7 @@ from layer.api.service import (
     AckWhereResult,
     DeadLetter,
     DeliveredMessage,
+    QueueDefinitionInfo,
     QueueInfo,
     QueueStats,
     RedriveResult,
@@ -82,6 +87,7 @@ from layer.client._core import (
     is_connection_error,
     unary_failure,
 )
+from layer.definitions import toml_literal
 from layer.engine.model import AckOp, Bookmark
 from layer.exceptions import ClientError, ConnectionLost, QLayerError
 
@@ -610,6 +616,26 @@ class AsyncQueueClient:
         reply = await self._call("Reload", Reload(), idempotent=False)
         result: ReloadResult = reply.result
         return result
+
+    async def create_queue(self, options: Mapping[str, object]) -> QueueDefinitionInfo:
+        """As ``QueueClient.create_queue``."""
+        request = CreateQueue({k: toml_literal(v) for k, v in options.items()})
+        reply = await self._call("CreateQueue", request, idempotent=False)
+        return cast(QueueDefinitionInfo, reply.definition)
+
+    async def alter_queue(self, name: str, options: Mapping[str, object]) -> QueueDefinitionInfo:
+        """As ``QueueClient.alter_queue``."""
+        request = AlterQueue(name, {k: toml_literal(v) for k, v in options.items()})
+        reply = await self._call("AlterQueue", request, idempotent=False)
+        return cast(QueueDefinitionInfo, reply.definition)
+
+    async def delete_queue(self, name: str, force: bool = False) -> None:
+        """As ``QueueClient.delete_queue``."""
+        await self._call("DeleteQueue", DeleteQueue(name, force), idempotent=False)
+
+    async def queue_definitions(self) -> list[QueueDefinitionInfo]:
+        """As ``QueueClient.queue_definitions``."""
+        return list((await self._call("ListDefinitions", ListDefinitions())).definitions)
 
     async def stats(self, queue: str | None = None) -> list[QueueStats]:
         return list((await self._call("Stats", Stats(queue))).queues)

@@ -89,6 +89,7 @@ from layer.definitions import (
 from layer.documents import DocumentReader
 from layer.engine.model import AckOp, Bookmark
 from layer.exceptions import (
+    BrokerError,
     ConfigError,
     ConnectionLost,
     InvalidRequest,
@@ -108,6 +109,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REPLAY_THREADS = 8  # replays reading at once; more wait their turn a batch at a time
+READ_BACK_TIMEOUT = 60.0  # seconds a queue create/alter/delete waits to read its record back
 
 T = TypeVar("T")
 
@@ -208,6 +210,7 @@ class Coordinator:
         self._defs_log: DefinitionsLog | None = None
         self._defs_waiting: list[tuple[int, asyncio.Future[None]]] = []
         self._converging: asyncio.Task[None] | None = None
+        self._defs_dirty = False  # records reduced that _converge has not applied yet
 
     @property
     def rounds(self) -> int:
@@ -770,16 +773,20 @@ class Coordinator:
             else:
                 waiting.append((offset, future))
         self._defs_waiting = waiting
+        self._defs_dirty = True
         if self._converging is None or self._converging.done():
             self._converging = asyncio.get_running_loop().create_task(self._converge())
 
     async def _converge(self) -> None:
-        try:
-            async with self._reload_lock:
-                if not self._stopping:
-                    await self._apply_definitions("changed in the definitions topic")
-        except Exception:
-            log.exception("applying the definitions topic failed")
+        """Apply the topic's definitions until no batch came in meanwhile."""
+        while self._defs_dirty and not self._stopping:
+            self._defs_dirty = False
+            try:
+                async with self._reload_lock:
+                    if not self._stopping:
+                        await self._apply_definitions("changed in the definitions topic")
+            except Exception:
+                log.exception("applying the definitions topic failed")
 
     async def _apply_definitions(self, reason: str, source: str | None = None) -> ReloadResult:
         """Bring the running queues to the topic's definitions (holding the reload lock). A queue
@@ -807,7 +814,13 @@ class Coordinator:
         if last >= self._defs.next_offset:
             future: asyncio.Future[None] = self._loop.create_future()
             self._defs_waiting.append((last, future))
-            await asyncio.wait_for(future, 60.0)
+            try:
+                await asyncio.wait_for(future, READ_BACK_TIMEOUT)
+            except TimeoutError:
+                raise BrokerError(
+                    f"the change was written to {self._defs.topic} at offset {last} but not"
+                    f" read back within {READ_BACK_TIMEOUT:.0f}s: it applies once it is"
+                ) from None
         return await self._apply_definitions(reason)
 
     def definitions(self) -> list[QueueDefinitionInfo]:

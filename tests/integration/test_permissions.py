@@ -121,7 +121,21 @@ CALLS: dict[str, Callable[[QueueClient, str], object]] = {
     "Redrive": lambda c, q: c.redrive(q),
     "Reload": lambda c, q: c.reload().applied,
     "Replay": lambda c, q: list(c.replay(q)),
+    # a name no only-R glob covers: the lists of only-browse stay [queue]
+    "CreateQueue": lambda c, q: (
+        c.create_queue({"name": f"created-{uuid.uuid4().hex[:8]}", "underlying_topic": q}).name
+    ),
+    "AlterQueue": lambda c, q: c.alter_queue(q, {"lease_period": 30}).name,
+    "DeleteQueue": lambda c, q: (
+        c.create_queue({"name": f"{q}-gone", "underlying_topic": q}),
+        c.delete_queue(f"{q}-gone"),
+    ),
+    "ListDefinitions": lambda c, q: [d.name for d in c.queue_definitions()],
 }
+# calls that need their right on every queue (a grant on "*")
+EVERYWHERE = {"Reload", "CreateQueue", "AlterQueue", "DeleteQueue"}
+# calls that list only what the principal may browse, never refused
+LISTS = {"ListQueues", "ListDefinitions"}
 
 
 def test_calls_cover_every_rpc() -> None:
@@ -133,23 +147,23 @@ def test_every_call_with_its_right_missing(served: Served, rpc: str) -> None:
     right = str(RPC_RIGHTS[rpc])
     call = CALLS[rpc]
     with served.client(f"no-{right}") as client:
-        if rpc == "ListQueues":  # lists only what the principal may browse: nothing here
+        if rpc in LISTS:  # lists only what the principal may browse: nothing here
             assert call(client, served.queue) == []
         else:
             with pytest.raises(PermissionDenied) as info:
                 call(client, served.queue)
-            if rpc == "Reload":
+            if rpc in EVERYWHERE:
                 expected = f"principal 'no-{right}' lacks 'admin' on every queue"
             else:
                 expected = f"principal 'no-{right}' lacks '{right}' on queue '{served.queue}'"
             assert expected in str(info.value)
     with served.client(f"only-{right}") as client:
         answer = call(client, served.queue)  # allowed: no PermissionDenied
-        if rpc == "ListQueues":
+        if rpc in LISTS:
             assert answer == [served.queue]  # not the other queue
         if rpc == "Reload":
             assert answer is True
-        if right != "admin" and rpc != "ListQueues":  # only-admin has admin on every queue
+        if right != "admin" and rpc not in LISTS:  # only-admin has admin on every queue
             with pytest.raises(PermissionDenied, match=f"on queue '{served.other}'"):
                 call(client, served.other)
 
