@@ -49,9 +49,9 @@ from layer.api.service import (
     RedriveResult,
     ReloadResult,
 )
-from layer.config import Config, QueueConfig, queue_from_table, queue_table, reread
+from layer.config import Config, QueueConfig, reread
+from layer.coordinator.cluster_queues import ClusterQueues, info_of
 from layer.coordinator.definitions import DefinitionsLog
-from layer.coordinator.definitions import Record as DefinitionRecord
 from layer.coordinator.health import Health
 from layer.coordinator.ingest import Fetched, IngestReader
 from layer.coordinator.outage import KafkaWatch, until_reachable
@@ -75,29 +75,16 @@ from layer.coordinator.stages import Stages
 from layer.coordinator.subscriptions import SubscriptionHandle, Subscriptions
 from layer.coordinator.topics import check_view_topic, needed_topics
 from layer.coordinator.view_history import ViewHistory
-from layer.definitions import (
-    API_ORIGIN,
-    Definition,
-    Definitions,
-    Manifest,
-    Write,
-    file_changes,
-    file_origin,
-    parse_literal,
-    toml_literal,
-)
+from layer.definitions import Write
 from layer.documents import DocumentReader
 from layer.engine.model import AckOp, Bookmark
 from layer.exceptions import (
-    BrokerError,
     ConfigError,
     ConnectionLost,
     InvalidRequest,
     QLayerError,
     QueueBusy,
-    QueueExists,
     QueueRemoved,
-    UnknownQueue,
 )
 from layer.expr import Expression, Record, compile_expression
 from layer.state.base import Store
@@ -109,7 +96,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REPLAY_THREADS = 8  # replays reading at once; more wait their turn a batch at a time
-READ_BACK_TIMEOUT = 60.0  # seconds a queue create/alter/delete waits to read its record back
 
 T = TypeVar("T")
 
@@ -206,9 +192,7 @@ class Coordinator:
         self._replay_pool = ThreadPoolExecutor(REPLAY_THREADS, thread_name_prefix="replay")
         # the cluster's queue definitions (layer.definitions): the topic reduced, its reader
         # and writer, and the writers waiting to read their own change back
-        self._defs = Definitions(self._validate_definition, config.coordinator.definitions_topic)
-        self._defs_log: DefinitionsLog | None = None
-        self._defs_waiting: list[tuple[int, asyncio.Future[None]]] = []
+        self._cluster: ClusterQueues | None = None
         self._converging: asyncio.Task[None] | None = None
         self._defs_dirty = False  # records reduced that _converge has not applied yet
 
@@ -230,8 +214,20 @@ class Coordinator:
         # probes ask for one topic's metadata (a small answer on a broker with many topics)
         first = cfg.queues[0].name if cfg.queues else None
         self._watch.start(cfg.coordinator.changelog_topic(first) if first else None)
-        await self._open_definitions()
-        cfg = self._config  # its queues are now the definitions topic's
+        self._cluster = ClusterQueues(
+            cfg.coordinator,
+            DefinitionsLog(
+                cfg.coordinator.definitions_topic,
+                self._base_settings,
+                consumer_settings(self._base_settings, self._profile),
+                producer_settings(self._base_settings),
+            ),
+            self._clock,
+        )
+        # the queues served are the definitions topic's, once the file's changes are in it
+        cfg = self._config = replace(
+            cfg, queues=await self._cluster.open(cfg, self._until_reachable)
+        )
         await self._ensure_topics(cfg.queues)
         # The writer comes first: initialising its transactions fences a killed predecessor and
         # aborts its open transaction, which a read_committed restore would otherwise wait on.
@@ -243,13 +239,7 @@ class Coordinator:
         for rt in self._runtimes.values():
             self._serve_queue(rt)
         self._pump_task = asyncio.create_task(self._rounds.run(), name="coordinator-pump")
-        loop = self._loop
-        assert self._defs_log is not None
-
-        def on_records(records: list[DefinitionRecord]) -> None:
-            loop.call_soon_threadsafe(self._on_definitions, records)
-
-        self._defs_log.tail(on_records)
+        self._cluster.tail(self._loop, self._definitions_changed)
 
     async def _ensure_topics(self, queues: Sequence[QueueConfig]) -> None:
         """Create the topics these queues need and are missing (waiting for Kafka if away)."""
@@ -378,8 +368,8 @@ class Coordinator:
             await asyncio.gather(*self._replays, return_exceptions=True)
         self._replay_pool.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(self._durable.close)
-        if self._defs_log is not None:
-            await asyncio.to_thread(self._defs_log.close)
+        if self._cluster is not None:
+            await asyncio.to_thread(self._cluster.close)
         self._changelog.shutdown()
         self._views.close()
         await asyncio.to_thread(self._watch.stop)
@@ -699,80 +689,11 @@ class Coordinator:
         ]
 
     # ----------------------------------------------------------------------------------------
-    # queue definitions (layer.definitions): the cluster's queues, in a Kafka topic
+    # queue definitions (layer.coordinator.cluster_queues): the cluster's queues, in Kafka
     # ----------------------------------------------------------------------------------------
 
-    def _validate_definition(self, definition: Definition, where: str) -> QueueConfig:
-        source = f"definitions topic {where}"
-        return queue_from_table(definition.table, source, self._config.coordinator)
-
-    async def _open_definitions(self) -> None:
-        """At start: read the definitions topic to its end, write what the config file changed
-        since it was last read, and take the topic's queues as this coordinator's."""
-        c = self._config.coordinator
-        base = self._base_settings
-        self._defs_log = DefinitionsLog(
-            c.definitions_topic,
-            base,
-            consumer_settings(base, self._profile),
-            producer_settings(base),
-        )
-        defs_log = self._defs_log
-        await self._until_reachable("create the definitions topic", defs_log.ensure)
-        self._reduce(await self._until_reachable("read the definitions topic", defs_log.catch_up))
-        writes = self._file_writes(self._config)
-        if writes:
-            await self._until_reachable(
-                "write the config file's queues", partial(defs_log.write, writes)
-            )
-            self._reduce(
-                await self._until_reachable("read the definitions topic", defs_log.catch_up)
-            )
-        self._config = replace(self._config, queues=self._defs.defined())
-
-    def _reduce(self, records: Sequence[DefinitionRecord]) -> None:
-        for key, value, offset in records:
-            problem = self._defs.apply(key, value, offset)
-            if problem is not None:
-                log.error("%s", problem, extra={"topic": self._defs.topic})
-
-    def _file_writes(self, config: Config) -> list[Write]:
-        """The records a read of the config file writes (``file_changes``) and its manifest."""
-        c = config.coordinator
-        now_ms = int(self._clock() * 1000)
-        changes = file_changes(self._defs, c.id, config.source, config.queues, now_ms)
-        writes = [Write.delete(x) if isinstance(x, str) else Write.of(x) for x in changes]
-        tables = {q.name: queue_table(q) for q in config.queues}
-        manifest = self._defs.manifests.get(file_origin(c.id))
-        if manifest is None or manifest.tables != tables or writes:
-            writes.append(Write.of(Manifest(c.id, config.source, tables, now_ms)))
-        for name, d in self._defs.latest.items():
-            if (
-                d is None
-                and any(q.name == name for q in config.queues)
-                and not any(isinstance(x, Definition) and x.name == name for x in changes)
-            ):
-                log.warning(
-                    "queue %r of %s was deleted with `qlayer queue delete`: not re-created"
-                    " (create it again with `qlayer queue create`)",
-                    name,
-                    config.source,
-                )
-        return writes
-
-    def _on_definitions(self, records: list[DefinitionRecord]) -> None:
-        """Records tailed from the topic (the loop): reduce them, wake the writers that wait for
-        their own, and bring the running queues to what the topic now says."""
-        self._reduce(records)
-        done = self._defs.next_offset
-        waiting = []
-        for offset, future in self._defs_waiting:
-            if offset < done:
-                if not future.done():
-                    future.set_result(None)
-            else:
-                waiting.append((offset, future))
-        self._defs_waiting = waiting
+    def _definitions_changed(self) -> None:
+        """The tail reduced new records (the loop): apply them once the lock is free."""
         self._defs_dirty = True
         if self._converging is None or self._converging.done():
             self._converging = asyncio.get_running_loop().create_task(self._converge())
@@ -788,12 +709,11 @@ class Coordinator:
             except Exception:
                 log.exception("applying the definitions topic failed")
 
-    async def _apply_definitions(self, reason: str, source: str | None = None) -> ReloadResult:
+    async def _apply_definitions(self, reason: str) -> ReloadResult:
         """Bring the running queues to the topic's definitions (holding the reload lock). A queue
         whose new definition changes a fixed option keeps its running one (logged)."""
-        desired = replace(self._config, queues=self._defs.defined())
-        if source is not None:
-            desired = replace(desired, source=source)
+        assert self._cluster is not None
+        desired = replace(self._config, queues=self._cluster.defined())
         the_plan = plan(self._config, desired)
         if not the_plan.empty:
             kept = {q.name: q for q in self._config.queues if q.name in the_plan.refused_queues}
@@ -805,76 +725,46 @@ class Coordinator:
         return result
 
     async def _write_and_apply(self, writes: Sequence[Write], reason: str) -> ReloadResult:
-        """Write records to the topic, wait until the tail has read them back, apply (holding
-        the reload lock)."""
-        assert self._defs_log is not None and self._loop is not None
+        """Write records to the topic, wait until they are read back, apply (holding the reload
+        lock)."""
+        assert self._cluster is not None
         if not self._watch.reachable:
             raise self._watch.unreachable_error("changing the queue definitions")
-        last = await asyncio.to_thread(self._defs_log.write, writes)
-        if last >= self._defs.next_offset:
-            future: asyncio.Future[None] = self._loop.create_future()
-            self._defs_waiting.append((last, future))
-            try:
-                await asyncio.wait_for(future, READ_BACK_TIMEOUT)
-            except TimeoutError:
-                raise BrokerError(
-                    f"the change was written to {self._defs.topic} at offset {last} but not"
-                    f" read back within {READ_BACK_TIMEOUT:.0f}s: it applies once it is"
-                ) from None
+        await self._cluster.write(writes)
         return await self._apply_definitions(reason)
 
     def definitions(self) -> list[QueueDefinitionInfo]:
         """The cluster's queue definitions, as the topic has them (the list call)."""
-        return [_info(d) for d in self._defs.latest.values() if d is not None]
+        return [] if self._cluster is None else self._cluster.infos()
 
     async def create_queue(self, options: Mapping[str, str], by: str) -> QueueDefinitionInfo:
         """A new queue for the whole cluster (``ConfigError`` as the file's, ``QueueExists``)."""
-        self._check_serving()
+        cluster = self._check_serving()
         async with self._reload_lock:
             self._check_alive()
-            table = _table("queue create", options)
-            queue = queue_from_table(table, "queue create", self._config.coordinator)
-            if queue.name in self._defs.queues:
-                raise QueueExists(
-                    f"queue {queue.name!r} exists: change it with `qlayer queue alter`"
-                )
-            d = Definition(queue.name, queue_table(queue), API_ORIGIN, by, self._now_ms())
+            d = cluster.create(options, by)
             await self._write_and_apply([Write.of(d)], f"created by {by}")
-            return _info(d)
+            return info_of(d)
 
     async def alter_queue(
         self, name: str, options: Mapping[str, str], by: str
     ) -> QueueDefinitionInfo:
         """New values of a queue's options; one that cannot change live is refused (nothing
         changes), with the reason."""
-        self._check_serving()
+        cluster = self._check_serving()
         async with self._reload_lock:
             self._check_alive()
-            current = self._defined(name)
-            changed = _table(f"queue alter: queue {name!r}", options)
-            if changed.get("name", name) != name:
-                raise ConfigError(f"queue alter: queue {name!r}: a queue cannot be renamed")
-            table = {**queue_table(current), **changed}
-            queue = queue_from_table(table, "queue alter", self._config.coordinator)
-            the_plan = plan(
-                replace(self._config, queues=(current,)), replace(self._config, queues=(queue,))
-            )
-            for r in the_plan.refused:
-                raise ConfigError(
-                    f"queue alter: {r.where}: option {r.option!r} cannot change while the queue"
-                    f" serves ({r.old} -> {r.new}): {r.reason}"
-                )
-            d = Definition(name, queue_table(queue), API_ORIGIN, by, self._now_ms())
+            d = cluster.alter(name, options, by)
             await self._write_and_apply([Write.of(d)], f"altered by {by}")
-            return _info(d)
+            return info_of(d)
 
     async def delete_queue(self, name: str, force: bool, by: str) -> None:
         """Delete a queue for the whole cluster; refused while messages are leased unless
         ``force`` (``QueueBusy``)."""
-        self._check_serving()
+        cluster = self._check_serving()
         async with self._reload_lock:
             self._check_alive()
-            self._defined(name)
+            cluster.queue(name)
             rt = self._runtimes.get(name)
             leased = rt.stats(self._clock(), 0, 0).leased if rt is not None else 0
             if leased and not force:
@@ -884,20 +774,11 @@ class Coordinator:
                 )
             await self._write_and_apply([Write.delete(name)], f"deleted by {by}")
 
-    def _defined(self, name: str) -> QueueConfig:
-        queue = self._defs.queues.get(name)
-        if queue is None:
-            known = ", ".join(repr(n) for n in self._defs.queues) or "none"
-            raise UnknownQueue(f"queue {name!r} is not defined (queues: {known})")
-        return queue
-
-    def _check_serving(self) -> None:
+    def _check_serving(self) -> ClusterQueues:
         self._check_alive()
-        if self._pump_task is None:
+        if self._pump_task is None or self._cluster is None:
             raise QLayerError("the coordinator is still starting: try again once it serves")
-
-    def _now_ms(self) -> int:
-        return int(self._clock() * 1000)
+        return self._cluster
 
     # ----------------------------------------------------------------------------------------
     # live configuration (the plan: layer.coordinator.reload)
@@ -917,17 +798,9 @@ class Coordinator:
             except ConfigError as exc:
                 log.error("reload failed, nothing changed: %s", exc, extra={"source": source})
                 raise
-            # what the topic would hold once the file's changes are written
-            changes = file_changes(
-                self._defs, new.coordinator.id, new.source, new.queues, self._now_ms()
-            )
-            desired = dict(self._defs.queues)
-            for change in changes:
-                if isinstance(change, str):
-                    desired.pop(change, None)
-                else:
-                    desired[change.name] = new.queue(change.name)
-            the_plan = plan(self._config, replace(new, queues=tuple(desired.values())))
+            # the file's changes go through the topic: planned against what it would then hold
+            assert self._cluster is not None
+            the_plan = plan(self._config, replace(new, queues=self._cluster.after_file(new)))
             if not the_plan.applicable:
                 result = the_plan.result(applied=False)
                 for line in result.lines():
@@ -936,7 +809,7 @@ class Coordinator:
             self._config = replace(
                 self._config, broker=new.broker, coordinator=new.coordinator, source=new.source
             )
-            writes = self._file_writes(new)
+            writes = self._cluster.file_writes(new)
             if not writes:
                 return the_plan.result(applied=True)
             return await self._write_and_apply(writes, f"removed by reload of {new.source}")
@@ -1033,22 +906,6 @@ class Coordinator:
         for reader in readers:
             await asyncio.to_thread(reader.stop)
         log.info("queue=%s removed; its state is kept", rt.name, extra={"queue": rt.name})
-
-
-def _table(where: str, options: Mapping[str, str]) -> dict[str, object]:
-    """A table from its options' TOML literals (``ConfigError`` naming a bad one)."""
-    table: dict[str, object] = {}
-    for option, text in options.items():
-        try:
-            table[option] = parse_literal(text)
-        except ValueError as exc:
-            raise ConfigError(f"{where}: option {option!r}: {exc}") from None
-    return table
-
-
-def _info(d: Definition) -> QueueDefinitionInfo:
-    options = {option: toml_literal(value) for option, value in d.table.items()}
-    return QueueDefinitionInfo(d.name, options, d.origin, d.changed_by, d.changed_at_ms)
 
 
 def _matches(

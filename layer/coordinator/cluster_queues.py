@@ -1,0 +1,210 @@
+"""The cluster's queue definitions as one coordinator keeps them (``layer.definitions``).
+
+``ClusterQueues`` reads the definitions topic to its end at start and writes what the config
+file changed (``open``), follows the topic while the coordinator runs (``tail``), and turns the
+API's create / alter / delete and a reload's file into records, which ``write`` sends and waits
+to read back. It never touches a running queue: the coordinator applies the reduced topic
+(``defined``) through the reload's plan, its one apply path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from functools import partial
+
+from layer.api.service import QueueDefinitionInfo
+from layer.config import Config, CoordinatorConfig, QueueConfig, queue_from_table, queue_table
+from layer.coordinator.definitions import DefinitionsLog, Record
+from layer.coordinator.reload import plan
+from layer.coordinator.restore import Patience
+from layer.definitions import (
+    API_ORIGIN,
+    Definition,
+    Definitions,
+    Manifest,
+    Write,
+    file_changes,
+    file_origin,
+    parse_literal,
+    toml_literal,
+)
+from layer.exceptions import BrokerError, ConfigError, QueueExists, UnknownQueue
+
+__all__ = ["READ_BACK_TIMEOUT", "ClusterQueues", "info_of"]
+
+log = logging.getLogger(__name__)
+
+READ_BACK_TIMEOUT = 60.0  # seconds a change waits to read its own record back from the topic
+
+
+class ClusterQueues:
+    def __init__(
+        self,
+        coordinator: CoordinatorConfig,
+        definitions_log: DefinitionsLog,
+        clock: Callable[[], float],
+    ) -> None:
+        self._coordinator = coordinator
+        self._log = definitions_log
+        self._clock = clock
+        self.definitions = Definitions(self._validate, coordinator.definitions_topic)
+        self._waiting: list[tuple[int, asyncio.Future[None]]] = []
+
+    # --- reading ----------------------------------------------------------------------------
+
+    async def open(self, config: Config, patience: Patience) -> tuple[QueueConfig, ...]:
+        """At start: read the topic to its end, write what the config file changed since it
+        was last read (waiting for Kafka as ``patience`` does), and return the topic's queues."""
+        defs_log = self._log
+        await patience("create the definitions topic", defs_log.ensure)
+        self._reduce(await patience("read the definitions topic", defs_log.catch_up))
+        writes = self.file_writes(config)
+        if writes:
+            await patience("write the config file's queues", partial(defs_log.write, writes))
+            self._reduce(await patience("read the definitions topic", defs_log.catch_up))
+        return self.defined()
+
+    def tail(self, loop: asyncio.AbstractEventLoop, on_change: Callable[[], None]) -> None:
+        """Follow the topic; each batch is reduced on ``loop``, the writers waiting for their
+        own record are woken, and ``on_change`` is called."""
+
+        def on_records(records: list[Record]) -> None:
+            loop.call_soon_threadsafe(self._take, records, on_change)
+
+        self._log.tail(on_records)
+
+    def _take(self, records: list[Record], on_change: Callable[[], None]) -> None:
+        self._reduce(records)
+        done = self.definitions.next_offset
+        waiting = []
+        for offset, future in self._waiting:
+            if offset >= done:
+                waiting.append((offset, future))
+            elif not future.done():
+                future.set_result(None)
+        self._waiting = waiting
+        on_change()
+
+    def _reduce(self, records: Sequence[Record]) -> None:
+        for key, value, offset in records:
+            problem = self.definitions.apply(key, value, offset)
+            if problem is not None:
+                log.error("%s", problem, extra={"topic": self.definitions.topic})
+
+    def _validate(self, definition: Definition, where: str) -> QueueConfig:
+        return queue_from_table(definition.table, f"definitions topic {where}", self._coordinator)
+
+    def defined(self) -> tuple[QueueConfig, ...]:
+        return self.definitions.defined()
+
+    def infos(self) -> list[QueueDefinitionInfo]:
+        return [info_of(d) for d in self.definitions.latest.values() if d is not None]
+
+    def queue(self, name: str) -> QueueConfig:
+        """A defined queue (``UnknownQueue`` naming the others)."""
+        queue = self.definitions.queues.get(name)
+        if queue is None:
+            known = ", ".join(repr(n) for n in self.definitions.queues) or "none"
+            raise UnknownQueue(f"queue {name!r} is not defined (queues: {known})")
+        return queue
+
+    # --- what a change writes -------------------------------------------------------------
+
+    def file_writes(self, config: Config) -> list[Write]:
+        """The records a read of the config file writes (``file_changes``) and its manifest."""
+        c = config.coordinator
+        now_ms = self._now_ms()
+        changes = file_changes(self.definitions, c.id, config.source, config.queues, now_ms)
+        writes = [Write.delete(x) if isinstance(x, str) else Write.of(x) for x in changes]
+        tables = {q.name: queue_table(q) for q in config.queues}
+        manifest = self.definitions.manifests.get(file_origin(c.id))
+        if manifest is None or manifest.tables != tables or writes:
+            writes.append(Write.of(Manifest(c.id, config.source, tables, now_ms)))
+        written = {x.name for x in changes if isinstance(x, Definition)}
+        for q in config.queues:
+            if q.name not in written and self.definitions.latest.get(q.name, q) is None:
+                log.warning(
+                    "queue %r of %s was deleted with `qlayer queue delete`: not re-created"
+                    " (create it again with `qlayer queue create`, or edit its table)",
+                    q.name,
+                    config.source,
+                )
+        return writes
+
+    def after_file(self, config: Config) -> tuple[QueueConfig, ...]:
+        """The queues the topic would define once ``config``'s file changes are written."""
+        c = config.coordinator
+        changes = file_changes(self.definitions, c.id, config.source, config.queues, 0)
+        desired = dict(self.definitions.queues)
+        for change in changes:
+            if isinstance(change, str):
+                desired.pop(change, None)
+            else:
+                desired[change.name] = config.queue(change.name)
+        return tuple(desired.values())
+
+    def create(self, options: Mapping[str, str], by: str) -> Definition:
+        """The record of a new queue (``ConfigError`` as the file's, ``QueueExists``)."""
+        table = _table("queue create", options)
+        queue = queue_from_table(table, "queue create", self._coordinator)
+        if queue.name in self.definitions.queues:
+            raise QueueExists(f"queue {queue.name!r} exists: change it with `qlayer queue alter`")
+        return Definition(queue.name, queue_table(queue), API_ORIGIN, by, self._now_ms())
+
+    def alter(self, name: str, options: Mapping[str, str], by: str) -> Definition:
+        """The record of new values of a queue's options; ``ConfigError`` for an invalid one
+        or one that cannot change while the queue serves (the reload's rule)."""
+        current = self.queue(name)
+        changed = _table(f"queue alter: queue {name!r}", options)
+        if changed.get("name", name) != name:
+            raise ConfigError(f"queue alter: queue {name!r}: a queue cannot be renamed")
+        table = {**queue_table(current), **changed}
+        queue = queue_from_table(table, "queue alter", self._coordinator)
+        before = Config("queue alter", coordinator=self._coordinator, queues=(current,))
+        for r in plan(before, replace(before, queues=(queue,))).refused:
+            raise ConfigError(
+                f"queue alter: {r.where}: option {r.option!r} cannot change while the queue"
+                f" serves ({r.old} -> {r.new}): {r.reason}"
+            )
+        return Definition(name, queue_table(queue), API_ORIGIN, by, self._now_ms())
+
+    async def write(self, writes: Sequence[Write]) -> None:
+        """Write records and wait until the tail has read them back (``BrokerError`` if the
+        broker does not take them, or they do not come back in time)."""
+        last = await asyncio.to_thread(self._log.write, writes)
+        if last < self.definitions.next_offset:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((last, future))
+        try:
+            await asyncio.wait_for(future, READ_BACK_TIMEOUT)
+        except TimeoutError:
+            raise BrokerError(
+                f"the change was written to {self.definitions.topic} at offset {last} but not"
+                f" read back within {READ_BACK_TIMEOUT:.0f}s: it applies once it is"
+            ) from None
+
+    def close(self) -> None:
+        self._log.close()
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+
+def _table(where: str, options: Mapping[str, str]) -> dict[str, object]:
+    """A table from its options' TOML literals (``ConfigError`` naming a bad one)."""
+    table: dict[str, object] = {}
+    for option, text in options.items():
+        try:
+            table[option] = parse_literal(text)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: option {option!r}: {exc}") from None
+    return table
+
+
+def info_of(d: Definition) -> QueueDefinitionInfo:
+    options = {option: toml_literal(value) for option, value in d.table.items()}
+    return QueueDefinitionInfo(d.name, options, d.origin, d.changed_by, d.changed_at_ms)
