@@ -709,29 +709,49 @@ class Coordinator:
             except Exception:
                 log.exception("applying the definitions topic failed")
 
-    async def _apply_definitions(self, reason: str) -> ReloadResult:
+    async def _apply_definitions(self, reason: str, source: str | None = None) -> ReloadResult:
         """Bring the running queues to the topic's definitions (holding the reload lock). A queue
-        whose new definition changes a fixed option keeps its running one (logged)."""
+        whose new definition changes a fixed option keeps its running one (logged): only a
+        definition written by another path (another version, by hand) can do that, as create,
+        alter and reload refuse such a change before writing it. ``source`` names the file of a
+        reload in the summary; None: the topic."""
         assert self._cluster is not None
-        desired = replace(self._config, queues=self._cluster.defined())
+        topic = self._config.coordinator.definitions_topic
+        file_source = self._config.source  # the running config's stays its file's
+        desired = replace(
+            self._config, queues=self._cluster.defined(), source=source or f"topic {topic}"
+        )
         the_plan = plan(self._config, desired)
         if not the_plan.empty:
             kept = {q.name: q for q in self._config.queues if q.name in the_plan.refused_queues}
             applied = replace(desired, queues=tuple(kept.get(q.name, q) for q in desired.queues))
             await self._apply_plan(the_plan, applied, reason)
-        result = the_plan.result(applied=not the_plan.refused)
-        for line in result.lines():
-            log.info("%s", line, extra={"source": desired.source})
+            self._config = replace(self._config, source=file_source)
+        for r in the_plan.refused:
+            log.error(
+                "%s: option %r of the definitions topic (%s -> %s) not applied while it serves: %s",
+                r.where,
+                r.option,
+                r.old,
+                r.new,
+                r.reason,
+            )
+        result = replace(the_plan.result(applied=True), refused=[])
+        if not the_plan.empty:
+            for line in result.lines():
+                log.info("%s", line, extra={"source": desired.source})
         return result
 
-    async def _write_and_apply(self, writes: Sequence[Write], reason: str) -> ReloadResult:
+    async def _write_and_apply(
+        self, writes: Sequence[Write], reason: str, source: str | None = None
+    ) -> ReloadResult:
         """Write records to the topic, wait until they are read back, apply (holding the reload
         lock)."""
         assert self._cluster is not None
         if not self._watch.reachable:
             raise self._watch.unreachable_error("changing the queue definitions")
         await self._cluster.write(writes)
-        return await self._apply_definitions(reason)
+        return await self._apply_definitions(reason, source)
 
     def definitions(self) -> list[QueueDefinitionInfo]:
         """The cluster's queue definitions, as the topic has them (the list call)."""
@@ -812,7 +832,9 @@ class Coordinator:
             writes = self._cluster.file_writes(new)
             if not writes:
                 return the_plan.result(applied=True)
-            return await self._write_and_apply(writes, f"removed by reload of {new.source}")
+            return await self._write_and_apply(
+                writes, f"removed by reload of {new.source}", new.source
+            )
 
     def reload_on_signal(self) -> None:
         """SIGHUP: reload in the background (a signal handler must not wait); ``reload`` logs

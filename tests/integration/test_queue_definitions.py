@@ -21,6 +21,7 @@ import pytest
 from confluent_kafka import Producer
 
 from layer.client import QueueClient
+from layer.definitions import Definition
 from layer.exceptions import QueueRemoved, UnknownQueue
 from tests.harness import ROOT
 from tests.helpers import wait_until
@@ -221,21 +222,35 @@ def test_a_malformed_record_is_logged_and_skipped(
     producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
     producer.produce(f"qlayer.queues.{cid}", key=b"broken", value=b"\x01not avro")
     producer.produce(f"qlayer.queues.{cid}", key=q.encode(), value=b"\x01garbage")
+    # valid, but written around the checks of `queue alter`: a fixed option changed
+    key, value = Definition(
+        q, {"name": q, "underlying_topic": topic, "semantics": "at-most-once"}
+    ).encode()
+    producer.produce(f"qlayer.queues.{cid}", key=key, value=value)
     assert producer.flush(30) == 0
     wait_until(
-        lambda: proc.log_path.read_text().count("definitions record") >= 2,
+        lambda: (
+            proc.log_path.read_text().count("definitions record") >= 2
+            and "not applied while it serves" in proc.log_path.read_text()
+        ),
         timeout=60,
         message=lambda: proc.log_tail(),
     )
     text = proc.log_path.read_text()
     assert f"qlayer.queues.{cid}/0/" in text and "skipped" in text
-    assert q in listed(str(proc.address))  # it keeps its last good definition
-    # and a restart reads past them too
+    assert f"queue {q!r}: option 'semantics'" in text
+    # it keeps serving with its running definition
+    with QueueClient(str(proc.address)) as client:
+        assert client.stats(q)[0].queue == q
+        assert {i.name: i for i in client.queues()}[q].semantics == "at-least-once"
+    # a restart reads past the broken ones, and starts the queue as the topic last says
     address = str(proc.address)
     proc.kill()
     proc.listen = address
     proc.start()
     assert q in listed(address)
+    with QueueClient(address) as client:
+        assert {i.name: i for i in client.queues()}[q].semantics == "at-most-once"
     other = names("other")
     ok("queue", "create", other, "--underlying-topic", other, "--server", address)
     assert sorted(listed(address)) == sorted([q, other])
