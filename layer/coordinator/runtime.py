@@ -355,7 +355,10 @@ class QueueRuntime:
         if exprs.uses_record:
             record = Record(msg.key(), headers, timestamp_ms, msg.topic(), msg.partition())
         if exprs.reader is not None:
-            doc, error = exprs.reader.read(value)
+            if exprs.needed:
+                doc, error = exprs.reader.read(value)
+            else:  # no expression reads the document: only whether it parses matters
+                error = exprs.reader.check(value)
             if error is not None:
                 self.unparseable_seen(bookmark_of(msg), error)
         if (
