@@ -35,6 +35,7 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from operator import attrgetter
 from typing import TYPE_CHECKING, Protocol
 
 from layer.api.service import DeliveredMessage
@@ -250,7 +251,7 @@ class Round:
             # tombstones (Forget: the low-water mark passed a done message, so no other change
             # of it follows) and its low-water mark go after its messages: restore drops what is
             # below the mark either way.
-            changes.sort(key=_change_order)
+            changes = _ordered(changes)
         # Consecutive changes of consecutive offsets of one partition with the same value go
         # to the changelog as one record: the run (first bookmark, count, value). A change whose
         # fields (all its value holds but the round's time) are those of the run before it
@@ -517,11 +518,34 @@ def _fields(change: Leased | Returned | Done) -> tuple[object, ...]:
     return (2, change.deliveries, change.cancels, change.not_before, change.reason)
 
 
-def _change_order(change: Change) -> tuple[str, int, int, int]:
-    if isinstance(change, LowWater):
-        return change.partition.topic, change.partition.partition, 2, 0
-    bm = change.bookmark
-    return bm.topic, bm.partition, isinstance(change, Forget), bm.offset
+_BOOKMARK = attrgetter("bookmark")
+_PARTITION = attrgetter("partition")
+
+
+def _ordered(changes: list[Change]) -> list[Change]:
+    """The changes of messages by bookmark (partition, then offset; stable, so the changes of
+    one message keep their order), then the tombstones by bookmark, then the low-water marks:
+    a partition's tombstones and mark come after its messages' changes. Sorted by the
+    bookmarks themselves (tuples compared in C), not by a key made for each change."""
+    kept: list[Change] = []
+    forgets: list[Change] = []
+    marks: list[Change] = []
+    for change in changes:
+        kind = type(change)
+        if kind is Forget:
+            forgets.append(change)
+        elif kind is LowWater:
+            marks.append(change)
+        else:
+            kept.append(change)
+    kept.sort(key=_BOOKMARK)
+    if forgets:
+        forgets.sort(key=_BOOKMARK)
+        kept.extend(forgets)
+    if marks:
+        marks.sort(key=_PARTITION)
+        kept.extend(marks)
+    return kept
 
 
 def _run_record(
