@@ -268,9 +268,7 @@ class Round:
             if forgets and not (
                 isinstance(change, Forget) and _follows(forgets[0].bookmark, len(forgets), change)
             ):
-                records.append(
-                    _run_record(topic, name, forgets[0].bookmark, len(forgets), forget_key, None)
-                )
+                self._forget_run(rt, forgets, forget_key)
                 forgets = []
             if isinstance(change, (Leased, Returned, Done)):
                 fields = _fields(change)
@@ -290,7 +288,6 @@ class Round:
                 if not forgets:
                     forget_key = encode_change(name, change, now_ms)[0]
                 forgets.append(change)
-                mirror(rt, change, None, self.batch, payloads)
                 continue
             key, value = encode_change(name, change, now_ms)
             records.append((topic, key, value))
@@ -300,9 +297,7 @@ class Round:
         if run:
             self._record_run(rt, run, run_key, run_value, payloads)
         if forgets:
-            records.append(
-                _run_record(topic, name, forgets[0].bookmark, len(forgets), forget_key, None)
-            )
+            self._forget_run(rt, forgets, forget_key)
         if rt.config.view_topic is not None:
             leases = lease_changes(rt.view_leases, changes, now_ms) if changes else []
             if effects.view or leases:
@@ -329,6 +324,15 @@ class Round:
         first = run[0].bookmark
         self.records.append(_run_record(rt.changelog_topic, rt.name, first, len(run), key, value))
         self.extra.extend(mirror_run(rt, run, value, self.batch, payloads))
+
+    def _forget_run(self, rt: QueueRuntime, forgets: list[Forget], key: bytes) -> None:
+        """The tombstones of a run of messages the low-water mark passed: one changelog record,
+        and one store operation that deletes their entries."""
+        first = forgets[0].bookmark
+        count = len(forgets)
+        self.records.append(_run_record(rt.changelog_topic, rt.name, first, count, key, None))
+        tp = TopicPartition(first.topic, first.partition)
+        self.batch.delete_entry_run(rt.name, tp, first.offset, count)
 
     def send(self) -> Awaitable[Offsets] | None:
         """Step 3 begun (commits complete in the order they begin); None: nothing to commit."""
