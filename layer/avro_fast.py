@@ -216,6 +216,9 @@ def read_stored_message(
     bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...], int, int | None, str | None
 ]:
     """The fields of a StoredMessage written with version 1 (the caller checks the version)."""
+    plain = _read_plain(data)
+    if plain is not None:
+        return None, plain[0], (), plain[1], None, None
     r = _Reader(data, 1)
     try:
         key = r.raw() if r.branch() else None
@@ -238,6 +241,41 @@ def read_stored_message(
             f"schema 'stored_message': {len(data) - r.pos} trailing bytes after the record"
         )
     return key, value, tuple(headers), timestamp_ms, priority, error
+
+
+def _read_plain(data: bytes) -> tuple[bytes, int] | None:
+    """``(value, timestamp_ms)`` of a version-1 record as ``plain_head(None, n) + value +
+    plain_tail(ts)`` writes it (no key, headers, priority or error: a payload read back for a
+    delivery, most of the time), in one pass without a reader object; None for any other
+    (``read_stored_message`` reads it field by field, and words what is wrong)."""
+    size = len(data)
+    if size < 6 or data[1] != 0 or data[2] != 2 or data[size - 2] != 0 or data[size - 1] != 0:
+        return None
+    pos, z, shift = 3, 0, 0
+    while True:
+        b = data[pos]
+        pos += 1
+        z |= (b & 0x7F) << shift
+        if b < 0x80:
+            break
+        shift += 7
+        if pos >= size:
+            return None
+    end = pos + ((z >> 1) ^ -(z & 1))
+    if end < pos or end >= size or data[end] != 0:  # no headers
+        return None
+    value = data[pos:end]
+    pos, z, shift = end + 1, 0, 0
+    while pos < size:
+        b = data[pos]
+        pos += 1
+        z |= (b & 0x7F) << shift
+        if b < 0x80:
+            break
+        shift += 7
+    if pos != size - 2:  # the timestamp, then no priority and no error, then the end
+        return None
+    return value, (z >> 1) ^ -(z & 1)
 
 
 def read_stored_meta(data: bytes) -> tuple[int, int | None]:

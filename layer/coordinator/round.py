@@ -35,6 +35,7 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from operator import attrgetter
 from typing import TYPE_CHECKING, Protocol
 
 from layer.api.service import DeliveredMessage
@@ -250,7 +251,7 @@ class Round:
             # tombstones (Forget: the low-water mark passed a done message, so no other change
             # of it follows) and its low-water mark go after its messages: restore drops what is
             # below the mark either way.
-            changes.sort(key=_change_order)
+            changes = _ordered(changes)
         # Consecutive changes of consecutive offsets of one partition with the same value go
         # to the changelog as one record: the run (first bookmark, count, value). A change whose
         # fields (all its value holds but the round's time) are those of the run before it
@@ -267,9 +268,7 @@ class Round:
             if forgets and not (
                 isinstance(change, Forget) and _follows(forgets[0].bookmark, len(forgets), change)
             ):
-                records.append(
-                    _run_record(topic, name, forgets[0].bookmark, len(forgets), forget_key, None)
-                )
+                self._forget_run(rt, forgets, forget_key)
                 forgets = []
             if isinstance(change, (Leased, Returned, Done)):
                 fields = _fields(change)
@@ -289,7 +288,6 @@ class Round:
                 if not forgets:
                     forget_key = encode_change(name, change, now_ms)[0]
                 forgets.append(change)
-                mirror(rt, change, None, self.batch, payloads)
                 continue
             key, value = encode_change(name, change, now_ms)
             records.append((topic, key, value))
@@ -299,9 +297,7 @@ class Round:
         if run:
             self._record_run(rt, run, run_key, run_value, payloads)
         if forgets:
-            records.append(
-                _run_record(topic, name, forgets[0].bookmark, len(forgets), forget_key, None)
-            )
+            self._forget_run(rt, forgets, forget_key)
         if rt.config.view_topic is not None:
             leases = lease_changes(rt.view_leases, changes, now_ms) if changes else []
             if effects.view or leases:
@@ -328,6 +324,15 @@ class Round:
         first = run[0].bookmark
         self.records.append(_run_record(rt.changelog_topic, rt.name, first, len(run), key, value))
         self.extra.extend(mirror_run(rt, run, value, self.batch, payloads))
+
+    def _forget_run(self, rt: QueueRuntime, forgets: list[Forget], key: bytes) -> None:
+        """The tombstones of a run of messages the low-water mark passed: one changelog record,
+        and one store operation that deletes their entries."""
+        first = forgets[0].bookmark
+        count = len(forgets)
+        self.records.append(_run_record(rt.changelog_topic, rt.name, first, count, key, None))
+        tp = TopicPartition(first.topic, first.partition)
+        self.batch.delete_entry_run(rt.name, tp, first.offset, count)
 
     def send(self) -> Awaitable[Offsets] | None:
         """Step 3 begun (commits complete in the order they begin); None: nothing to commit."""
@@ -517,11 +522,34 @@ def _fields(change: Leased | Returned | Done) -> tuple[object, ...]:
     return (2, change.deliveries, change.cancels, change.not_before, change.reason)
 
 
-def _change_order(change: Change) -> tuple[str, int, int, int]:
-    if isinstance(change, LowWater):
-        return change.partition.topic, change.partition.partition, 2, 0
-    bm = change.bookmark
-    return bm.topic, bm.partition, isinstance(change, Forget), bm.offset
+_BOOKMARK = attrgetter("bookmark")
+_PARTITION = attrgetter("partition")
+
+
+def _ordered(changes: list[Change]) -> list[Change]:
+    """The changes of messages by bookmark (partition, then offset; stable, so the changes of
+    one message keep their order), then the tombstones by bookmark, then the low-water marks:
+    a partition's tombstones and mark come after its messages' changes. Sorted by the
+    bookmarks themselves (tuples compared in C), not by a key made for each change."""
+    kept: list[Change] = []
+    forgets: list[Change] = []
+    marks: list[Change] = []
+    for change in changes:
+        kind = type(change)
+        if kind is Forget:
+            forgets.append(change)
+        elif kind is LowWater:
+            marks.append(change)
+        else:
+            kept.append(change)
+    kept.sort(key=_BOOKMARK)
+    if forgets:
+        forgets.sort(key=_BOOKMARK)
+        kept.extend(forgets)
+    if marks:
+        marks.sort(key=_PARTITION)
+        kept.extend(marks)
+    return kept
 
 
 def _run_record(

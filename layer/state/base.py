@@ -217,6 +217,12 @@ def _run_prefix(queue: str, partition: TopicPartition, first: int) -> bytes:
     return partition_prefix(queue, partition.topic, partition.partition)
 
 
+def _run_keys(queue: str, partition: TopicPartition, first: int, count: int) -> list[bytes]:
+    """The keys of ``count`` messages of one partition from offset ``first``."""
+    prefix = _run_prefix(queue, partition, first)
+    return [prefix + key for key in map(_OFFSET.pack, range(first, first + count))]
+
+
 def parse_message_key(key: bytes, prefix_len: int) -> Bookmark:
     """The bookmark of a key whose first ``prefix_len`` bytes are the queue prefix."""
     end = key.index(b"\x00", prefix_len)
@@ -256,8 +262,9 @@ def unpack_int(data: bytes) -> int:
 
 #: One write operation: (column family, key, value); value None deletes the key, an
 #: operation whose value is a ``_Range`` deletes every key from ``key`` (inclusive) to its end,
-#: and one whose value is a ``_Many`` puts its keys (``key`` is unused).
-Op = tuple[str, bytes, "bytes | _Range | _Many | None"]
+#: one whose value is a ``_Many`` puts its keys, and one whose value is an ``_Each`` puts its
+#: value under (or deletes) each of its keys (``key`` is unused for both).
+Op = tuple[str, bytes, "bytes | _Range | _Many | _Each | None"]
 
 
 class _Range(NamedTuple):
@@ -270,6 +277,16 @@ class _Many(NamedTuple):
 
     keys: list[bytes]
     values: list[bytes]
+
+
+class _Each(NamedTuple):
+    """One value put under each of many keys of one column family, or (None) each deleted: a
+    run of changes with one changelog value (``put_entry_values``, ``delete_messages``,
+    ``delete_entry_run``) is one operation, not one per message. Keys, not a range delete:
+    point deletes keep the column family free of range tombstones, which slow its reads."""
+
+    keys: list[bytes]
+    value: bytes | None
 
 
 class StoreBatch:
@@ -302,17 +319,20 @@ class StoreBatch:
     ) -> None:
         """``put_entry_value`` of one value for the offsets ``first .. first + count - 1`` (a
         run of changes with one changelog record): the key prefix is made once."""
-        pack, ops = _OFFSET.pack, self.ops
-        prefix = _run_prefix(queue, partition, first)
-        ops.extend((ENTRIES, prefix + pack(o), value) for o in range(first, first + count))
+        self.ops.append((ENTRIES, b"", _Each(_run_keys(queue, partition, first, count), value)))
 
     def delete_messages(
         self, queue: str, partition: TopicPartition, first: int, count: int
     ) -> None:
         """``delete_message`` of the offsets ``first .. first + count - 1``."""
-        pack, ops = _OFFSET.pack, self.ops
-        prefix = _run_prefix(queue, partition, first)
-        ops.extend((MESSAGES, prefix + pack(o), None) for o in range(first, first + count))
+        self.ops.append((MESSAGES, b"", _Each(_run_keys(queue, partition, first, count), None)))
+
+    def delete_entry_run(
+        self, queue: str, partition: TopicPartition, first: int, count: int
+    ) -> None:
+        """``delete_entry`` of the offsets ``first .. first + count - 1`` (the tombstones of a
+        run the low-water mark passed)."""
+        self.ops.append((ENTRIES, b"", _Each(_run_keys(queue, partition, first, count), None)))
 
     def delete_entry(self, queue: str, bookmark: Bookmark) -> None:
         self.ops.append((ENTRIES, message_key(queue, bookmark), None))

@@ -6,7 +6,7 @@ import bisect
 import threading
 from collections.abc import Sequence
 
-from layer.state.base import COLUMN_FAMILIES, KeyValueStore, Op, _Many, _Range
+from layer.state.base import COLUMN_FAMILIES, KeyValueStore, Op, _Each, _Many, _Range
 
 __all__ = ["MemoryStore"]
 
@@ -32,6 +32,12 @@ class MemoryStore(KeyValueStore):
                 elif isinstance(value, _Range):
                     for doomed in [k for k in data if key <= k < value.end]:
                         del data[doomed]
+                elif isinstance(value, _Each):
+                    if value.value is None:
+                        for k in value.keys:
+                            data.pop(k, None)
+                    else:
+                        data.update(dict.fromkeys(value.keys, value.value))
                 elif isinstance(value, _Many):
                     data.update(zip(value.keys, value.values, strict=True))
                 else:

@@ -24,7 +24,7 @@ from typing import Any
 import rocksdict
 
 from layer.exceptions import StateError
-from layer.state.base import COLUMN_FAMILIES, MESSAGES, KeyValueStore, Op, _Many, _Range
+from layer.state.base import COLUMN_FAMILIES, MESSAGES, KeyValueStore, Op, _Each, _Many, _Range
 
 __all__ = ["RocksDBStore", "discard_state_dir"]
 
@@ -119,6 +119,16 @@ class RocksDBStore(KeyValueStore):
                 batch.delete(key, handles[cf])
             elif isinstance(value, _Range):
                 batch.delete_range(key, value.end, handles[cf])
+            elif isinstance(value, _Each):
+                handle, one = handles[cf], value.value
+                if one is None:
+                    delete = batch.delete
+                    for k in value.keys:
+                        delete(k, handle)
+                else:
+                    put = batch.put
+                    for k in value.keys:
+                        put(k, one, handle)
             elif isinstance(value, _Many):
                 handle, put = handles[cf], batch.put
                 for k, v in zip(value.keys, value.values, strict=True):

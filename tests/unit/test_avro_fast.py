@@ -106,3 +106,43 @@ def test_plain_head_and_tail_around_the_value_are_stored_plain(key, value, ts) -
 
 def test_long_matches_the_varint_for_every_small_length() -> None:
     assert all(avro_fast.long(n) == avro_fast._varint(n) for n in range(-300, 20_000))
+
+
+@given(st.binary(max_size=9000), longs)
+def test_a_plain_record_is_read_in_one_pass_as_field_by_field(value, ts) -> None:
+    data = avro_fast.plain_head(None, len(value)) + value + avro_fast.plain_tail(ts)
+    assert avro_fast._read_plain(data) == (value, ts)
+    assert avro_fast.read_stored_message(data) == (None, value, (), ts, None, None)
+    record = decode(STORED_MESSAGE, data)
+    assert (record["value"], record["timestamp_ms"]) == (value, ts)
+
+
+@given(st.binary(max_size=60))
+def test_the_one_pass_read_takes_only_what_is_a_plain_record(data: bytes) -> None:
+    from layer.exceptions import SerializationError
+
+    data = b"\x01" + data
+    plain = avro_fast._read_plain(data)
+    if plain is None:
+        return
+    r = avro_fast._Reader(data, 1)
+    assert not r.branch() and r.branch()  # no key, a value
+    assert r.raw() == plain[0]
+    assert r.long() == 0  # no headers
+    assert r.long() == plain[1]
+    assert not r.branch() and not r.branch() and r.pos == len(data)
+    with contextlib.suppress(SerializationError):
+        avro_fast.read_stored_message(data)
+
+
+def test_the_one_pass_read_leaves_other_records_to_the_reader() -> None:
+    for args in [
+        (b"k", b"v", (), 5, None, None),
+        (None, b"v", (("h", b"x"),), 5, None, None),
+        (None, b"v", (), 5, 3, None),
+        (None, b"v", (), 5, None, "bad"),
+        (None, None, (), 5, None, None),
+    ]:
+        data = avro_fast.stored_message(*args)
+        assert avro_fast._read_plain(data) is None
+        assert avro_fast.read_stored_message(data) == args

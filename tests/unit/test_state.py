@@ -589,3 +589,31 @@ def test_writes_of_a_bulk_load_are_written(store: KeyValueStore) -> None:
         Bookmark("t", 0, 1): message(1),
         Bookmark("t", 0, 2): message(2),
     }
+
+
+def test_runs_of_one_value_put_and_delete_each_key_and_later_operations_win(
+    store: KeyValueStore,
+) -> None:
+    tp = TopicPartition("t", 0)
+    batch = StoreBatch()
+    for offset in range(6):
+        batch.put_message("q", Bookmark("t", 0, offset), StoredMessage(None, b"%d" % offset))
+    batch.put_entry_values("q", tp, 0, 6, b"leased")
+    batch.put_entry_value("q", Bookmark("t", 0, 2), b"returned")  # after the run: it wins
+    batch.delete_messages("q", tp, 1, 3)
+    store.write(batch)
+    entries = dict(store.entry_values("q"))
+    assert [entries[Bookmark("t", 0, o)] for o in range(6)] == [b"leased"] * 2 + [b"returned"] + [
+        b"leased"
+    ] * 3
+    found = store.get_messages("q", [Bookmark("t", 0, o) for o in range(6)])
+    assert [m.value if m else None for m in found] == [b"0", None, None, None, b"4", b"5"]
+    batch = StoreBatch()
+    batch.delete_entry_run("q", tp, 0, 4)
+    batch.put_entry_value("q", Bookmark("t", 0, 3), b"again")  # after the deletes: it wins
+    store.write(batch)
+    assert dict(store.entry_values("q")) == {
+        Bookmark("t", 0, 3): b"again",
+        Bookmark("t", 0, 4): b"leased",
+        Bookmark("t", 0, 5): b"leased",
+    }

@@ -1,0 +1,114 @@
+"""The live path's admission (``QueueRuntime.admit``): its short way for plain messages without
+headers stores and queues exactly what the long way does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from confluent_kafka import Message
+
+from layer.coordinator.ingest import Fetched, PartitionStarted
+from layer.documents import DocumentReader
+from layer.engine.model import Bookmark, TopicPartition
+from layer.state.base import StoreBatch, StoredMessage
+from layer.state.memory import MemoryStore
+from tests.unit.ports import TOPIC, new_runtime, queue_config
+
+TS = 1_699_999_999_000
+
+
+def _messages(values: list[bytes | None], headers: bool, keyed: bool) -> list[Message]:
+    return [
+        Message(
+            topic=TOPIC,
+            partition=i % 2,
+            offset=i // 2,
+            key=f"k{i}".encode() if keyed and i % 3 else None,
+            value=value,
+            headers=[("h", b"v")] if headers else None,
+            timestamp=(1, TS + i // 4),
+        )
+        for i, value in enumerate(values)
+    ]
+
+
+def _admit(values: list[bytes | None], headers: bool, keyed: bool, **options: object) -> tuple:
+    rt = new_runtime(queue_config(**options))
+    tps = [TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)]
+    rt.take_fetched(
+        Fetched(
+            _messages(values, headers, keyed),
+            {tp: len(values) for tp in tps},
+            [PartitionStarted(tp, 0) for tp in tps],
+        )
+    )
+    store = MemoryStore()
+    batch = StoreBatch()
+    admitted = rt.admit(100.0, batch)
+    store.write(batch)
+    bms = [Bookmark(TOPIC, i % 2, i // 2) for i in range(len(values))]
+    stored = dict(zip(bms, store.get_messages("q", bms), strict=True))
+    s = rt.engine.stats(100.0)
+    return rt, admitted, stored, (s.available, s.inactive)
+
+
+VALUES: list[bytes | None] = [
+    b'{"n": 0}',
+    b'{"n": 1,',  # not JSON
+    b'{"x": NaN}',  # the standard parser's JSON, not orjson's
+    b"[1, 2, 3]",
+    None,
+    b'"' + b"x" * 300 + b'"',
+    b"\xff\xfe",
+    b'{"n": 7}',
+]
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+@pytest.mark.parametrize("on_unparseable", ["dead-letter", "deliver"])
+def test_the_short_way_stores_and_queues_what_the_long_way_does(
+    keyed: bool, on_unparseable: str
+) -> None:
+    short = _admit(VALUES, headers=False, keyed=keyed, on_unparseable=on_unparseable)
+    long = _admit(VALUES, headers=True, keyed=keyed, on_unparseable=on_unparseable)
+    rt, admitted, stored, counts = short
+    assert admitted == long[1] == len(VALUES)
+    assert counts == long[3]
+    for bm, message in stored.items():
+        other = long[2][bm]
+        assert message is not None and other is not None
+        assert message == StoredMessage(
+            other.key, other.value, (), other.timestamp_ms, None, other.error
+        )
+        assert message.encode() == StoredMessage.decode(message.encode()).encode()
+    errors = {
+        bm.partition * 1 + bm.offset * 2: m.error for bm, m in stored.items() if m and m.error
+    }
+    assert sorted(errors) == [1, 6]  # NaN parses, as the standard parser has it
+    assert rt.counters.unparseable == long[0].counters.unparseable == 2
+    # the payload cache holds what the store holds
+    assert all(rt.payload_cache[bm] == stored[bm] for bm in rt.payload_cache)
+    assert len(rt.payload_cache) == len(VALUES)
+
+
+def test_a_message_restored_as_done_is_not_admitted_again() -> None:
+    rt = new_runtime(queue_config())
+    rt.restored_done.add(Bookmark(TOPIC, 0, 1))
+    tp = TopicPartition(TOPIC, 0)
+    messages = [
+        Message(topic=TOPIC, partition=0, offset=i, value=b"{}", timestamp=(1, TS))
+        for i in range(3)
+    ]
+    rt.take_fetched(Fetched(messages, {tp: 3}, [PartitionStarted(tp, 0)]))
+    assert rt.admit(100.0, StoreBatch()) == 2
+    assert not rt.restored_done
+    assert rt.engine.stats(100.0).available == 2
+
+
+def test_check_says_what_read_says() -> None:
+    reader = DocumentReader("json")
+    for value in [*VALUES, b"1" * 400, b"[" * 5000 + b"]" * 5000, b"{}  x"]:
+        assert reader.check(value) == reader.read(value)[1], value
+    with pytest.raises(ValueError):
+        json.loads(b"{}  x")
