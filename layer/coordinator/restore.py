@@ -107,25 +107,24 @@ class KafkaSource:
             # on meanwhile are the live reader's (an end-of-partition event may never come while
             # they publish, and on Tansu not even when they stop: its watermark can lag).
             ends: dict[TopicPartition, int] = {}
-            reached: dict[TopicPartition, int] = {}
             last = time.monotonic()
             while pending and time.monotonic() - last < self.BACKLOG_IDLE_S:
                 msgs = take_batch(consumer, 10_000, 0.5)
-                good = []
-                for m in msgs:
-                    err = m.error()
-                    if err is None:
-                        good.append(m)
-                        reached[TopicPartition(cast(str, m.topic()), cast(int, m.partition()))] = (
-                            cast(int, m.offset()) + 1
-                        )
-                    elif err.code() == KafkaError._PARTITION_EOF:
-                        pending.discard(
-                            TopicPartition(cast(str, m.topic()), cast(int, m.partition()))
-                        )
-                    elif not err.retriable():
-                        log.warning("backlog fetch error, the live reader goes on: %s", err)
-                        return
+                # nothing per message but its error: how far each partition got is the
+                # consumer's position (one call a fetch), not the offsets of its messages
+                events = [m for m in msgs if m.error() is not None]
+                good = msgs
+                if events:
+                    good = [m for m in msgs if m.error() is None]
+                    for m in events:
+                        err = cast(KafkaError, m.error())
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            pending.discard(
+                                TopicPartition(cast(str, m.topic()), cast(int, m.partition()))
+                            )
+                        elif not err.retriable():
+                            log.warning("backlog fetch error, the live reader goes on: %s", err)
+                            return
                 if not good:
                     continue
                 last = time.monotonic()
@@ -137,10 +136,15 @@ class KafkaSource:
                     if hw >= 0:
                         high[tp] = hw
                         ends.setdefault(tp, hw)
-                for tp in list(pending):
-                    end = ends.get(tp)
-                    if end is not None and reached.get(tp, starts[tp]) >= end:
-                        pending.discard(tp)
+                if pending:
+                    waiting = [tp for tp in pending if tp in ends]
+                    where = consumer.position(
+                        [KafkaPartition(tp.topic, tp.partition) for tp in waiting]
+                    )
+                    for tp, kp in zip(waiting, where, strict=True):
+                        # (negative: nothing consumed from it yet, it is still at its start)
+                        if (kp.offset if kp.offset >= 0 else starts[tp]) >= ends[tp]:
+                            pending.discard(tp)
                 yield Fetched(good, high, [])
         finally:
             consumer.close()

@@ -215,6 +215,37 @@ def test_stored_message_round_trip_keeps_every_field(store: KeyValueStore) -> No
     assert store.get_messages("q", [Bookmark("t", 0, 0), Bookmark("t", 0, 1)]) == [full, empty]
 
 
+def test_messages_put_in_bulk_read_back_and_survive_a_reopen(
+    store_factory: StoreFactory,
+) -> None:
+    """``put_messages_encoded`` within ``bulk_load`` (a restore's backlog read): the records
+    read back as the messages, after the bulk (RocksDB flushes then) and after a reopen."""
+    store = store_factory()
+    wanted = [StoredMessage(None, b'{"n": %d}' % i, (), 1_700_000_000_000 + i) for i in range(50)]
+    with store.bulk_load():
+        batch = StoreBatch()
+        keys, values = batch.put_messages_encoded()
+        for i, stored in enumerate(wanted):
+            keys.append(message_key("q", Bookmark("t", 0, i)))
+            values.append(stored.encode())
+        batch.put_read_position("q", TopicPartition("t", 0), 50)
+        store.write(batch)
+    bookmarks = [Bookmark("t", 0, i) for i in range(50)]
+    assert store.get_messages("q", bookmarks) == wanted
+    again = store
+    if isinstance(store, RocksDBStore):  # (the memory store is its own process's)
+        store.close()
+        again = store_factory()
+    assert again.get_messages("q", bookmarks) == wanted
+    assert again.positions("q")[TopicPartition("t", 0)].read_position == 50
+    lopsided = StoreBatch()
+    keys, values = lopsided.put_messages_encoded()
+    keys.append(message_key("q", Bookmark("t", 0, 99)))
+    with pytest.raises((StateError, ValueError)):  # never a key without its value
+        again.write(lopsided)
+    assert again.get_messages("q", [Bookmark("t", 0, 99)]) == [None]
+
+
 def test_changelog_offsets(store: KeyValueStore) -> None:
     assert store.changelog_offset("cl", 0) is None
     batch = StoreBatch()
