@@ -747,7 +747,7 @@ class Coordinator:
                 r.reason,
             )
         result = replace(the_plan.result(applied=True), refused=[])
-        if not the_plan.empty:
+        if not the_plan.empty or source is not None:  # a reload says so even when empty
             for line in result.lines():
                 log.info("%s", line, extra={"source": desired.source})
         return result
@@ -810,8 +810,10 @@ class Coordinator:
                     del idle[name]
                     try:
                         await self._end_temporary(name, grace)
-                    except QLayerError as exc:
+                    except QLayerError as exc:  # Kafka away: tried again after a grace
                         log.warning("temporary queue=%s not deleted yet: %s", name, exc)
+                    except Exception:
+                        log.exception("temporary queue=%s not deleted yet", name)
 
     async def _end_temporary(self, name: str, grace: float) -> None:
         async with self._reload_lock:
@@ -895,11 +897,10 @@ class Coordinator:
                 self._config, broker=new.broker, coordinator=new.coordinator, source=new.source
             )
             writes = self._cluster.file_writes(new)
-            if not writes:
-                return the_plan.result(applied=True)
-            return await self._write_and_apply(
-                writes, f"removed by reload of {new.source}", new.source
-            )
+            reason = f"removed by reload of {new.source}"
+            if not writes:  # the file changed nothing: the topic's queues as they are
+                return await self._apply_definitions(reason, new.source)
+            return await self._write_and_apply(writes, reason, new.source)
 
     def reload_on_signal(self) -> None:
         """SIGHUP: reload in the background (a signal handler must not wait); ``reload`` logs
