@@ -306,3 +306,23 @@ def proc_id(proc: Any) -> str:
         for line in text.splitlines()
         if line.startswith("id = ")
     )
+
+
+def test_create_from_a_toml_snippet(
+    tmp_path: Any, coordinator_factory: Any, names: Callable[[str], str]
+) -> None:
+    q = names("snippet")
+    proc = coordinator_factory([])
+    snippet = tmp_path / "queue.toml"
+    snippet.write_text(
+        f'[[queue]]\nname = "{q}"\nunderlying_topic = "{q}"\nmessage_type = "bytes"\n'
+        'lease_period = "45s"\n'
+        'redelivery_backoff = { initial = "1s", multiplier = 2, max = "1m" }\n'
+    )
+    ok("queue", "create", "--from-file", str(snippet), "--server", str(proc.address))
+    options = listed(str(proc.address))[q]["options"]
+    assert options["lease_period"] == "45.0"
+    assert options["redelivery_backoff"] == "{ initial = 1.0, multiplier = 2.0, max = 60.0 }"
+    snippet.write_text("[[queue]]\nname = ")
+    line = refused(2, "queue", "create", "--from-file", str(snippet), "--server", str(proc.address))
+    assert str(snippet) in line, line
