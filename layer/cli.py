@@ -891,12 +891,14 @@ def cmd_queue(args: argparse.Namespace) -> int:
                             "origin": d.origin,
                             "changed_by": d.changed_by,
                             "changed_at_ms": d.changed_at_ms,
+                            "temporary": d.temporary,
                         }
                     )
                 )
             else:
                 opts = " ".join(f"{k}={v}" for k, v in d.options.items() if k != "name")
-                print(f"{d.name}  {opts}  ({d.origin})")
+                kind = ", temporary" if d.temporary else ""
+                print(f"{d.name}  {opts}  ({d.origin}{kind})")
         sys.stdout.flush()
     return EXIT_OK
 

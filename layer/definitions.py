@@ -112,6 +112,7 @@ class Definition:
     origin: str = API_ORIGIN  # "api", or file_origin(coordinator id)
     changed_by: str = ""
     changed_at_ms: int = 0
+    temporary: bool = False  # deleted with its state once no client has used it for a while
 
     def encode(self) -> tuple[bytes, bytes]:
         value = encode(
@@ -122,6 +123,7 @@ class Definition:
                 "origin": self.origin,
                 "changed_by": self.changed_by,
                 "changed_at_ms": self.changed_at_ms,
+                "temporary": self.temporary,
             },
         )
         return self.name.encode(), value
@@ -194,7 +196,9 @@ def decode_record(
         table = _decode_table(raw["options"])
     except ValueError as exc:
         raise SerializationError(f"queue {name!r}: {exc}") from None
-    return name, Definition(name, table, raw["origin"], raw["changed_by"], raw["changed_at_ms"])
+    return name, Definition(
+        name, table, raw["origin"], raw["changed_by"], raw["changed_at_ms"], raw["temporary"]
+    )
 
 
 @dataclass
@@ -213,6 +217,8 @@ class Definitions:
     queues: dict[str, QueueConfig] = field(default_factory=dict)
     manifests: dict[str, Manifest] = field(default_factory=dict)
     next_offset: int = 0  # the offset after the last record applied
+    # temporary queues deleted since the coordinator last took them (their state is to go)
+    ended_temporary: set[str] = field(default_factory=set)
 
     def apply(self, key: bytes | None, value: bytes | None, offset: int) -> str | None:
         self.next_offset = max(self.next_offset, offset + 1)
@@ -230,6 +236,9 @@ class Definitions:
             return None
         if item is None:
             if name in self.latest:
+                before = self.latest[name]
+                if before is not None and before.temporary:
+                    self.ended_temporary.add(name)
                 self.latest[name] = None
             self.queues.pop(name, None)
             return None

@@ -82,6 +82,8 @@ RPC_RIGHTS: Mapping[str, Right] = {
     "AlterQueue": Right.ADMIN,
     "DeleteQueue": Right.ADMIN,
     "ListDefinitions": Right.BROWSE,
+    # a temporary queue (for a client's replies): consume on its name is enough
+    "CreateTemporaryQueue": Right.CONSUME,
     "Replay": Right.BROWSE,
 }
 

@@ -65,6 +65,8 @@ __all__ = [
     "LIST_DEFINITIONS_CODEC",
     "DEFINITION_LIST_CODEC",
     "CreateQueue",
+    "CreateTemporaryQueue",
+    "CREATE_TEMPORARY_QUEUE_CODEC",
     "AlterQueue",
     "DeleteQueue",
     "DeleteQueueReply",
@@ -349,6 +351,12 @@ class ReloadReply:
 @dataclass(frozen=True, slots=True)
 class CreateQueue:
     options: dict[str, str]  # the [[queue]] table, each value a TOML literal
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTemporaryQueue:
+    queue: str
+    options: dict[str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -796,17 +804,25 @@ def _definition_to(d: QueueDefinitionInfo) -> Any:
         origin=d.origin,
         changed_by=d.changed_by,
         changed_at_ms=d.changed_at_ms,
+        temporary=d.temporary,
     )
 
 
 def _definition_from(r: Any) -> QueueDefinitionInfo:
-    return QueueDefinitionInfo(r.name, dict(r.options), r.origin, r.changed_by, r.changed_at_ms)
+    return QueueDefinitionInfo(
+        r.name, dict(r.options), r.origin, r.changed_by, r.changed_at_ms, r.temporary
+    )
 
 
 CREATE_QUEUE_CODEC: FrameCodec[CreateQueue] = FrameCodec(
     pb.CreateQueueRequest,
     lambda f: pb.CreateQueueRequest(options=f.options),
     lambda r: CreateQueue(dict(r.options)),
+)
+CREATE_TEMPORARY_QUEUE_CODEC: FrameCodec[CreateTemporaryQueue] = FrameCodec(
+    pb.CreateTemporaryQueueRequest,
+    lambda f: pb.CreateTemporaryQueueRequest(queue=f.queue, options=f.options),
+    lambda r: CreateTemporaryQueue(r.queue, dict(r.options)),
 )
 ALTER_QUEUE_CODEC: FrameCodec[AlterQueue] = FrameCodec(
     pb.AlterQueueRequest,

@@ -61,6 +61,7 @@ from layer.api.frames import (
     BROWSE_REPLY_CODEC,
     CLIENT_FRAME_CODEC,
     CREATE_QUEUE_CODEC,
+    CREATE_TEMPORARY_QUEUE_CODEC,
     DEAD_LETTERS_CODEC,
     DEAD_LETTERS_REPLY_CODEC,
     DEFINITION_LIST_CODEC,
@@ -91,6 +92,7 @@ from layer.api.frames import (
     BrowseReply,
     Close,
     CreateQueue,
+    CreateTemporaryQueue,
     DeadLetters,
     DeadLettersReply,
     DefinitionList,
@@ -470,6 +472,11 @@ class ApiServer:
         "AlterQueue": ("_alter_queue", ALTER_QUEUE_CODEC, DEFINITION_REPLY_CODEC),
         "DeleteQueue": ("_delete_queue", DELETE_QUEUE_CODEC, DELETE_QUEUE_REPLY_CODEC),
         "ListDefinitions": ("_list_definitions", LIST_DEFINITIONS_CODEC, DEFINITION_LIST_CODEC),
+        "CreateTemporaryQueue": (
+            "_create_temporary_queue",
+            CREATE_TEMPORARY_QUEUE_CODEC,
+            DEFINITION_REPLY_CODEC,
+        ),
         "Replay": ("_replay", REPLAY_CODEC, REPLAY_REPLY_CODEC),
     }
 
@@ -680,6 +687,20 @@ class ApiServer:
         principal, req = await self._admitted(context, request, CreateQueue, "CreateQueue")
         try:
             info = await asyncio.shield(self._service.create_queue(req.options, principal.name))
+        except QLayerError as exc:
+            await _refuse(context, exc)
+        return DefinitionReply(info)
+
+    async def _create_temporary_queue(
+        self, request: object, context: grpc.aio.ServicerContext
+    ) -> DefinitionReply:
+        principal, req = await self._admitted(
+            context, request, CreateTemporaryQueue, "CreateTemporaryQueue"
+        )
+        try:
+            info = await asyncio.shield(
+                self._service.create_temporary_queue(req.queue, req.options, principal.name)
+            )
         except QLayerError as exc:
             await _refuse(context, exc)
         return DefinitionReply(info)

@@ -124,6 +124,7 @@ class QueueDefinitionInfo:
     origin: str = "api"  # or "file:<coordinator id>"
     changed_by: str = ""
     changed_at_ms: int = 0
+    temporary: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,6 +351,12 @@ class QueueService(Protocol):
     async def create_queue(self, options: Mapping[str, str], by: str) -> QueueDefinitionInfo:
         """Define a queue for the cluster (``options``: its table, values as TOML literals);
         ``ConfigError`` as the file's, ``QueueExists``."""
+        ...
+
+    async def create_temporary_queue(
+        self, name: str, options: Mapping[str, str], by: str
+    ) -> QueueDefinitionInfo:
+        """A temporary queue: deleted with its state once unused for the grace period."""
         ...
 
     async def alter_queue(

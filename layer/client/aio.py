@@ -32,6 +32,7 @@ from layer.api.frames import (
     ClientFrame,
     Close,
     CreateQueue,
+    CreateTemporaryQueue,
     DeadLetters,
     DeleteQueue,
     ListDefinitions,
@@ -621,6 +622,15 @@ class AsyncQueueClient:
         """As ``QueueClient.create_queue``."""
         request = CreateQueue({k: toml_literal(v) for k, v in options.items()})
         reply = await self._call("CreateQueue", request, idempotent=False)
+        return cast(QueueDefinitionInfo, reply.definition)
+
+    async def create_temporary_queue(
+        self, name: str, underlying_topic: str, **options: object
+    ) -> QueueDefinitionInfo:
+        """As ``QueueClient.create_temporary_queue``."""
+        table = {"underlying_topic": underlying_topic, **options}
+        request = CreateTemporaryQueue(name, {k: toml_literal(v) for k, v in table.items()})
+        reply = await self._call("CreateTemporaryQueue", request, idempotent=False)
         return cast(QueueDefinitionInfo, reply.definition)
 
     async def alter_queue(self, name: str, options: Mapping[str, object]) -> QueueDefinitionInfo:

@@ -32,6 +32,7 @@ from layer.api.frames import (
     ClientFrame,
     Close,
     CreateQueue,
+    CreateTemporaryQueue,
     DeadLetters,
     DeleteQueue,
     ListDefinitions,
@@ -674,6 +675,19 @@ class QueueClient:
             CreateQueue({k: toml_literal(v) for k, v in options.items()}),
             idempotent=False,
         )
+        return cast(QueueDefinitionInfo, reply.definition)
+
+    def create_temporary_queue(
+        self, name: str, underlying_topic: str, **options: object
+    ) -> QueueDefinitionInfo:
+        """A temporary queue over ``underlying_topic`` (e.g. this client's replies), with any
+        other ``[[queue]]`` options: it needs ``consume`` on ``name``, not admin, and is
+        deleted, with its state, once no subscription has been open on it for the
+        coordinator's ``temporary_queue_grace`` (60 s): subscribe to it soon, and a client that
+        reconnects within the grace keeps it. Raises as ``create_queue``."""
+        table = {"underlying_topic": underlying_topic, **options}
+        request = CreateTemporaryQueue(name, {k: toml_literal(v) for k, v in table.items()})
+        reply = self._call("CreateTemporaryQueue", request, idempotent=False)
         return cast(QueueDefinitionInfo, reply.definition)
 
     def alter_queue(self, name: str, options: Mapping[str, object]) -> QueueDefinitionInfo:

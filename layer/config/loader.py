@@ -398,6 +398,7 @@ _COORDINATOR_KEYS = (
     "snapshot_every",
     "snapshot_interval",
     "cluster",
+    "temporary_queue_grace",
 )
 
 
@@ -480,6 +481,9 @@ def _coordinator(
             "snapshot_interval", default.snapshot_interval, _duration(allow_zero=True)
         ),
         cluster=section.get("cluster", None, _name),
+        temporary_queue_grace=section.get(
+            "temporary_queue_grace", default.temporary_queue_grace, _duration(allow_zero=False)
+        ),
     )
     if config.admin_token is not None and config.admin_token == config.auth_token:
         raise section.error(

@@ -149,6 +149,9 @@ class CoordinatorConfig:
     # the cluster this coordinator belongs to; None: a cluster of its own, named by ``id``.
     # Names the queue definitions topic (``definitions_topic``) its members share.
     cluster: str | None = None
+    # a temporary queue is deleted with its state once no subscription has been open on it
+    # for this long (its client went away and did not come back)
+    temporary_queue_grace: float = 60.0
 
     def __repr__(self) -> str:
         token = None if self.auth_token is None else _MASK

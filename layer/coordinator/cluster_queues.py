@@ -146,13 +146,32 @@ class ClusterQueues:
                 desired[change.name] = config.queue(change.name)
         return tuple(desired.values())
 
-    def create(self, options: Mapping[str, str], by: str) -> Definition:
-        """The record of a new queue (``ConfigError`` as the file's, ``QueueExists``)."""
+    def create(self, options: Mapping[str, str], by: str, temporary: bool = False) -> Definition:
+        """The record of a new queue (``ConfigError`` as the file's, ``QueueExists``). A
+        temporary one is watched by this coordinator (its origin names it)."""
         table = _table("queue create", options)
         queue = queue_from_table(table, "queue create", self._coordinator)
         if queue.name in self.definitions.queues:
             raise QueueExists(f"queue {queue.name!r} exists: change it with `qlayer queue alter`")
-        return Definition(queue.name, queue_table(queue), API_ORIGIN, by, self._now_ms())
+        origin = temporary_origin(self._coordinator.id) if temporary else API_ORIGIN
+        return Definition(
+            queue.name, queue_table(queue), origin, by, self._now_ms(), temporary=temporary
+        )
+
+    def watched_temporary(self) -> list[str]:
+        """The temporary queues this coordinator watches (it created them)."""
+        mine = temporary_origin(self._coordinator.id)
+        return [
+            name
+            for name, d in self.definitions.latest.items()
+            if d is not None and d.temporary and d.origin == mine
+        ]
+
+    def take_ended_temporary(self) -> set[str]:
+        """The temporary queues deleted since the last call: their state is to go."""
+        ended = set(self.definitions.ended_temporary)
+        self.definitions.ended_temporary.clear()
+        return ended
 
     def alter(self, name: str, options: Mapping[str, str], by: str) -> Definition:
         """The record of new values of a queue's options; ``ConfigError`` for an invalid one
@@ -207,4 +226,11 @@ def _table(where: str, options: Mapping[str, str]) -> dict[str, object]:
 
 def info_of(d: Definition) -> QueueDefinitionInfo:
     options = {option: toml_literal(value) for option, value in d.table.items()}
-    return QueueDefinitionInfo(d.name, options, d.origin, d.changed_by, d.changed_at_ms)
+    return QueueDefinitionInfo(
+        d.name, options, d.origin, d.changed_by, d.changed_at_ms, d.temporary
+    )
+
+
+def temporary_origin(coordinator_id: str) -> str:
+    """The origin of a temporary queue: the coordinator that watches its use."""
+    return f"temporary:{coordinator_id}"

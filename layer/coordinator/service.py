@@ -75,7 +75,7 @@ from layer.coordinator.stages import Stages
 from layer.coordinator.subscriptions import SubscriptionHandle, Subscriptions
 from layer.coordinator.topics import check_view_topic, needed_topics
 from layer.coordinator.view_history import ViewHistory
-from layer.definitions import Write
+from layer.definitions import Write, toml_literal
 from layer.documents import DocumentReader
 from layer.engine.model import AckOp, Bookmark
 from layer.exceptions import (
@@ -193,6 +193,7 @@ class Coordinator:
         # the cluster's queue definitions (layer.definitions): the topic reduced, its reader
         # and writer, and the writers waiting to read their own change back
         self._cluster: ClusterQueues | None = None
+        self._temporary_task: asyncio.Task[None] | None = None
         self._converging: asyncio.Task[None] | None = None
         self._defs_dirty = False  # records reduced that _converge has not applied yet
 
@@ -240,6 +241,7 @@ class Coordinator:
             self._serve_queue(rt)
         self._pump_task = asyncio.create_task(self._rounds.run(), name="coordinator-pump")
         self._cluster.tail(self._loop, self._definitions_changed)
+        self._temporary_task = asyncio.create_task(self._watch_temporary(), name="temporary")
 
     async def _ensure_topics(self, queues: Sequence[QueueConfig]) -> None:
         """Create the topics these queues need and are missing (waiting for Kafka if away)."""
@@ -368,6 +370,8 @@ class Coordinator:
             await asyncio.gather(*self._replays, return_exceptions=True)
         self._replay_pool.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(self._durable.close)
+        if self._temporary_task is not None:
+            self._temporary_task.cancel()
         if self._cluster is not None:
             await asyncio.to_thread(self._cluster.close)
         self._changelog.shutdown()
@@ -727,6 +731,12 @@ class Coordinator:
             applied = replace(desired, queues=tuple(kept.get(q.name, q) for q in desired.queues))
             await self._apply_plan(the_plan, applied, reason)
             self._config = replace(self._config, source=file_source)
+        ended = self._cluster.take_ended_temporary() - set(self._runtimes)
+        if ended:
+            try:
+                await self._discard_state(ended)
+            except QLayerError as exc:
+                log.warning("the changelog of deleted temporary queues stays: %s", exc)
         for r in the_plan.refused:
             log.error(
                 "%s: option %r of the definitions topic (%s -> %s) not applied while it serves: %s",
@@ -737,7 +747,7 @@ class Coordinator:
                 r.reason,
             )
         result = replace(the_plan.result(applied=True), refused=[])
-        if not the_plan.empty:
+        if not the_plan.empty or source is not None:  # a reload says so even when empty
             for line in result.lines():
                 log.info("%s", line, extra={"source": desired.source})
         return result
@@ -765,6 +775,63 @@ class Coordinator:
             d = cluster.create(options, by)
             await self._write_and_apply([Write.of(d)], f"created by {by}")
             return info_of(d)
+
+    async def create_temporary_queue(
+        self, name: str, options: Mapping[str, str], by: str
+    ) -> QueueDefinitionInfo:
+        """A temporary queue, watched by this coordinator: deleted with its state once no
+        subscription has been open on it for ``temporary_queue_grace``."""
+        cluster = self._check_serving()
+        async with self._reload_lock:
+            self._check_alive()
+            d = cluster.create({**options, "name": toml_literal(name)}, by, temporary=True)
+            await self._write_and_apply([Write.of(d)], f"created by {by}")
+            return info_of(d)
+
+    async def _watch_temporary(self) -> None:
+        """Delete, with its state, each temporary queue this coordinator watches once no
+        subscription has been open on it for the grace period."""
+        grace = self._config.coordinator.temporary_queue_grace
+        idle: dict[str, float] = {}  # queue -> when it was last seen without a subscription
+        while not self._stopping:
+            await asyncio.sleep(min(1.0, grace / 4))
+            if self._cluster is None:
+                continue
+            now = time.monotonic()
+            watched = self._cluster.watched_temporary()
+            for name in list(idle):
+                if name not in watched:
+                    del idle[name]
+            for name in watched:
+                rt = self._runtimes.get(name)
+                if rt is None or rt.subscriptions:
+                    idle.pop(name, None)
+                elif now - idle.setdefault(name, now) >= grace:
+                    del idle[name]
+                    try:
+                        await self._end_temporary(name, grace)
+                    except QLayerError as exc:  # Kafka away: tried again after a grace
+                        log.warning("temporary queue=%s not deleted yet: %s", name, exc)
+                    except Exception:
+                        log.exception("temporary queue=%s not deleted yet", name)
+
+    async def _end_temporary(self, name: str, grace: float) -> None:
+        async with self._reload_lock:
+            rt = self._runtimes.get(name)
+            if self._stopping or rt is None or rt.subscriptions:
+                return  # its client came back meanwhile
+            reason = f"deleted: a temporary queue with no subscription for {grace:g}s"
+            await self._write_and_apply([Write.delete(name)], reason)
+
+    def _discard_state(self, names: set[str]) -> Awaitable[None]:
+        """The state of deleted temporary queues goes: the local store's and the changelog
+        topic (a temporary queue's name is not meant to come back)."""
+        for name in names:
+            self._store.wipe_queue(name)
+        topics = [self._config.coordinator.changelog_topic(name) for name in names]
+        admin = TopicAdmin(self._base_settings)
+        log.info("temporary queues deleted with their state: %s", ", ".join(sorted(names)))
+        return asyncio.to_thread(admin.delete_topics, topics)
 
     async def alter_queue(
         self, name: str, options: Mapping[str, str], by: str
@@ -830,11 +897,10 @@ class Coordinator:
                 self._config, broker=new.broker, coordinator=new.coordinator, source=new.source
             )
             writes = self._cluster.file_writes(new)
-            if not writes:
-                return the_plan.result(applied=True)
-            return await self._write_and_apply(
-                writes, f"removed by reload of {new.source}", new.source
-            )
+            reason = f"removed by reload of {new.source}"
+            if not writes:  # the file changed nothing: the topic's queues as they are
+                return await self._apply_definitions(reason, new.source)
+            return await self._write_and_apply(writes, reason, new.source)
 
     def reload_on_signal(self) -> None:
         """SIGHUP: reload in the background (a signal handler must not wait); ``reload`` logs

@@ -24,7 +24,13 @@ from layer.api.errors import CODE_METADATA_KEY
 from layer.api.frames import BROWSE_CODEC, CLIENT_FRAME_CODEC, Browse, Subscribe
 from layer.api.tokens import new_token
 from layer.client import QueueClient
-from layer.exceptions import ConfigError, ConnectFailed, PermissionDenied, Unauthenticated
+from layer.exceptions import (
+    ConfigError,
+    ConnectFailed,
+    PermissionDenied,
+    QueueExists,
+    Unauthenticated,
+)
 from tests.certs import CertAuthority
 from tests.harness import CoordinatorProcess, toml_value, write_config
 from tests.helpers import wait_until
@@ -131,7 +137,19 @@ CALLS: dict[str, Callable[[QueueClient, str], object]] = {
         c.delete_queue(f"{q}-gone"),
     ),
     "ListDefinitions": lambda c, q: [d.name for d in c.queue_definitions()],
+    # consume on the new queue's name (here the queue's own: it exists, so the allowed call
+    # is answered queue_exists, after the right was checked)
+    "CreateTemporaryQueue": lambda c, q: _temporary(c, q),
 }
+
+
+def _temporary(client: QueueClient, queue: str) -> str:
+    try:
+        return client.create_temporary_queue(queue, queue).name
+    except QueueExists:
+        return queue
+
+
 # calls that need their right on every queue (a grant on "*")
 EVERYWHERE = {"Reload", "CreateQueue", "AlterQueue", "DeleteQueue"}
 # calls that list only what the principal may browse, never refused

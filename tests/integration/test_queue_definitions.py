@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
+from connectors.admin import TopicAdmin
 from layer.client import QueueClient
 from layer.definitions import Definition
 from layer.exceptions import QueueRemoved, UnknownQueue
@@ -254,3 +255,74 @@ def test_a_malformed_record_is_logged_and_skipped(
     other = names("other")
     ok("queue", "create", other, "--underlying-topic", other, "--server", address)
     assert sorted(listed(address)) == sorted([q, other])
+
+
+def test_a_temporary_queue_goes_with_its_state_once_its_client_is_gone(
+    broker: Any, coordinator_factory: Any, names: Callable[[str], str]
+) -> None:
+    q, topic = names("replies"), names("repliest")
+    proc = coordinator_factory([], temporary_queue_grace="2s")
+    address = str(proc.address)
+    admin = TopicAdmin({"bootstrap.servers": broker.bootstrap_servers})
+    changelog = f"qlayer.changelog.{proc_id(proc)}.{q}"
+    with QueueClient(address) as client:
+        info = client.create_temporary_queue(q, topic, message_type="bytes")
+        assert info.temporary and info.origin.startswith("temporary:")
+        assert listed(address)[q]["temporary"] is True
+        with client.subscribe(q) as sub:
+            client.publish(q, b"reply-1")
+            got = sub.next(timeout=30)
+            assert got is not None and got.data == b"reply-1"
+            got.ack(wait=True, timeout=30)
+            # while a subscription is open it stays, however long (here: 3 graces)
+            deadline = time.monotonic() + 6
+            while time.monotonic() < deadline:
+                assert q in {i.name for i in client.queues()}
+                time.sleep(0.5)
+        # the client comes back within the grace: the queue is still there, state and all
+        with client.subscribe(q) as sub:
+            client.publish(q, b"reply-2")
+            got = sub.next(timeout=30)
+            assert got is not None and got.data == b"reply-2"  # reply-1 stays acked
+            got.ack(wait=True, timeout=30)
+        assert changelog in admin.list_topics()
+        # gone for good: deleted with its state once the grace has passed
+        wait_until(
+            lambda: q not in {i.name for i in client.queues()},
+            timeout=60,
+            message=lambda: proc.log_tail(),
+        )
+        assert q not in listed(address)
+        with pytest.raises(UnknownQueue):
+            client.stats(q)
+        wait_until(lambda: changelog not in admin.list_topics(), timeout=60)
+    assert "temporary queues deleted with their state" in proc.log_path.read_text()
+
+
+def proc_id(proc: Any) -> str:
+    text = proc.config_path.read_text()
+    return next(
+        line.split("=", 1)[1].strip().strip('"')
+        for line in text.splitlines()
+        if line.startswith("id = ")
+    )
+
+
+def test_create_from_a_toml_snippet(
+    tmp_path: Any, coordinator_factory: Any, names: Callable[[str], str]
+) -> None:
+    q = names("snippet")
+    proc = coordinator_factory([])
+    snippet = tmp_path / "queue.toml"
+    snippet.write_text(
+        f'[[queue]]\nname = "{q}"\nunderlying_topic = "{q}"\nmessage_type = "bytes"\n'
+        'lease_period = "45s"\n'
+        'redelivery_backoff = { initial = "1s", multiplier = 2, max = "1m" }\n'
+    )
+    ok("queue", "create", "--from-file", str(snippet), "--server", str(proc.address))
+    options = listed(str(proc.address))[q]["options"]
+    assert options["lease_period"] == "45.0"
+    assert options["redelivery_backoff"] == "{ initial = 1.0, multiplier = 2.0, max = 60.0 }"
+    snippet.write_text("[[queue]]\nname = ")
+    line = refused(2, "queue", "create", "--from-file", str(snippet), "--server", str(proc.address))
+    assert str(snippet) in line, line

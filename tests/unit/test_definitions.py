@@ -106,7 +106,7 @@ def test_a_malformed_record_is_named_and_skipped_keeping_the_last_good_one() -> 
     bad_options = encode(
         "queue_definition",
         {"name": "a", "options": {"name": '"a"', "underlying_topic": '"a"', "lease_period": "-1"},
-         "origin": "api", "changed_by": "x", "changed_at_ms": 0},
+         "origin": "api", "changed_by": "x", "changed_at_ms": 0, "temporary": False},
     )  # fmt: skip
     defs, problems = reduce(
         [
@@ -124,6 +124,7 @@ def test_a_malformed_record_is_named_and_skipped_keeping_the_last_good_one() -> 
                         "origin": "api",
                         "changed_by": "",
                         "changed_at_ms": 0,
+                        "temporary": False,
                     },
                 ),
             ),  # fmt: skip
@@ -214,3 +215,12 @@ def test_a_queue_table_loads_back_to_the_same_queue(tmp_path: Path) -> None:
 )
 def test_the_definitions_topic_is_named_by_the_cluster(cluster: str | None, topic: str) -> None:
     assert CoordinatorConfig(id="c1", cluster=cluster).definitions_topic == topic
+
+
+def test_a_temporary_queue_is_marked_and_its_end_is_noted() -> None:
+    tmp = Definition("r", table("r"), "temporary:c1", "alice", 5, temporary=True)
+    assert decode_record(*tmp.encode()) == ("r", tmp)
+    defs, _ = reduce([Write.of(tmp), Write.of(Definition("a", table("a"))), Write.delete("a")])
+    assert defs.ended_temporary == set()
+    defs.apply(b"r", None, 3)
+    assert defs.ended_temporary == {"r"}

@@ -426,7 +426,7 @@ class ReloadRefusal(_message.Message):
     def __init__(self, where: _Optional[str] = ..., option: _Optional[str] = ..., old: _Optional[str] = ..., new: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class QueueDefinition(_message.Message):
-    __slots__ = ("name", "options", "origin", "changed_by", "changed_at_ms")
+    __slots__ = ("name", "options", "origin", "changed_by", "changed_at_ms", "temporary")
     class OptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -439,12 +439,14 @@ class QueueDefinition(_message.Message):
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     CHANGED_BY_FIELD_NUMBER: _ClassVar[int]
     CHANGED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    TEMPORARY_FIELD_NUMBER: _ClassVar[int]
     name: str
     options: _containers.ScalarMap[str, str]
     origin: str
     changed_by: str
     changed_at_ms: int
-    def __init__(self, name: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ..., origin: _Optional[str] = ..., changed_by: _Optional[str] = ..., changed_at_ms: _Optional[int] = ...) -> None: ...
+    temporary: bool
+    def __init__(self, name: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ..., origin: _Optional[str] = ..., changed_by: _Optional[str] = ..., changed_at_ms: _Optional[int] = ..., temporary: _Optional[bool] = ...) -> None: ...
 
 class CreateQueueRequest(_message.Message):
     __slots__ = ("options",)
@@ -458,6 +460,21 @@ class CreateQueueRequest(_message.Message):
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     options: _containers.ScalarMap[str, str]
     def __init__(self, options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class CreateTemporaryQueueRequest(_message.Message):
+    __slots__ = ("queue", "options")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    options: _containers.ScalarMap[str, str]
+    def __init__(self, queue: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class AlterQueueRequest(_message.Message):
     __slots__ = ("name", "options")

@@ -99,6 +99,11 @@ class QueueServiceStub:
                 request_serializer=qlayer_dot_v1_dot_queue__pb2.ListDefinitionsRequest.SerializeToString,
                 response_deserializer=qlayer_dot_v1_dot_queue__pb2.ListDefinitionsReply.FromString,
                 _registered_method=True)
+        self.CreateTemporaryQueue = channel.unary_unary(
+                '/qlayer.v1.QueueService/CreateTemporaryQueue',
+                request_serializer=qlayer_dot_v1_dot_queue__pb2.CreateTemporaryQueueRequest.SerializeToString,
+                response_deserializer=qlayer_dot_v1_dot_queue__pb2.QueueDefinitionReply.FromString,
+                _registered_method=True)
         self.Replay = channel.unary_stream(
                 '/qlayer.v1.QueueService/Replay',
                 request_serializer=qlayer_dot_v1_dot_queue__pb2.ReplayRequest.SerializeToString,
@@ -216,6 +221,16 @@ class QueueServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateTemporaryQueue(self, request, context):
+        """A temporary queue (Solace's anonymous queue, RabbitMQ's exclusive auto-delete one), e.g.
+        for replies: needs `consume` on its name, not admin. It is deleted, with its state, once
+        no subscription has been open on it for the coordinator's temporary_queue_grace (60 s):
+        its client went away and did not come back.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Replay(self, request, context):
         """Replay through the queue's name (AMPS's bookmark subscription to a queue): the records
         of the queue's underlying topics from a point on, as plain publish/subscribe. Nothing is
@@ -296,6 +311,11 @@ def add_QueueServiceServicer_to_server(servicer, server):
                     servicer.ListDefinitions,
                     request_deserializer=qlayer_dot_v1_dot_queue__pb2.ListDefinitionsRequest.FromString,
                     response_serializer=qlayer_dot_v1_dot_queue__pb2.ListDefinitionsReply.SerializeToString,
+            ),
+            'CreateTemporaryQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateTemporaryQueue,
+                    request_deserializer=qlayer_dot_v1_dot_queue__pb2.CreateTemporaryQueueRequest.FromString,
+                    response_serializer=qlayer_dot_v1_dot_queue__pb2.QueueDefinitionReply.SerializeToString,
             ),
             'Replay': grpc.unary_stream_rpc_method_handler(
                     servicer.Replay,
@@ -654,6 +674,33 @@ class QueueService:
             '/qlayer.v1.QueueService/ListDefinitions',
             qlayer_dot_v1_dot_queue__pb2.ListDefinitionsRequest.SerializeToString,
             qlayer_dot_v1_dot_queue__pb2.ListDefinitionsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateTemporaryQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qlayer.v1.QueueService/CreateTemporaryQueue',
+            qlayer_dot_v1_dot_queue__pb2.CreateTemporaryQueueRequest.SerializeToString,
+            qlayer_dot_v1_dot_queue__pb2.QueueDefinitionReply.FromString,
             options,
             channel_credentials,
             insecure,
