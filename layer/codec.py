@@ -465,6 +465,8 @@ def encode_change(
         return key, encode_value(ChangeKind.POSITION, at_ms=at_ms, low_water=change.offset)
     if isinstance(change, Forget):
         bm = change.bookmark
+        if change.count != 1:
+            return encode_run(queue, bm, change.count), None
         key = _key_prefix(queue, bm.topic, bm.partition) + avro_fast.long(bm.offset) + _ONE
         return key, None
     raise SerializationError(f"schema {CHANGELOG_VALUE!r}: not a change: {change!r}")

@@ -261,15 +261,16 @@ class Round:
         run: list[Leased | Returned | Done] = []
         run_key = run_value = b""
         run_fields: tuple[object, ...] = ()
-        forgets: list[Forget] = []
-        forget_key = b""
+        # the tombstones at hand: the first one's bookmark and how many (each Forget is a run)
+        forget_head: Bookmark | None = None
+        forget_count = 0
         now_ms = self.now_ms
         for change in changes:
-            if forgets and not (
-                isinstance(change, Forget) and _follows(forgets[0].bookmark, len(forgets), change)
+            if forget_head is not None and not (
+                isinstance(change, Forget) and _follows(forget_head, forget_count, change)
             ):
-                self._forget_run(rt, forgets, forget_key)
-                forgets = []
+                self._forget_run(rt, forget_head, forget_count)
+                forget_head = None
             if isinstance(change, (Leased, Returned, Done)):
                 fields = _fields(change)
                 if run:
@@ -285,9 +286,10 @@ class Round:
                 self._record_run(rt, run, run_key, run_value, payloads)
                 run = []
             if isinstance(change, Forget):
-                if not forgets:
-                    forget_key = encode_change(name, change, now_ms)[0]
-                forgets.append(change)
+                if forget_head is None:
+                    forget_head, forget_count = change.bookmark, change.count
+                else:
+                    forget_count += change.count
                 continue
             key, value = encode_change(name, change, now_ms)
             records.append((topic, key, value))
@@ -296,8 +298,8 @@ class Round:
                 self.extra.append(letter)
         if run:
             self._record_run(rt, run, run_key, run_value, payloads)
-        if forgets:
-            self._forget_run(rt, forgets, forget_key)
+        if forget_head is not None:
+            self._forget_run(rt, forget_head, forget_count)
         if rt.config.view_topic is not None:
             leases = lease_changes(rt.view_leases, changes, now_ms) if changes else []
             if effects.view or leases:
@@ -325,12 +327,11 @@ class Round:
         self.records.append(_run_record(rt.changelog_topic, rt.name, first, len(run), key, value))
         self.extra.extend(mirror_run(rt, run, value, self.batch, payloads))
 
-    def _forget_run(self, rt: QueueRuntime, forgets: list[Forget], key: bytes) -> None:
+    def _forget_run(self, rt: QueueRuntime, first: Bookmark, count: int) -> None:
         """The tombstones of a run of messages the low-water mark passed: one changelog record,
         and one store operation that deletes their entries."""
-        first = forgets[0].bookmark
-        count = len(forgets)
-        self.records.append(_run_record(rt.changelog_topic, rt.name, first, count, key, None))
+        key = encode_change(rt.name, Forget(first, count), self.now_ms)[0]
+        self.records.append((rt.changelog_topic, key, None))
         tp = TopicPartition(first.topic, first.partition)
         self.batch.delete_entry_run(rt.name, tp, first.offset, count)
 
@@ -596,7 +597,10 @@ def mirror(
         batch.put_low_water(name, change.partition, change.offset)
         batch.delete_runs_below(name, change.partition, change.offset)
     elif isinstance(change, Forget):
-        batch.delete_entry(name, change.bookmark)
+        bm = change.bookmark
+        batch.delete_entry_run(
+            name, TopicPartition(bm.topic, bm.partition), bm.offset, change.count
+        )
     return None
 
 

@@ -269,9 +269,11 @@ class LowWater:
 # Built per message: not frozen (a frozen __init__ costs ~6x), and never mutated.
 @dataclass(slots=True, unsafe_hash=True)
 class Forget:
-    """Durable: tombstone the done record of this bookmark (the low-water mark has passed it)."""
+    """Durable: tombstone the done records of ``count`` messages from this bookmark (the
+    low-water mark has passed them): a run the mark passed is one Forget, not one a message."""
 
     bookmark: Bookmark
+    count: int = 1
 
 
 Change = Leased | Returned | Done | LowWater | Forget

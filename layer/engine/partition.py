@@ -19,7 +19,7 @@ from heapq import heappop, heappush
 from typing import Any
 
 from layer.engine.index import Entry
-from layer.engine.model import Bookmark, TopicPartition
+from layer.engine.model import Bookmark, Forget, TopicPartition
 from layer.engine.runs import Run
 
 # Trim the consumed front of the lists once it is this long and more than half of them.
@@ -53,7 +53,7 @@ class PartitionState:
         self.emitted = low_water  # the low-water mark last emitted (or restored)
         self.pending: set[int] = set()  # done offsets >= read_pos
         self.pending_heap: list[int] = []
-        self.forgets: list[Bookmark] = []  # passed by low_water, Forget not emitted yet
+        self.forgets: list[Forget] = []  # passed by low_water, not emitted yet
         self.dirty = False
 
     def remember(self, offset: int) -> bool:
@@ -144,17 +144,17 @@ class PartitionState:
                 run: Run = item  # type: ignore[assignment]
                 low = run.low()
                 passed = run.start + run.count if low is None else low
-                if run.start + run.forgotten < passed:
+                first = run.start + run.forgotten
+                if first < passed:
                     tp = self.tp
-                    self.forgets.extend(
-                        Bookmark(tp.topic, tp.partition, o)
-                        for o in range(run.start + run.forgotten, passed)
+                    self.forgets.append(
+                        Forget(Bookmark(tp.topic, tp.partition, first), passed - first)
                     )
                     run.forgotten = passed - run.start
                 if low is not None:
                     break
             else:
-                self.forgets.append(item)  # type: ignore[arg-type]
+                self.forgets.append(Forget(item))  # type: ignore[arg-type]
             head += 1
         self.low_water = low if low is not None else self.read_pos
         if head >= _TRIM and 2 * head > n:

@@ -529,7 +529,7 @@ class QueueEngine(Queries, Holding, Leases, Intake):
             if part.low_water > part.emitted:
                 part.emitted = part.low_water
                 self._changes.append(LowWater(part.tp, part.low_water))
-                self._changes.extend(Forget(bm) for bm in part.forgets)
+                self._changes.extend(part.forgets)
                 part.forgets.clear()
         self._dirty.clear()
         self._order.compact(self._available)

@@ -60,7 +60,16 @@ def add(engine: QueueEngine, *offsets: int, now: float = 0.0, partition: int = 0
 
 
 def changes(engine: QueueEngine) -> list:
-    return engine.drain().changes
+    """The drained changes, a Forget of a run as one per message (``test_a_run_the_mark_passes
+    _is_one_forget`` checks the runs themselves)."""
+    out = []
+    for c in engine.drain().changes:
+        if isinstance(c, Forget) and c.count > 1:
+            bm = c.bookmark
+            out.extend(Forget(bm._replace(offset=bm.offset + i)) for i in range(c.count))
+        else:
+            out.append(c)
+    return out
 
 
 def delivered(engine: QueueEngine, now: float = 0.0) -> list[tuple[str, int]]:
@@ -842,3 +851,21 @@ def test_a_refused_arrival_keeps_the_run_built_before_it(engine_factory):
     assert engine.available() == [bm(0), bm(1), bm(2)]
     engine.subscribe("a", 5, 0.0)
     assert delivered(engine) == [("a", 0), ("a", 1), ("a", 2)]
+
+
+def test_a_run_the_mark_passes_is_one_forget(engine_factory):
+    """Messages admitted as a run and acked are tombstoned as one Forget of the run (its
+    count), not one a message; a message singled out before stays a Forget of its own."""
+    engine = engine_factory()
+    engine.set_high_watermark(TP0, 10)
+    engine.add_run(TP0, 0, [0.0] * 10, 0.0)
+    engine.mark_read(TP0, 10)
+    engine.subscribe("a", 10, 0.0)
+    engine.dispatch(0.0)
+    engine.drain()
+    assert errors(engine.ack("a", [bm(o) for o in range(10)], ACK, 1.0)) == [None] * 10
+    forgets = [c for c in engine.drain().changes if isinstance(c, Forget)]
+    assert sum(f.count for f in forgets) == 10
+    assert len(forgets) < 10
+    covered = [f.bookmark.offset + i for f in forgets for i in range(f.count)]
+    assert covered == list(range(10))

@@ -488,11 +488,16 @@ class EngineMachine(RuleBasedStateMachine):
                     assert self.log[p][offset][2] or done in self.done_ever, (
                         f"low-water mark {c.offset} passed {done}, which is not done"
                     )
-            elif isinstance(c, Forget):
-                assert b not in self.forgotten, f"{b} forgotten twice"
-                assert b in self.done_ever and b.offset < self.low[b.partition]
-                self.forgotten.add(b)
-                self.durable.pop(b, None)
+            elif isinstance(c, Forget):  # a run: the tombstones of c.count messages from b
+                assert c.count >= 1
+                if c.count > 1:
+                    event("Forget of a run")
+                for offset in range(b.offset, b.offset + c.count):
+                    f = Bookmark(b.topic, b.partition, offset)
+                    assert f not in self.forgotten, f"{f} forgotten twice"
+                    assert f in self.done_ever and f.offset < self.low[f.partition]
+                    self.forgotten.add(f)
+                    self.durable.pop(f, None)
         for d in effects.deliveries:
             assert d.subscription in self.backlogs
             if self.alo:
