@@ -177,3 +177,55 @@ def test_console_shows_a_message_arrive_and_leave(
     # no script error on the page (the browser asking for a favicon is no error of ours)
     errors = [e for e in browser.get_log("browser") if "favicon" not in e["message"]]  # type: ignore[attr-defined]
     assert errors == [], errors
+
+
+def test_console_counts_conflated_and_discarded(
+    browser: WebDriver, coordinator_factory, names
+) -> None:
+    """A last-value queue whose dead letters are only for some: the page shows how many
+    messages a newer one replaced and how many left at a limit without a dead letter."""
+    topic, q, dlq = names("web"), names("web"), names("web-dlq")
+    c = coordinator_factory(
+        [
+            {
+                "name": q,
+                "underlying_topic": topic,
+                "dead_letter_topic": dlq,
+                "conflate_key": "/sym",
+                "max_cancels": 1,
+                "dead_letter_if": "/keep = true",
+            }
+        ],
+        http="127.0.0.1:0",
+    )
+    assert c.http_address is not None
+    browser.get(f"http://{c.http_address}/#/queue/{q}")
+    wait_for(
+        browser,
+        "both figures shown at 0 (the options make them possible)",
+        lambda d: (
+            cell_text(d, "#q-figures .conflated b") == "0"
+            and cell_text(d, "#q-figures .discarded b") == "0"
+        ),
+    )
+    with QueueClient(c.address) as client:
+        for order in (1, 2, 3):  # 1 and 2 are replaced by the newer IBM
+            client.publish(q, json.dumps({"order": order, "sym": "IBM"}).encode())
+        client.publish(q, json.dumps({"order": 4, "sym": "MSFT", "keep": True}).encode())
+        wait_for(browser, "two replaced", lambda d: cell_text(d, "#q-figures .conflated b") == "2")
+        with client.subscribe(q, max_backlog=2) as sub:
+            taken = [sub.next(timeout=WAIT), sub.next(timeout=WAIT)]
+            assert sorted(m.json()["order"] for m in taken if m is not None) == [3, 4]
+            for msg in taken:
+                assert msg is not None
+                msg.cancel(wait=True)  # max_cancels 1: order 3 discarded, order 4 dead-lettered
+    wait_for(
+        browser,
+        "one discarded, one dead-lettered",
+        lambda d: (
+            cell_text(d, "#q-figures .discarded b") == "1"
+            and cell_text(d, "#q-figures .dead b") == "1"
+        ),
+    )
+    errors = [e for e in browser.get_log("browser") if "favicon" not in e["message"]]  # type: ignore[attr-defined]
+    assert errors == [], errors

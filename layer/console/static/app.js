@@ -149,6 +149,14 @@ async function drawQueue(name) {
   figure(figures, "delivered", q.delivered_total, "delivered");
   figure(figures, "acked", q.acked_total, "acked");
   figure(figures, "dead-lettered", q.dead_lettered_total, "dead");
+  // how messages left without an ack or a dead letter: shown where the queue's options make
+  // them possible (or they happened under earlier options)
+  const c = q.config;
+  const conflated = q.extra.conflated_total || 0;
+  const discarded = q.extra.discarded_total || 0;
+  if (conflated || c.conflate_key || c.last_value)
+    figure(figures, "conflated", conflated, "conflated");
+  if (discarded || c.dead_letter_if) figure(figures, "discarded", discarded, "discarded");
   drawChart(state.history[name] || []);
 
   const subs = $("#q-subs tbody");
