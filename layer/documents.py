@@ -35,6 +35,10 @@ def load_avro_schema(path: Path) -> Any:
         raise SerializationError(f"invalid Avro schema {path}: {exc}") from exc
 
 
+#: brackets in a JSON payload from which ``DocumentReader.check`` asks the standard parser too
+_DEEP = 256
+
+
 class DocumentReader:
     """Decodes payloads of one message type into documents."""
 
@@ -76,5 +80,10 @@ class DocumentReader:
         try:
             orjson.loads(value)
         except orjson.JSONDecodeError:
+            return self.read(value)[1]
+        # orjson goes 1,024 levels deep, the standard parser as deep as Python's recursion
+        # limit lets it (about 1,000 less the stack in use): a payload that could be nested
+        # that deep is parsed by the standard parser, which decides, as for every other queue
+        if value.count(b"[") + value.count(b"{") >= _DEEP:
             return self.read(value)[1]
         return None
