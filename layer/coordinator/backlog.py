@@ -65,7 +65,7 @@ class Backlog:
         for bm in rt.restored_delays:
             self._apart.setdefault(TopicPartition(bm.topic, bm.partition), set()).add(bm.offset)
         self._slow = 0  # admitted through rt.admit in this take
-        self._heads: dict[int, bytes] = {}  # value length -> avro_fast.plain_head(None, it)
+        self._records = avro_fast.PlainRecords()  # the stored records of plain messages
 
     def take(self, messages: Sequence[Message], batch: StoreBatch, now: float) -> int:
         """Admit ``messages`` (error-free, in offset order per partition) as far as the room
@@ -78,18 +78,15 @@ class Backlog:
         keys, values = batch.put_messages_encoded()
         put_key, put_value = keys.append, values.append
         pack = pack_offset
+        # ``DocumentReader.check`` with its orjson step inlined (a call less per message): only
+        # a payload orjson refuses goes to it, whose parser decides (orjson is stricter: NaN,
+        # integers past 64 bits) and words the error
         loads = orjson.loads if self._check_json else None
+        reader = rt.exprs.reader
         fast = self._fast
         dead_letter = rt.config.on_unparseable == OnUnparseable.DEAD_LETTER
         admitted = 0
-        # a plain message's stored record is head + value + tail (``avro_fast.plain_head``):
-        # the head is kept per value length (of a message without key), the tail per timestamp
-        # (a producer's batch shares one)
-        heads = self._heads
-        plain_head = avro_fast.plain_head
-        tail_ts = -1
-        tail = b""
-        plain_tail = avro_fast.plain_tail
+        encode = self._records.encode
         # the partition of the messages at hand, and the run of them being built: its first
         # offset, the offset after it, the timestamps
         topic: str | None = None
@@ -140,7 +137,8 @@ class Backlog:
                     try:
                         loads(value)
                     except orjson.JSONDecodeError:
-                        error = self._error(value)
+                        assert reader is not None  # _check_json
+                        error = reader.check(value)
                         slow = error is not None and dead_letter
             if slow:
                 if times:
@@ -152,16 +150,8 @@ class Backlog:
                 continue
             if error is not None:
                 rt.unparseable_seen(Bookmark(t, p, offset), error)
-            if error is None and key is None and value is not None:
-                n = len(value)
-                head = heads.get(n)
-                if head is None:
-                    head = heads[n] = plain_head(None, n)
-                if ts != tail_ts:
-                    tail_ts, tail = ts, plain_tail(ts)
-                encoded = head + value + tail
-            elif error is None:
-                encoded = avro_fast.stored_plain(key, value, ts)
+            if error is None:
+                encoded = encode(key, value, ts)
             else:
                 encoded = avro_fast.stored_message(key, value, (), ts, None, error)
             put_key(prefix + pack(offset))
@@ -192,13 +182,6 @@ class Backlog:
         if prefix is None:
             prefix = self._prefixes[tp] = partition_prefix(self.rt.name, tp.topic, tp.partition)
         return prefix
-
-    def _error(self, value: bytes) -> str | None:
-        """orjson is stricter (NaN, integers past 64 bits): the queue's own parser decides,
-        and words the error."""
-        reader = self.rt.exprs.reader
-        assert reader is not None
-        return reader.read(value)[1]
 
     def _one(
         self,

@@ -431,8 +431,9 @@ class QueueRuntime:
         a throughput run) takes a short way: no ``Bookmark``, ``StoredMessage`` (but for the
         payload cache) or parsed document is made for it, its JSON is only checked
         (``DocumentReader.check``) and its stored record is built from a head per value length
-        and a tail per timestamp (``avro_fast.plain_head``, byte-identical to
-        ``StoredMessage.encode``). One that does not parse goes the long way, which words it."""
+        and a tail per timestamp (``avro_fast.PlainRecords``, byte-identical to
+        ``StoredMessage.encode``; the backlog's bulk read encodes with it too). One that does
+        not parse goes the long way, which words it."""
         room = min(self.engine.room(), limit)
         if not self.inbox or room <= 0:
             return 0
@@ -469,9 +470,7 @@ class QueueRuntime:
         at_partition = -1
         at_tp = TopicPartition("", -1)
         prefix = b""
-        heads: dict[int, bytes] = {}  # value length -> avro_fast.plain_head(None, it)
-        tail_ts = -1
-        tail = b""
+        encode = avro_fast.PlainRecords().encode
         while inbox and room > 0:
             msg = inbox.popleft()
             if short and not msg.headers():
@@ -492,17 +491,8 @@ class QueueRuntime:
                     ts_ms: int = msg.timestamp()[1]
                     if ts_ms < 0:
                         ts_ms = 0
-                    if key is None and value is not None:
-                        head = heads.get(len(value))
-                        if head is None:
-                            head = heads[len(value)] = avro_fast.plain_head(None, len(value))
-                        if ts_ms != tail_ts:
-                            tail_ts, tail = ts_ms, avro_fast.plain_tail(ts_ms)
-                        keys.append(prefix + pack_offset(offset))
-                        values.append(head + value + tail)
-                    else:
-                        keys.append(prefix + pack_offset(offset))
-                        values.append(avro_fast.stored_plain(key, value, ts_ms))
+                    keys.append(prefix + pack_offset(offset))
+                    values.append(encode(key, value, ts_ms))
                     if len(payload_cache) < cache_size:
                         payload_cache[Bookmark(t, p, offset)] = StoredMessage(key, value, (), ts_ms)
                     room -= 1

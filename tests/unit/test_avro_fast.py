@@ -104,6 +104,22 @@ def test_plain_head_and_tail_around_the_value_are_stored_plain(key, value, ts) -
     assert parts == avro_fast.stored_plain(key, value, ts)
 
 
+plain_messages = st.tuples(
+    st.none() | st.binary(max_size=20),
+    st.none() | st.binary(max_size=300),
+    st.sampled_from([0, 1, 1_764_000_000_000, 1_764_000_000_001]),
+)
+
+
+@given(st.lists(plain_messages, max_size=30))
+def test_plain_records_of_a_read_are_stored_plain(messages) -> None:
+    # one encoder across the read, as the live round and the backlog use it: the heads and
+    # the tail it keeps never leak from one message into the next
+    encode = avro_fast.PlainRecords().encode
+    for key, value, ts in messages:
+        assert encode(key, value, ts) == avro_fast.stored_plain(key, value, ts)
+
+
 def test_long_matches_the_varint_for_every_small_length() -> None:
     assert all(avro_fast.long(n) == avro_fast._varint(n) for n in range(-300, 20_000))
 
