@@ -12,8 +12,8 @@ and the rest to the reader thread and the round around each batch (py-spy; issue
 ``Backlog`` admits a fetch of the backlog with as little per message as the queue allows: for a
 plain queue without expressions (no group, conflation, barrier, priority or filter) a message
 without headers is stored (its record encoded directly), its offset extends the partition's
-current run, and a JSON payload is only checked (``orjson``, and the standard parser again for
-the error text of one that fails). Anything else (a message with headers, a restored delay, a
+current run, and a JSON payload is only checked (``DocumentReader.check``, as on the live
+path). Anything else (a message with headers, a restored delay, a
 queue with expressions) goes through ``QueueRuntime.admit`` as on the live path, so the
 semantics are one. The engine's room (``target_queue_depth``) is respected: the backlog stops
 where the room ends and the live reader goes on from the read positions written.
@@ -27,7 +27,6 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence, Set
 
-import orjson
 from confluent_kafka import Message
 
 from layer import avro_fast
@@ -78,11 +77,10 @@ class Backlog:
         keys, values = batch.put_messages_encoded()
         put_key, put_value = keys.append, values.append
         pack = pack_offset
-        # ``DocumentReader.check`` with its orjson step inlined (a call less per message): only
-        # a payload orjson refuses goes to it, whose parser decides (orjson is stricter: NaN,
-        # integers past 64 bits) and words the error
-        loads = orjson.loads if self._check_json else None
+        # the live path's JSON check (``DocumentReader.check``: orjson, and the standard parser
+        # where the two may disagree), so a payload is unparseable on both paths or neither
         reader = rt.exprs.reader
+        check = reader.check if self._check_json and reader is not None else None
         fast = self._fast
         dead_letter = rt.config.on_unparseable == OnUnparseable.DEAD_LETTER
         admitted = 0
@@ -133,13 +131,9 @@ class Backlog:
                 ts: int = msg.timestamp()[1]
                 if ts < 0:
                     ts = 0
-                if loads is not None and value is not None:
-                    try:
-                        loads(value)
-                    except orjson.JSONDecodeError:
-                        assert reader is not None  # _check_json
-                        error = reader.check(value)
-                        slow = error is not None and dead_letter
+                if check is not None and value is not None:
+                    error = check(value)  # the live path's check, the one rule for JSON
+                    slow = error is not None and dead_letter
             if slow:
                 if times:
                     flush()

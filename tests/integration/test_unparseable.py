@@ -67,6 +67,37 @@ def test_an_unparseable_message_is_dead_lettered_on_arrival_with_its_error(
     assert "column" in letter.detail  # where it stopped parsing
 
 
+def test_the_backlog_read_at_start_judges_json_as_the_live_path(
+    broker, topic_factory, coordinator_factory, names
+) -> None:
+    """Messages published while the coordinator was stopped are read in bulk at its restart
+    (``Backlog``, for the partitions its state knows): a malformed one and one nested deeper
+    than the standard parser goes (valid JSON to orjson) are dead-lettered on arrival there
+    too, never delivered."""
+    topic, q, dlq = topic_factory(partitions=1, prefix="upb"), names("upb"), names("upb-dlq")
+    c = coordinator_factory([{"name": q, "underlying_topic": topic, "dead_letter_topic": dlq}])
+    _produce(broker.bootstrap_servers, topic, [b'{"id": 0}'])
+    with QueueClient(c.address) as client:
+        wait_until(lambda: client.stats(q)[0].available == 1, 30, message="the partition known")
+    assert c.stop() == 0
+    nested = b"[" * 1000 + b"]" * 1000
+    _produce(broker.bootstrap_servers, topic, [b'{"id": 1}', b'{"id": 2, qty: }', nested])
+    c.start()
+    assert "backlog" in c.log_path.read_text(), "the restart read no backlog"
+    with QueueClient(c.address) as client:
+        wait_until(
+            lambda: client.stats(q)[0].dead_lettered_total == 2, 30, message="two dead letters"
+        )
+        (s,) = client.stats(q)
+        assert s.available == 2 and s.extra["unparseable_total"] == 2, s
+        with client.subscribe(q, max_backlog=10) as sub:
+            assert [m.json()["id"] for m in _take(sub, 2)] == [0, 1]
+        wait_until(lambda: len(client.dead_letters(q)) == 2, 30, message="the letters listed")
+        letters = {d.original: d for d in client.dead_letters(q)}
+    assert set(letters) == {f"{topic}/0/2", f"{topic}/0/3"}
+    assert all(d.reason == "unparseable" for d in letters.values())
+
+
 def test_deliver_policy_hands_it_out_with_parse_error(broker, coordinator_factory, names) -> None:
     topic, q = names("upd"), names("upd")
     c = coordinator_factory([{"name": q, "underlying_topic": topic, "on_unparseable": "deliver"}])
