@@ -41,6 +41,8 @@ __all__ = ["EndFollower"]
 _TAKE = 10_000
 #: how long ``ends`` waits for the follower to reach what ListOffsets says is there
 SETTLE_S = 0.2
+#: how long ``ends`` waits for a ListOffsets answer (without one, the end is as last fetched)
+BOUND_TIMEOUT_S = 5.0
 
 
 class EndFollower:
@@ -110,7 +112,7 @@ class EndFollower:
         for topic, partition in sorted(wanted):
             try:
                 _low, high = consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=self._timeout
+                    TopicPartition(topic, partition), timeout=min(self._timeout, BOUND_TIMEOUT_S)
                 )
             except KafkaException:
                 continue
