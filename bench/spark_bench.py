@@ -13,8 +13,11 @@ Measures, against the embedded broker and real coordinator processes (results to
   own, leased once the aggregate has shown it and acked with ``wait=True``; its freshness is
   the time from the ack's return (the done record is durable) to the ``foreachBatch`` call
   whose result shows its group emptied. A message leaves the live contents when it is leased,
-  just before the consumer gets it, so delivery-to-update is reported too, and
-  publish-to-update for the probe entering the aggregate.
+  before the consumer gets and acks it, so an update can come before the ack returns (a
+  negative figure); delivery-to-update is reported too, and **change-to-update**: from the
+  time of the coordinator round that leased the probe (its -1 change's ``changed_at``, taken
+  just before the round's transaction commits) to the update, the delay a dashboard adds to
+  what the queue does. Also publish-to-update for the probe entering the aggregate.
 
 Run: ``python -m bench.spark_bench [--quick]`` (needs the ``spark`` extra and Java 17).
 """
@@ -125,7 +128,8 @@ class Coordinator:
                 self.proc.wait(10)
 
 
-#: settings of the measured session (more with $BENCH_SPARK_CONF="key=value,key=value")
+#: settings of the measured session, as ``spark.local_session`` starts one (more with
+#: $BENCH_SPARK_CONF="key=value,key=value"; $BENCH_DEFAULT_CONF=1: without these)
 SESSION_CONF: dict[str, str] = {}
 
 
@@ -142,11 +146,16 @@ def start_spark() -> Any:
         .config("spark.sql.shuffle.partitions", os.environ.get("BENCH_SHUFFLE_PARTITIONS", "1"))
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
+        # every micro-batch's progress, for the freshness stages (not only the last 100)
+        .config("spark.sql.streaming.numRecentProgressUpdates", "2000")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.host", "127.0.0.1")
     )
-    for key, value in SESSION_CONF.items():
+    from spark.session import STREAMING_CONF
+
+    defaults = {} if os.environ.get("BENCH_DEFAULT_CONF") else STREAMING_CONF
+    for key, value in {**defaults, **SESSION_CONF}.items():
         spark = spark.config(key, value)
     for pair in filter(None, os.environ.get("BENCH_SPARK_CONF", "").split(",")):
         key, _, value = pair.partition("=")
@@ -166,6 +175,41 @@ def view_end(bootstrap: str, topic: str) -> int:
     parts = [(t, 0) for t in topics]
     marks = read_watermarks(settings, parts, isolation_level="read_committed")
     return sum(mark.high for mark in marks.values())
+
+
+def _epoch(timestamp: str) -> float:
+    """Seconds since the epoch of a progress report's ISO timestamp (UTC, ``...Z``)."""
+    from datetime import datetime
+
+    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
+class LoadSampler:
+    """The machine's 1-minute load average every 2 s while a measurement runs (it is shared)."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append(os.getloadavg()[0])
+            if self._stop.wait(2.0):
+                return
+
+    def start(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict[str, float]:
+        v = self.samples or [os.getloadavg()[0]]
+        return {"min": round(min(v), 2), "median": round(statistics.median(v), 2),
+                "max": round(max(v), 2)}  # fmt: skip
 
 
 def timed(action: Any) -> tuple[float, Any]:
@@ -398,6 +442,8 @@ def freshness(
 ) -> dict[str, Any]:
     """Probes are leased only once the aggregate has shown them (a message leased in the round
     it arrives never enters the live contents, so it would never leave them either)."""
+    from pyspark.sql import functions as F
+
     from spark import live_aggregate, queue_contents_stream
 
     bootstrap = broker.bootstrap_servers
@@ -408,10 +454,14 @@ def freshness(
     published: dict[int, float] = {}
     entered: dict[int, float] = {}
     updated: dict[int, float] = {}
+    left_at: dict[int, float] = {}  # when the coordinator's round took the probe out
+    left_in: dict[int, int] = {}  # the micro-batch that showed it gone
+    called: dict[int, float] = {}  # when foreachBatch called on_batch, by micro-batch
     lock = threading.Lock()  # on_batch runs on py4j's callback thread
     highest_entered = [-1]
 
-    def on_batch(df: Any, _batch_id: int) -> None:
+    def on_batch(df: Any, batch_id: int) -> None:
+        called[batch_id] = time.time()
         rows = df.collect()
         now = time.time()
         with lock:
@@ -419,6 +469,9 @@ def freshness(
                 if row["sym"].startswith("P-"):
                     probe = int(row["sym"][2:])
                     (entered if row["count"] else updated).setdefault(probe, now)
+                    if not row["count"]:
+                        left_at.setdefault(probe, -row["left_at"])
+                        left_in.setdefault(probe, batch_id)
             highest_entered[0] = max(entered, default=-1)
 
     def not_updated() -> set[int]:
@@ -426,8 +479,11 @@ def freshness(
             return set(acked) - set(updated)
 
     changes = queue_contents_stream(spark, "fresh", config=coordinator.config, schema=SCHEMA)
+    # the signed sum of the -1 changes' times: once a probe's group is empty, minus the time of
+    # the round that took the probe out of the live contents (its lease)
+    leaving = F.when(F.col("sign") < 0, F.unix_micros("changed_at") / 1e6).otherwise(0.0)
     query = (
-        live_aggregate(changes, by="sym")
+        live_aggregate(changes, by="sym", sum={"left_at": leaving})
         .writeStream.outputMode("update")
         .foreachBatch(on_batch)
         .option("checkpointLocation", str(workdir / "fresh-checkpoint"))
@@ -469,15 +525,20 @@ def freshness(
 
             prober = threading.Thread(target=consume_probes, daemon=True)
             started = time.monotonic()
+            loads = LoadSampler().start()
             worker.start()
             prober.start()
             time.sleep(duration)
+            loads.stop()
             stop.set()
             stop_load.set()
             load = out.get(timeout=60)
             worker.join(30)
             prober.join(30)
             elapsed = time.monotonic() - started
+            coordinator_stages = {
+                k: v for k, v in patient_stats(client, "fresh").extra.items() if "stage_" in k
+            }
         published.update(load["probes"])
         counts["published"] = load["published"]
         counts["acked"] += load["acked"]
@@ -487,7 +548,8 @@ def freshness(
         missing = not_updated()
         if query.exception() is not None:
             raise RuntimeError(f"the streaming query failed: {query.exception()}")
-        progress = [p for p in query.recentProgress if p.numInputRows]
+        every = {p.batchId: p for p in query.recentProgress}
+        progress = [p for p in every.values() if p.numInputRows]
         batch_ms = [p.durationMs.get("triggerExecution", 0) / 1000 for p in progress]
         phases = (
             {
@@ -501,6 +563,10 @@ def freshness(
         query.stop()
         coordinator.stop()
     done = [p for p in acked if p in updated]
+    # a probe's way from its change to the update: to the start of the micro-batch that showed
+    # it (its round's commit, the micro-batch under way, the trigger), then within that one
+    began = {b: _epoch(p.timestamp) for b, p in every.items()}
+    placed = [p for p in done if left_in.get(p) in began]
     result = {
         "offered_rate_per_s": rate,
         "published_per_s": round(counts["published"] / elapsed),
@@ -510,6 +576,21 @@ def freshness(
         "probes_acked": len(acked),
         "probes_never_seen_leaving": len(missing),
         "ack_to_update": percentiles([updated[p] - acked[p] for p in done]),
+        "change_to_update": percentiles([updated[p] - left_at[p] for p in done]),
+        "change_to_update_stages": {
+            "change_to_batch_start": percentiles([began[left_in[p]] - left_at[p] for p in placed]),
+            "batch_start_to_update": percentiles([updated[p] - began[left_in[p]] for p in placed]),
+            # of which: to foreachBatch's call (latestOffset, offset log, planning), then the
+            # Spark job that collect() runs (read, aggregate, state store) and its rows
+            "batch_start_to_call": percentiles(
+                [called[left_in[p]] - began[left_in[p]] for p in placed if left_in[p] in called]
+            ),
+            "call_to_update": percentiles(
+                [updated[p] - called[left_in[p]] for p in placed if left_in[p] in called]
+            ),
+        },
+        "load_average_1m_during": loads.summary(),
+        "coordinator_stages_ms": coordinator_stages,
         "delivery_to_update": percentiles([updated[p] - received[p] for p in done]),
         "publish_to_update": percentiles(
             [entered[p] - published[p] for p in entered if p in published]
@@ -519,6 +600,9 @@ def freshness(
         "micro_batches_with_data": len(progress),
     }
     say(f"freshness ack -> aggregate update: {result['ack_to_update']}")
+    say(f"freshness change (the lease's round) -> aggregate update: {result['change_to_update']}")
+    say(f"  of which: {result['change_to_update_stages']}")
+    say(f"load average (1 min) during the run: {result['load_average_1m_during']}")
     say(f"freshness delivery -> aggregate update: {result['delivery_to_update']}")
     say(f"freshness publish -> aggregate update: {result['publish_to_update']}")
     say(f"micro-batch durations: {result['micro_batch_duration']}")

@@ -15,43 +15,69 @@ from connectors.spark_kafka.options import (
     KafkaSourceOptions,
     Offsets,
     OffsetSpec,
+    Subscription,
 )
 from layer.exceptions import BrokerError, ConfigError
 
 METADATA_TIMEOUT_S = 30.0
 
 
-class BrokerView:
-    """A short-lived consumer on the driver: topic metadata and watermarks (never data)."""
+def metadata_consumer(options: KafkaSourceOptions) -> Consumer:
+    """A consumer for metadata and watermarks (it is never assigned, so it reads no data)."""
+    try:
+        return Consumer(options.consumer_config(**{"enable.partition.eof": False}))
+    except KafkaException as exc:
+        raise ConfigError(f"the kafka.* options are refused by librdkafka: {exc}") from exc
 
-    def __init__(self, options: KafkaSourceOptions) -> None:
+
+class BrokerView:
+    """The driver's questions to the broker for one planning step: topic metadata and
+    watermarks, never data. The topics are listed once per ``BrokerView``, through ``lister``
+    when given (a stream keeps one :func:`metadata_consumer` for its life: listing topics makes
+    librdkafka hold no topic), else through a consumer of its own, made when first needed and
+    closed on exit, which also asks for the watermarks."""
+
+    def __init__(self, options: KafkaSourceOptions, lister: Consumer | None = None) -> None:
         self._options = options
-        try:
-            self._consumer = Consumer(options.consumer_config(**{"enable.partition.eof": False}))
-        except KafkaException as exc:
-            raise ConfigError(f"the kafka.* options are refused by librdkafka: {exc}") from exc
+        self._lister = lister
+        self._own: Consumer | None = None
+        self._topics: dict[str, list[int]] | None = None
 
     def __enter__(self) -> BrokerView:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._consumer.close()
+        if self._own is not None:
+            self._own.close()
+            self._own = None
+
+    @property
+    def _consumer(self) -> Consumer:
+        if self._own is None:
+            self._own = metadata_consumer(self._options)
+        return self._own
 
     def topics(self) -> dict[str, list[int]]:
+        """The broker's topics and their partitions (asked once per ``BrokerView``)."""
+        if self._topics is not None:
+            return self._topics
         try:
-            metadata = self._consumer.list_topics(timeout=METADATA_TIMEOUT_S)
+            lister = self._lister if self._lister is not None else self._consumer
+            metadata = lister.list_topics(timeout=METADATA_TIMEOUT_S)
         except KafkaException as exc:
             raise BrokerError(
                 f"cannot list the topics at {self._options.bootstrap_servers}: {exc}"
             ) from exc
-        return {
+        self._topics = {
             name: sorted(topic.partitions)
             for name, topic in metadata.topics.items()
             if topic.error is None
         }
+        return self._topics
 
-    def partitions(self) -> list[TP]:
-        return self._options.subscription.resolve(self.topics())
+    def partitions(self, subscription: Subscription | None = None) -> list[TP]:
+        """The partitions of ``subscription`` (default: the options'), as they are now."""
+        return (subscription or self._options.subscription).resolve(self.topics())
 
     def resolve(
         self,

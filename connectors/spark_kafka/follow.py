@@ -15,21 +15,27 @@ time grows with the partition's batches). Spark reuses its Python workers
 
 Anything else (a message older than the tail's position and no longer cached, a tail that
 fails) is fetched by offset as before (``connectors.spark_kafka.view.fetch_messages``).
+
+The same tails read a stream's ranges of the view topic itself (``span``): each micro-batch's
+range starts where the last one ended, so the tail is there already (a new consumer per
+micro-batch cost 80-500 ms under load). A tail no task used for ``TAIL_IDLE_S`` is closed, and a
+view generation's when the stream reads a newer one: the coordinator deletes old generations,
+and librdkafka crashed on Tansu when a topic was deleted under a consumer.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from connectors.spark_kafka.options import KafkaSourceOptions
-from connectors.spark_kafka.reading import CONSUME_BATCH, message_offset
+from connectors.spark_kafka.reading import CONSUME_BATCH, message_offset, take
 from layer.engine.model import Bookmark
 
-__all__ = ["CACHE_MESSAGES", "MessageCache", "Tail", "follow"]
+__all__ = ["CACHE_MESSAGES", "MessageCache", "Tail", "close", "follow", "remember", "span"]
 
 #: messages a worker process keeps (about 40 MB at 200-byte messages)
 CACHE_MESSAGES = 100_000
@@ -39,6 +45,10 @@ TAIL_GAP = 50_000
 TAIL_TIMEOUT_S = 10.0
 #: what librdkafka may hold fetched ahead, per tail (kB)
 TAIL_QUEUE_KB = 16_384
+#: a tail no task used this long is closed
+TAIL_IDLE_S = 60.0
+#: a range of more offsets is not read by a tail (it would hold the whole range in memory)
+SPAN_LIMIT = 10_000
 
 
 class MessageCache:
@@ -75,6 +85,7 @@ class Tail:
         self.low = start  # offsets below it are not held any more
         self._next = start  # the next offset the consumer hands over
         self._ahead: dict[int, Message] = {}  # handed over past what was asked for
+        self.used = time.monotonic()
 
     def close(self) -> None:
         self._consumer.close()
@@ -83,12 +94,24 @@ class Tail:
         """The messages at ``offsets`` (sorted, none below ``low``), reading forward to the
         last of them; the ones not on the broker (deleted, aborted) are missing."""
         wanted = set(offsets)
-        last = offsets[-1]
+        return self._read_to(offsets[-1] + 1, timeout, wanted.__contains__)
+
+    def span(self, start: int, end: int, timeout: float) -> list[Message]:
+        """The records of offsets ``[start, end)`` (``start`` not below ``low``), in order."""
+        found = self._read_to(end, timeout, lambda offset: offset >= start)
+        return [found[offset] for offset in sorted(found)]
+
+    def _read_to(
+        self, stop: int, timeout: float, wanted: Callable[[int], bool]
+    ) -> dict[int, Message]:
+        """Read forward until the next offset is ``stop`` or past it: the messages below
+        ``stop`` that are ``wanted`` (read now or ahead before); those past it kept ahead."""
+        self.used = time.monotonic()
         ahead = self._ahead
-        found = {o: ahead[o] for o in offsets if o in ahead}
+        found = {o: m for o, m in ahead.items() if o < stop and wanted(o)}
         deadline = time.monotonic() + timeout
-        while self._next <= last:
-            messages = self._consumer.consume(num_messages=CONSUME_BATCH, timeout=0.05)
+        while self._next < stop:
+            messages = take(self._consumer, CONSUME_BATCH, 0.05)
             moved = False
             for message in messages:
                 error = message.error()
@@ -100,10 +123,10 @@ class Tail:
                         continue
                     raise KafkaException(error)
                 offset = message_offset(message)
-                if offset in wanted:
-                    found[offset] = message
-                elif offset > last:
+                if offset >= stop:
                     ahead[offset] = message
+                elif wanted(offset):
+                    found[offset] = message
                 self._next, moved = max(self._next, offset + 1), True
             if not messages:
                 # transaction markers take offsets no record is handed over for
@@ -117,8 +140,8 @@ class Tail:
                     f"following {self.topic}/{self.partition}: no progress at offset"
                     f" {self._next} for {timeout:.0f}s"
                 )
-        self.low = last + 1
-        for offset in [o for o in ahead if o < self.low]:
+        self.low = stop
+        for offset in [o for o in ahead if o < stop]:
             del ahead[offset]
         return found
 
@@ -129,6 +152,53 @@ _TAILS: dict[tuple[Any, ...], Tail] = {}
 
 def _config_key(config: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(sorted((k, str(v)) for k, v in config.items() if k != "group.id"))
+
+
+def _drop(key: tuple[Any, ...]) -> None:
+    tail = _TAILS.pop(key, None)
+    if tail is not None:
+        tail.close()
+
+
+def _drop_idle(now: float) -> None:
+    """Close the tails no task used for ``TAIL_IDLE_S`` (a stream that stopped): they fetch
+    for nothing, and one must not stay on a view generation the coordinator deletes."""
+    for key in [key for key, tail in _TAILS.items() if now - tail.used > TAIL_IDLE_S]:
+        _drop(key)
+
+
+def span(
+    kafka: KafkaSourceOptions,
+    topic: str,
+    partition: int,
+    start: int,
+    end: int,
+    related: Callable[[str], bool] = lambda _topic: False,
+) -> list[Message] | None:
+    """The records of offsets ``[start, end)`` of a (view-topic) partition, in order, read
+    forward by this process's tail of it (a stream's next micro-batch starts where the last
+    ended, so the tail is there already); None when that is not possible (the caller reads the
+    range by a consumer of its own). The tails of ``related`` topics (the other generations
+    of the same view topic) are closed first: a stream does not go back to an older one."""
+    if end - start > SPAN_LIMIT:
+        return None
+    config = kafka.consumer_config()
+    key = _config_key(config)
+    _drop_idle(time.monotonic())
+    for other in [k for k in _TAILS if k[0] == key and k[1] != topic and related(k[1])]:
+        _drop(other)
+    tail_key = (key, topic, partition)
+    tail = _TAILS.get(tail_key)
+    if tail is not None and not tail.low <= start <= tail.low + TAIL_GAP:
+        _drop(tail_key)
+        tail = None
+    try:
+        if tail is None:
+            tail = _TAILS[tail_key] = Tail(config, topic, partition, start)
+        return tail.span(start, end, min(kafka.poll_timeout_ms / 1000, TAIL_TIMEOUT_S))
+    except (KafkaException, TimeoutError):
+        _drop(tail_key)
+        return None
 
 
 def follow(
@@ -151,6 +221,7 @@ def follow(
     config = kafka.consumer_config()
     key = _config_key(config)
     timeout = min(kafka.poll_timeout_ms / 1000, TAIL_TIMEOUT_S)
+    _drop_idle(time.monotonic())
     for (topic, partition), offsets in sorted(by_partition.items()):
         offsets.sort()
         tail_key = (key, topic, partition)
@@ -184,6 +255,12 @@ def follow(
                 _CACHE.put(bm, message)
                 found[bm] = message
     return found, rest
+
+
+def close() -> None:
+    """Close this process's tails (a process that ends closes them anyway)."""
+    for key in list(_TAILS):
+        _drop(key)
 
 
 def remember(messages: dict[Bookmark, Message]) -> None:

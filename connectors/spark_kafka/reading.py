@@ -46,6 +46,19 @@ def as_range(partition: InputPartition | None, source: str) -> KafkaInputPartiti
     raise TypeError(f"{source} reads KafkaInputPartition, got {type(partition).__name__}")
 
 
+def take(consumer: Consumer, limit: int, timeout: float) -> list[Message]:
+    """Up to ``limit`` messages (and events): the first waited for up to ``timeout``, the rest
+    only what librdkafka already holds. (``consume(limit, timeout)`` waits the whole timeout
+    unless ``limit`` arrive, which the last call of a range with transaction markers never
+    sees: a micro-batch paid it for every range it read.)"""
+    first = consumer.poll(timeout)
+    if first is None:
+        return []
+    if limit <= 1:
+        return [first]
+    return [first, *consumer.consume(num_messages=limit - 1, timeout=0)]
+
+
 # The fetch wait each partition needed, per (bootstrap servers, topic, partition), for the
 # reads that follow in this process (they only grow: a partition's batches never get fewer).
 _LEARNED_WAIT: dict[tuple[str, str, int], int] = {}
@@ -79,9 +92,9 @@ def consume_range(
         next_offset = task.start
         deadline = time.monotonic() + timeout
         while next_offset < task.end:
-            # Never more than the offsets left: consume() returns early only on a full batch.
+            # Never more than the offsets left.
             wanted = min(CONSUME_BATCH, task.end - next_offset)
-            messages = consumer.consume(num_messages=wanted, timeout=0.1)
+            messages = take(consumer, wanted, 0.1)
             before = next_offset
             records: list[Message] = []
             for message in messages:

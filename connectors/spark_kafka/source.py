@@ -6,6 +6,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from confluent_kafka import Consumer
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -23,11 +24,12 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from connectors.spark_kafka.broker import BrokerView
+from connectors.spark_kafka.broker import BrokerView, metadata_consumer
 from connectors.spark_kafka.options import (
     EARLIEST,
     FORMAT,
     LATEST,
+    TP,
     KafkaSourceOptions,
     Offsets,
     OffsetSpec,
@@ -131,6 +133,23 @@ class KafkaStreamReader(DataSourceStreamReader, _AvailableNowMixin):
         self._position: Offsets | None = None
         self._available_now: Offsets | None = None
         self._latest_seen: Offsets | None = None
+        # Made on first use, on the driver, and kept until stop(): Spark asks for the latest
+        # offsets before every micro-batch, and a new consumer each time cost a connection and
+        # a metadata round trip. (Spark builds another reader to read on the executors: this
+        # one is never pickled.)
+        self._lister: Consumer | None = None
+
+    def _broker(self) -> BrokerView:
+        """The broker, its topics listed through the stream's long-lived consumer."""
+        if self._lister is None:
+            self._lister = metadata_consumer(self._options)
+        return BrokerView(self._options, self._lister)
+
+    def stop(self) -> None:
+        """Spark: the query stopped."""
+        if self._lister is not None:
+            self._lister.close()
+            self._lister = None
 
     def initialOffset(self) -> dict:
         return offsets_to_json(self._initial_offsets())
@@ -140,7 +159,7 @@ class KafkaStreamReader(DataSourceStreamReader, _AvailableNowMixin):
         # (initialOffset): both must see the same start, so it is computed once.
         if self._initial is None:
             starting = self._options.starting_offsets or OffsetSpec("latest")
-            with BrokerView(self._options) as broker:
+            with self._broker() as broker:
                 partitions = broker.partitions()
                 self._initial = broker.resolve(starting, "startingOffsets", partitions)
             logger.info("kafka stream initial offsets=%s", offsets_to_json(self._initial))
@@ -150,6 +169,11 @@ class KafkaStreamReader(DataSourceStreamReader, _AvailableNowMixin):
 
     def latestOffset(self, *args: Any) -> dict:
         """Spark 4.0: ``latestOffset()``; Spark 4.2: ``latestOffset(start, limit)``."""
+        with self._broker() as broker:
+            return self._latest(broker, *args)
+
+    def _latest(self, broker: BrokerView, *args: Any) -> dict:
+        """``latestOffset`` asking ``broker``."""
         if len(args) == 2:
             start: Offsets | None = offsets_from_json(args[0])
             max_rows = getattr(args[1], "max_rows", None)  # ReadMaxRows; ReadAllAvailable: none
@@ -160,20 +184,23 @@ class KafkaStreamReader(DataSourceStreamReader, _AvailableNowMixin):
                 start = self._initial_offsets()
         else:
             raise TypeError(f"latestOffset() takes no argument or (start, limit), got {len(args)}")
-        with BrokerView(self._options) as broker:
-            if self._available_now is not None:
-                latest = dict(self._available_now)
-            else:
-                latest = broker.latest(broker.partitions())
-                self._latest_seen = latest
-            end = latest
-            if max_rows is not None and start is not None:
-                begin = {tp: start[tp] for tp in latest if tp in start}
-                new = [tp for tp in latest if tp not in start]
-                begin.update(broker.earliest(new))
-                end = rate_limit(int(max_rows), begin, latest)
+        if self._available_now is not None:
+            latest = dict(self._available_now)
+        else:
+            latest = self._ends(broker, broker.partitions(self._options.subscription))
+            self._latest_seen = latest
+        end = latest
+        if max_rows is not None and start is not None:
+            begin = {tp: start[tp] for tp in latest if tp in start}
+            new = [tp for tp in latest if tp not in start]
+            begin.update(broker.earliest(new))
+            end = rate_limit(int(max_rows), begin, latest)
         self._position = end
         return offsets_to_json(end)
+
+    def _ends(self, broker: BrokerView, partitions: Sequence[TP]) -> Offsets:
+        """Where ``partitions`` end now (for the next micro-batch)."""
+        return broker.latest(partitions)
 
     def getDefaultReadLimit(self) -> Any:
         """Spark 4.2: ``maxOffsetsPerTrigger`` as the engine's read limit."""
@@ -187,7 +214,7 @@ class KafkaStreamReader(DataSourceStreamReader, _AvailableNowMixin):
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Spark 4.2: Trigger.AvailableNow reads up to the offsets available now, no further."""
-        with BrokerView(self._options) as broker:
+        with self._broker() as broker:
             self._available_now = broker.latest(broker.partitions())
 
     def reportLatestOffset(self) -> dict | None:
@@ -205,7 +232,7 @@ class KafkaStreamReader(DataSourceStreamReader, _AvailableNowMixin):
         new = [tp for tp in until if tp not in begin]
         if new:
             # A partition or topic that appeared after the last batch is read from its start.
-            with BrokerView(self._options) as broker:
+            with self._broker() as broker:
                 begin.update(broker.earliest(new))
             logger.info("kafka stream new partitions=%s", partition_names(new))
         ranges: list[InputPartition] = []

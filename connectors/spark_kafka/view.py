@@ -40,7 +40,7 @@ starts): a view of nothing would look like an empty queue.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -64,7 +64,9 @@ from pyspark.sql.types import (
 
 from connectors.spark_kafka import follow as following
 from connectors.spark_kafka.broker import BrokerView
+from connectors.spark_kafka.ends import EndFollower
 from connectors.spark_kafka.options import (
+    TP,
     KafkaSourceOptions,
     Offsets,
     boolean_option,
@@ -162,7 +164,8 @@ class ViewSourceOptions:
 class ViewInputPartition(KafkaInputPartition):
     """A range of a view topic; ``snapshot``: read it as the live contents at its end;
     ``continuation``: a stream goes on into a newer generation, whose snapshot records only
-    repeat what it has read (they are skipped)."""
+    repeat what it has read (they are skipped); ``stream``: a stream's (the next one starts
+    where it ends)."""
 
     def __init__(
         self,
@@ -174,11 +177,13 @@ class ViewInputPartition(KafkaInputPartition):
         continuation: bool = False,
         shard: int = 0,
         shards: int = 1,
+        stream: bool = False,
     ) -> None:
         super().__init__(topic, partition, start, end)
         self.snapshot = snapshot
         self.continuation = continuation
         self.shard, self.shards = shard, shards  # a snapshot's messages: this share of them
+        self.stream = stream
 
     def __repr__(self) -> str:
         kind = "snapshot" if self.snapshot else "after" if self.continuation else "changes"
@@ -187,15 +192,14 @@ class ViewInputPartition(KafkaInputPartition):
         )
 
 
-def _check_topics(options: KafkaSourceOptions) -> None:
+def _check_topics(options: KafkaSourceOptions, broker: BrokerView) -> None:
     """A subscribed view topic must exist (one of its generations): reading none would look
     like an empty queue."""
     subscription = options.subscription
     wanted = set(subscription.topics) | {topic for topic, _p in subscription.partitions}
     if not wanted:
         return
-    with BrokerView(options) as broker:
-        topics = broker.topics()
+    topics = broker.topics()
     missing = sorted(topic for topic in wanted if not generations(topic, topics))
     if missing:
         raise ConfigError(
@@ -289,15 +293,23 @@ def _mark(
     options: ViewSourceOptions,
     ranges: Sequence[InputPartition],
     continuing: Iterable[tuple[str, int]] = (),
+    earliest: Callable[[Sequence[TP]], Offsets] | None = None,
+    stream: bool = False,
 ) -> list[ViewInputPartition]:
     """The ranges, each marked snapshot when it starts at its partition's beginning (but the
-    ``continuing`` ones, newer generations a stream goes on into)."""
+    ``continuing`` ones, newer generations a stream goes on into), and ``stream`` when a
+    stream's; ``earliest`` gives the partitions' beginnings (default: asked through a new
+    consumer)."""
     after = set(continuing)
     tasks = [r for r in ranges if isinstance(r, KafkaInputPartition)]
     starts: dict[tuple[str, int], int] = {}
     if options.snapshot and tasks:
-        with BrokerView(options.kafka) as broker:
-            starts = broker.earliest(sorted({(t.topic, t.partition) for t in tasks}))
+        wanted = sorted({(t.topic, t.partition) for t in tasks})
+        if earliest is not None:
+            starts = earliest(wanted)
+        else:
+            with BrokerView(options.kafka) as broker:
+                starts = broker.earliest(wanted)
     return [
         ViewInputPartition(
             t.topic,
@@ -308,6 +320,7 @@ def _mark(
             and (t.topic, t.partition) not in after
             and t.start <= starts[(t.topic, t.partition)],
             continuation=(t.topic, t.partition) in after,
+            stream=stream,
         )
         for t in tasks
     ]
@@ -334,7 +347,7 @@ def _changes(options: ViewSourceOptions, task: KafkaInputPartition) -> Iterator[
     wanted = None if options.queue is None else options.queue.encode()
     skip_snapshot = isinstance(task, ViewInputPartition) and task.continuation
     chunk: list[Placed] = []
-    for records in consume_range(options.kafka, task):
+    for records in _records(options, task):
         for message in records:
             value = message.value()
             if not value or (wanted is not None and message.key() != wanted):
@@ -356,6 +369,26 @@ def _changes(options: ViewSourceOptions, task: KafkaInputPartition) -> Iterator[
             chunk = []
     if chunk:
         yield chunk
+
+
+def _records(options: ViewSourceOptions, task: KafkaInputPartition) -> Iterable[list[Message]]:
+    """The view records of ``task``: a stream's range of changes through this process's tail
+    of the partition (``connectors.spark_kafka.follow.span``), anything else (or when that
+    fails) through a consumer of its own."""
+    if isinstance(task, ViewInputPartition) and task.stream and not task.snapshot:
+        topics = options.kafka.subscription.topics
+        family = [v for v in topics if generation_of(v, task.topic) is not None]
+        records = following.span(
+            options.kafka,
+            task.topic,
+            task.partition,
+            task.start,
+            task.end,
+            lambda topic: any(generation_of(v, topic) is not None for v in family),
+        )
+        if records is not None:
+            return [records]
+    return consume_range(options.kafka, task)
 
 
 def _split(ranges: list[ViewInputPartition], splits: int) -> list[ViewInputPartition]:
@@ -570,8 +603,8 @@ class ViewBatchReader(KafkaBatchReader):
         self._view = options
 
     def partitions(self) -> list[InputPartition]:
-        _check_topics(self._view.kafka)
         with BrokerView(self._view.kafka) as broker:
+            _check_topics(self._view.kafka, broker)
             self._options = _reading(self._view.kafka, broker)
         return list(_split(_mark(self._view, super().partitions()), self._view.splits))
 
@@ -580,22 +613,34 @@ class ViewBatchReader(KafkaBatchReader):
 
 
 class ViewStreamReader(KafkaStreamReader):
-    """``spark.readStream``: the live contents first (with ``snapshot``), then every change."""
+    """``spark.readStream``: the live contents first (with ``snapshot``), then every change.
+
+    On the driver it follows the ends of the view-topic partitions it reads with one consumer
+    for the stream's life (``connectors.spark_kafka.ends``): a view topic is small.
+    """
 
     def __init__(self, options: ViewSourceOptions) -> None:
         super().__init__(options.kafka)
         self._view = options
         self._checked = False
+        self._follower: EndFollower | None = None  # made on first use, on the driver
+
+    def stop(self) -> None:
+        super().stop()
+        if self._follower is not None:
+            self._follower.close()
+            self._follower = None
 
     def initialOffset(self) -> dict:
         if not self._checked:
-            _check_topics(self._view.kafka)
+            with self._broker() as broker:
+                _check_topics(self._view.kafka, broker)
             self._checked = True
         return super().initialOffset()
 
     def _initial_offsets(self) -> Offsets:
         if self._initial is None:
-            with BrokerView(self._view.kafka) as broker:
+            with self._broker() as broker:
                 self._options = _reading(self._view.kafka, broker)
         return super()._initial_offsets()
 
@@ -604,9 +649,23 @@ class ViewStreamReader(KafkaStreamReader):
         start = offsets_from_json(args[0]) if len(args) == 2 else self._position
         if start is None:
             start = self._initial_offsets()
-        with BrokerView(self._view.kafka) as broker:
+        with self._broker() as broker:
             self._options = _reading(self._view.kafka, broker, _floor(self._view.kafka, start))
-        return super().latestOffset(*args)
+            return self._latest(broker, *args)
+
+    def _ends(self, broker: BrokerView, partitions: Sequence[TP]) -> Offsets:
+        if self._follower is None:
+            kafka = self._view.kafka
+            self._follower = EndFollower(kafka.consumer_config(), kafka.poll_timeout_ms / 1000)
+        return self._follower.ends(partitions)
+
+    def _earliest(self, partitions: Sequence[TP]) -> Offsets:
+        """Low watermarks, through the end follower where it follows the partitions."""
+        found = None if self._follower is None else self._follower.earliest(partitions)
+        if found is None:
+            with BrokerView(self._view.kafka) as broker:
+                found = broker.earliest(partitions)
+        return found
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin, until = offsets_from_json(start), offsets_from_json(end)
@@ -624,7 +683,7 @@ class ViewStreamReader(KafkaStreamReader):
             else []
         )
         ranges = super().partitions(offsets_to_json(begin), end)
-        return _mark(self._view, ranges, continuing)
+        return _mark(self._view, ranges, continuing, self._earliest, stream=True)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_view_range(self._view, as_range(partition, VIEW_FORMAT))
