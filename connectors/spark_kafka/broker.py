@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException
 
 from connectors.kafka import read_watermarks
 from connectors.spark_kafka.options import (
@@ -17,6 +17,7 @@ from connectors.spark_kafka.options import (
     OffsetSpec,
     Subscription,
 )
+from connectors.spark_kafka.reading import low_watermarks
 from layer.exceptions import BrokerError, ConfigError
 
 METADATA_TIMEOUT_S = 30.0
@@ -96,18 +97,7 @@ class BrokerView:
 
     def earliest(self, partitions: Sequence[TP]) -> Offsets:
         """Low watermarks (ListOffsets(earliest) is right on every broker)."""
-        result = {}
-        for topic, partition in partitions:
-            try:
-                low, _high = self._consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=METADATA_TIMEOUT_S
-                )
-            except KafkaException as exc:
-                raise BrokerError(
-                    f"cannot read the low watermark of {topic}/{partition}: {exc}"
-                ) from exc
-            result[(topic, partition)] = int(low)
-        return result
+        return low_watermarks(self._consumer, partitions, METADATA_TIMEOUT_S)
 
     def latest(self, partitions: Sequence[TP]) -> Offsets:
         """High watermarks (last stable offsets under read_committed) from fetch responses.

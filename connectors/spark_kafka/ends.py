@@ -32,7 +32,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from connectors.spark_kafka.options import TP, Offsets
-from connectors.spark_kafka.reading import message_offset, take
+from connectors.spark_kafka.reading import low_watermarks, message_offset, take
 from layer.exceptions import BrokerError
 
 __all__ = ["EndFollower"]
@@ -125,18 +125,7 @@ class EndFollower:
         does not follow them all (it asks only about topics it is assigned)."""
         if self._consumer is None or not set(partitions) <= self._assigned:
             return None
-        result = {}
-        for topic, partition in partitions:
-            try:
-                low, _high = self._consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=self._timeout
-                )
-            except KafkaException as exc:
-                raise BrokerError(
-                    f"cannot read the low watermark of {topic}/{partition}: {exc}"
-                ) from exc
-            result[(topic, partition)] = int(low)
-        return result
+        return low_watermarks(self._consumer, partitions, self._timeout)
 
     def _follow(self, wanted: frozenset[TP]) -> None:
         """A new consumer on ``wanted``: each partition from its known end, a new one from

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from pyspark.sql.datasource import InputPartition
 
 from connectors.kafka import FetchWait, cached_high_watermark
-from connectors.spark_kafka.options import KafkaSourceOptions
+from connectors.spark_kafka.options import TP, KafkaSourceOptions, Offsets
 from layer.exceptions import BrokerError
 
 if TYPE_CHECKING:
@@ -34,6 +34,22 @@ class KafkaInputPartition(InputPartition):
 
     def __repr__(self) -> str:
         return f"KafkaInputPartition({self.topic}/{self.partition} [{self.start}, {self.end}))"
+
+
+def low_watermarks(consumer: Consumer, partitions: Sequence[TP], timeout: float) -> Offsets:
+    """The low watermarks of ``partitions`` (ListOffsets(earliest) is right on every broker)."""
+    result = {}
+    for topic, partition in partitions:
+        try:
+            low, _high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=timeout
+            )
+        except KafkaException as exc:
+            raise BrokerError(
+                f"cannot read the low watermark of {topic}/{partition}: {exc}"
+            ) from exc
+        result[(topic, partition)] = int(low)
+    return result
 
 
 def as_range(partition: InputPartition | None, source: str) -> KafkaInputPartition | None:
