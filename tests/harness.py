@@ -51,6 +51,20 @@ def write_config(
     return path
 
 
+def qlayer(
+    *args: str, stdin: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """The CLI run as a user runs it (``python -m layer.cli``), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "layer.cli", *args],
+        cwd=ROOT,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 class CoordinatorProcess:
     """``qlayer coordinator`` as a child process; ``address`` once it serves, ``http_address``
     once its HTTP listener listens (configured with ``http = "127.0.0.1:0"``)."""

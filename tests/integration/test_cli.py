@@ -9,23 +9,10 @@ import sys
 
 import pytest
 
-from tests.harness import ROOT
+from tests.harness import ROOT, qlayer
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
-
-
-def qlayer(
-    *args: str, stdin: str | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "layer.cli", *args],
-        cwd=ROOT,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def test_help_teaches() -> None:

@@ -9,8 +9,8 @@ import pytest
 from confluent_kafka import Producer
 
 from layer.client import QueueClient
+from tests.harness import qlayer
 from tests.helpers import wait_until
-from tests.integration.test_cli import qlayer
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,6 @@ on; a malformed record in the topic is logged and skipped while the others serve
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,20 +22,10 @@ from connectors.admin import TopicAdmin
 from layer.client import QueueClient
 from layer.definitions import Definition
 from layer.exceptions import QueueRemoved, UnknownQueue
-from tests.harness import ROOT
+from tests.harness import qlayer
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
-
-
-def qlayer(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "layer.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def ok(*args: str) -> str:

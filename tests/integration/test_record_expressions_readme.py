@@ -12,9 +12,8 @@ import tomllib
 import pytest
 
 from layer.client import QueueClient
-from tests.harness import ROOT
+from tests.harness import ROOT, qlayer
 from tests.helpers import wait_until
-from tests.integration.test_cli import qlayer
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,6 @@ change nothing. The same story runs once through the CLI and once through SIGHUP
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -21,20 +19,10 @@ import pytest
 
 from layer.client import QueueClient
 from layer.exceptions import QLayerError, QueueRemoved
-from tests.harness import ROOT, CoordinatorProcess, write_config
+from tests.harness import CoordinatorProcess, qlayer, write_config
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
-
-
-def qlayer(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "layer.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 class Consumer(threading.Thread):

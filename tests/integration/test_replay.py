@@ -14,8 +14,8 @@ from confluent_kafka import Producer
 
 from layer.client import AsyncQueueClient, QueueClient
 from layer.exceptions import InvalidRequest, UnknownQueue
+from tests.harness import qlayer
 from tests.helpers import wait_until
-from tests.integration.test_cli import qlayer
 
 pytestmark = pytest.mark.integration
 

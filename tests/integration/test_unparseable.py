@@ -13,8 +13,8 @@ from confluent_kafka import Producer
 
 from layer.client import QueueClient
 from layer.exceptions import InvalidRequest
+from tests.harness import qlayer
 from tests.helpers import wait_until
-from tests.integration.test_cli import qlayer
 
 pytestmark = pytest.mark.integration
 
