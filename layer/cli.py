@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from layer.coordinator.reload import LIVE_OPTIONS
 from layer.exceptions import (
     ClientError,
     ConfigError,
@@ -381,12 +382,11 @@ def _parser() -> argparse.ArgumentParser:
         "alter",
         help="change options of a queue, live",
         description=(
-            "New values of a queue's options, live on every coordinator when this returns:\n"
-            "lease_period, max_per_subscription_backlog, fairness, leasing, max_deliveries,\n"
-            "max_cancels, expiration, target_queue_depth, redelivery_backoff,\n"
-            "dead_letter_topic, on_unparseable. The others (underlying_topic, semantics,\n"
-            "filter, priority, ...) shape the state already built: refused, with the reason;\n"
-            "define a new queue instead."
+            "New values of a queue's options, live on every coordinator when this returns.\n"
+            "The options that change live, and when the new value applies:\n"
+            + "".join(f"  {name}: {when}\n" for name, when in LIVE_OPTIONS.items())
+            + "The others (underlying_topic, semantics, filter, priority, ...) shape the state\n"
+            "already built: refused, with the reason; define a new queue instead."
         ),
         epilog=(
             "example:\n"

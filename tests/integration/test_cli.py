@@ -23,6 +23,16 @@ def test_help_teaches() -> None:
     assert "qlayer demo" in r.stdout  # where to start
 
 
+def test_queue_alter_help_lists_each_live_option() -> None:
+    from layer.coordinator.reload import FIXED_OPTIONS, LIVE_OPTIONS
+
+    r = qlayer("queue", "alter", "--help")
+    assert r.returncode == 0, r.stderr
+    listed = {line.split(":")[0].strip() for line in r.stdout.splitlines() if line.startswith("  ")}
+    assert set(LIVE_OPTIONS) <= listed
+    assert not set(FIXED_OPTIONS) & listed  # only named as refused, never as live
+
+
 def test_no_command_is_a_usage_error() -> None:
     assert qlayer().returncode == 2
 
