@@ -138,8 +138,9 @@ class Grant:
 class Principal:
     name: str
     grants: tuple[Grant, ...] = ()
-    # Why Reload is refused although the grants would allow it (the legacy auth_token, where
-    # an admin_token exists or none does); None: the grants decide.
+    # Why the admin calls (reload, queue create/alter/delete) are refused although the grants
+    # would allow them (the legacy auth_token, where an admin_token exists or none does; an
+    # anonymous caller where only an admin_token is set), as what to do; None: the grants decide.
     reload_refusal: str | None = None
     # From the tokens file: a reload may change or remove it (see Access.current)
     from_file: bool = False
@@ -225,10 +226,10 @@ class Access:
             )
         if auth_token:
             refusal = (
-                "reload is an admin call: it needs the admin token, not the API token"
+                "it needs the admin token, not the API token"
                 if admin_token
-                else "reload is an admin call: set [coordinator] admin_token (or"
-                " QLAYER_ADMIN_TOKEN) and call with that token, or send the coordinator SIGHUP"
+                else "set [coordinator] admin_token (or QLAYER_ADMIN_TOKEN) and call with that"
+                " token{or_sighup}"
             )
             self._legacy[token_hash(auth_token)] = Principal(
                 "auth_token", (Grant(EVERY_QUEUE, ALL_RIGHTS),), reload_refusal=refusal
@@ -240,7 +241,7 @@ class Access:
             self._anonymous = Principal(
                 "anonymous",
                 (Grant(EVERY_QUEUE, ALL_RIGHTS),),
-                reload_refusal="reload is an admin call: call with the admin token"
+                reload_refusal="call with the admin token"
                 " (metadata authorization: Bearer <admin_token>)",
             )
         # mutual TLS alone: any certificate the CA signed has every right
@@ -388,9 +389,12 @@ class Access:
             )
 
     def authorize_everywhere(self, principal: Principal, right: Right, call: str) -> None:
-        """``right`` on every queue (a grant on ``*``): what Reload needs."""
+        """``right`` on every queue (a grant on ``*``): what Reload needs. ``call`` names the
+        call in the refusal (``reload``, ``queue create``, an HTTP route)."""
         if right is Right.ADMIN and principal.reload_refusal is not None:
-            raise self._deny(principal, right, EVERY_QUEUE, principal.reload_refusal)
+            hint = ", or send the coordinator SIGHUP" if call == "reload" else ""
+            message = f"{call} is an admin call: " + principal.reload_refusal.format(or_sighup=hint)
+            raise self._deny(principal, right, EVERY_QUEUE, message)
         if not principal.allows_everywhere(right):
             raise self._deny(
                 principal,

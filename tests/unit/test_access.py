@@ -122,11 +122,25 @@ def test_legacy_tokens_keep_their_meaning() -> None:
         both.authorize(user, right, "any-queue")
         both.authorize(admin, right, "any-queue")
     both.authorize_everywhere(admin, Right.ADMIN, "reload")
-    with pytest.raises(PermissionDenied, match="needs the admin token, not the API token"):
+    with pytest.raises(
+        PermissionDenied,
+        match="^reload is an admin call: it needs the admin token, not the API token$",
+    ):
         both.authorize_everywhere(user, Right.ADMIN, "reload")
     only_user = Access(auth_token="user")
     with pytest.raises(PermissionDenied, match="set \\[coordinator\\] admin_token.*SIGHUP"):
-        only_user.authorize_everywhere(only_user.authenticate("Bearer user"), Right.ADMIN, "r")
+        only_user.authorize_everywhere(only_user.authenticate("Bearer user"), Right.ADMIN, "reload")
+    # the other admin calls are named as themselves, without reload's SIGHUP way out
+    with pytest.raises(
+        PermissionDenied, match="^queue create is an admin call: it needs"
+    ) as refused:
+        both.authorize_everywhere(user, Right.ADMIN, "queue create")
+    assert "reload" not in str(refused.value)
+    with pytest.raises(PermissionDenied, match="^queue delete is an admin call: set") as refused:
+        only_user.authorize_everywhere(
+            only_user.authenticate("Bearer user"), Right.ADMIN, "queue delete"
+        )
+    assert "SIGHUP" not in str(refused.value)
     assert Access().open and Access().authenticate(None).name == "anonymous"
     # admin_token alone: as before, only Reload needs a token
     admin_only = Access(admin_token="adm")
