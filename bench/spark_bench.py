@@ -142,8 +142,6 @@ def start_spark() -> Any:
     spark = (
         SparkSession.builder.master("local[2]")
         .appName("qlayer-spark-bench")
-        # one shuffle partition: a streaming aggregate keeps one state store, not two
-        .config("spark.sql.shuffle.partitions", os.environ.get("BENCH_SHUFFLE_PARTITIONS", "1"))
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         # every micro-batch's progress, for the freshness stages (not only the last 100)
@@ -155,7 +153,10 @@ def start_spark() -> Any:
     from spark.session import STREAMING_CONF
 
     defaults = {} if os.environ.get("BENCH_DEFAULT_CONF") else STREAMING_CONF
-    for key, value in {**defaults, **SESSION_CONF}.items():
+    # one shuffle partition (STREAMING_CONF's too): one state store, and live_aggregate runs
+    # each micro-batch as one stage
+    shuffle = os.environ.get("BENCH_SHUFFLE_PARTITIONS", "1")
+    for key, value in {**defaults, "spark.sql.shuffle.partitions": shuffle, **SESSION_CONF}.items():
         spark = spark.config(key, value)
     for pair in filter(None, os.environ.get("BENCH_SPARK_CONF", "").split(",")):
         key, _, value = pair.partition("=")

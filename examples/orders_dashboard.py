@@ -94,9 +94,8 @@ def main(argv: list[str] | None = None) -> int:
 
     with ExitStack() as stack:
         # %% a Spark session (it says in one line if Java is missing)
-        spark = local_session(
-            "local[2]", "orders-dashboard", **{"spark.sql.shuffle.partitions": "1"}
-        )
+        # (one shuffle partition, as local_session sets: each micro-batch is one Spark stage)
+        spark = local_session("local[2]", "orders-dashboard")
         stack.callback(spark.stop)
         stop = threading.Event()
         if args.config is None:

@@ -105,8 +105,21 @@ def live_aggregate(
         value = values[f"avg:{name}"]
         present = F.sum(F.when(value.isNull(), 0).otherwise(signed))
         aggregates.append(F.try_divide(F.sum(signed * value), present).alias(name))
+    if changes.isStreaming and _single_state_partition(changes):
+        scope = scope.coalesce(1)
     grouped = scope.groupBy(*group_cols) if group_cols else scope.groupBy()
     return grouped.agg(*aggregates)
+
+
+def _single_state_partition(changes: DataFrame) -> bool:
+    """Whether a streaming aggregate of ``changes`` keeps its state in one partition
+    (``spark.sql.shuffle.partitions`` is 1). Then the changes are coalesced into one partition
+    first: Spark plans no shuffle (one partition satisfies the aggregate's distribution), so
+    each micro-batch runs one stage instead of two, with the same state (a query restarted
+    from a checkpoint of N partitions gets its shuffle back: Spark keeps N from the
+    checkpoint). A view topic has one partition, so the read loses no parallelism."""
+    conf = changes.sparkSession.conf.get("spark.sql.shuffle.partitions")
+    return str(conf).strip() == "1"
 
 
 def _group_name(group: str | Column, index: int) -> str:

@@ -34,6 +34,14 @@ PYTHON_ENV = "PYSPARK_PYTHON"
 
 #: Settings :func:`local_session` starts with, for streaming views (a ``conf`` given wins).
 STREAMING_CONF = {
+    # A streaming aggregate keeps its state in this many partitions for the query's life (a
+    # restart takes the number from the checkpoint), and each micro-batch runs a task per
+    # partition: Spark's default of 200 is 200 state-store tasks a micro-batch. A queue's
+    # view has one partition; with one here, live_aggregate runs each micro-batch as one
+    # stage, without a shuffle (spark.aggregates). Batch queries on the session get one
+    # shuffle partition too (what a local session of a few cores mostly wants; set it higher
+    # through local_session's conf for large batch shuffles).
+    "spark.sql.shuffle.partitions": "1",
     # Every micro-batch writes an offset-log, a commit-log and a state-store file. The default
     # FileContext-based writer renames each through Hadoop's local filesystem, which without
     # Hadoop's native library (PyPI's PySpark ships none) forks a `readlink` process for every
