@@ -84,6 +84,7 @@ __all__ = [
     "AckResult",
     "AckWhere",
     "AckWhereReply",
+    "Batch",
     "Browse",
     "DeadLetters",
     "DeadLettersReply",
@@ -130,6 +131,7 @@ class Subscribe:
     max_backlog: int
     client_name: str = ""
     filter: str | None = None  # a content filter expression
+    batch_frames: bool = False  # the client takes Batch frames
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +233,16 @@ class Replaced:
     backlog: int
 
 
-ServerFrame = Subscribed | Messages | AckResult | Error | Replaced
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Frames written as one gRPC message (to a client that asked for them with
+    ``Subscribe.batch_frames``), taken in order as if each had come alone; never holds a
+    Subscribed or another Batch."""
+
+    frames: list[Messages | AckResult | Error | Replaced]
+
+
+ServerFrame = Subscribed | Messages | AckResult | Error | Replaced | Batch
 
 
 # --- unary calls ------------------------------------------------------------------------------
@@ -507,6 +518,7 @@ def _client_to(frame: ClientFrame) -> Any:
                 max_backlog=frame.max_backlog,
                 client_name=frame.client_name,
                 filter=frame.filter,
+                batch_frames=frame.batch_frames,
             )
         )
     if isinstance(frame, Close):
@@ -529,7 +541,7 @@ def _client_from(message: Any) -> ClientFrame:
         return _ack_from(message.ack)
     if kind == "subscribe":
         s = message.subscribe
-        return Subscribe(s.queue, s.max_backlog, s.client_name, _opt(s, "filter"))
+        return Subscribe(s.queue, s.max_backlog, s.client_name, _opt(s, "filter"), s.batch_frames)
     if kind == "close":
         return Close()
     if kind == "replace":
@@ -586,6 +598,20 @@ def _messages_from(messages: Iterable[Any]) -> list[DeliveredMessage]:
 
 def _server_to(frame: ServerFrame) -> Any:
     out = pb.ServerFrame()
+    if isinstance(frame, Batch):
+        out.batch.SetInParent()
+        add = out.batch.frames.add
+        for inner in frame.frames:
+            if isinstance(inner, Batch | Subscribed):
+                raise TypeError(f"a Batch cannot hold a {type(inner).__name__}")
+            _fill_server(add(), inner)
+        return out
+    _fill_server(out, frame)
+    return out
+
+
+def _fill_server(out: Any, frame: ServerFrame) -> None:
+    """Set the body of the (empty) ``pb.ServerFrame`` ``out`` to ``frame``."""
     if isinstance(frame, Messages):
         out.messages.SetInParent()  # an empty batch is still a Messages frame
         _add_messages(out.messages.messages, frame.messages)
@@ -612,7 +638,6 @@ def _server_to(frame: ServerFrame) -> Any:
         out.replaced.CopyFrom(pb.Replaced(request_id=frame.request_id, backlog=frame.backlog))
     else:
         raise TypeError(f"not a server frame: {type(frame).__name__}")
-    return out
 
 
 def _server_from(message: Any) -> ServerFrame:
@@ -631,9 +656,17 @@ def _server_from(message: Any) -> ServerFrame:
         return Error(parse_code(e.code), e.message, _opt(e, "request_id"))
     if kind == "replaced":
         return Replaced(message.replaced.request_id, message.replaced.backlog)
+    if kind == "batch":
+        frames: list[Messages | AckResult | Error | Replaced] = []
+        for inner in message.batch.frames:
+            decoded = _server_from(inner)
+            if isinstance(decoded, Batch | Subscribed):
+                raise ValueError(f"a Batch frame holds a {type(decoded).__name__}")
+            frames.append(decoded)
+        return Batch(frames)
     raise ValueError(
         "ServerFrame without a body this client knows (none of subscribed, messages,"
-        " ack_result, error, replaced set)"
+        " ack_result, error, replaced, batch set)"
     )
 
 

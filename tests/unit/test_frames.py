@@ -35,6 +35,7 @@ from layer.api.frames import (
     AckResult,
     AckWhere,
     AckWhereReply,
+    Batch,
     Browse,
     BrowseReply,
     Close,
@@ -152,6 +153,7 @@ CASES: list[tuple[FrameCodec[Any], object]] = [
     (CLIENT_FRAME_CODEC, Subscribe("q", 1)),
     (CLIENT_FRAME_CODEC, Subscribe("orders", 5, "host:2", FILTER)),
     (CLIENT_FRAME_CODEC, Subscribe("orders", 5, filter="")),  # an empty filter is not None
+    (CLIENT_FRAME_CODEC, Subscribe("orders", 5, batch_frames=True)),
     (CLIENT_FRAME_CODEC, Ack(7, AckOp.ACK, [OffsetRuns("orders", 0, [1, 2])])),
     (CLIENT_FRAME_CODEC, Ack(2**40, AckOp.EXTEND, [OffsetRuns("orders", 0, [1, 1])], 30.5)),
     (CLIENT_FRAME_CODEC, Ack(1, AckOp.CANCEL, [])),
@@ -191,6 +193,14 @@ CASES: list[tuple[FrameCodec[Any], object]] = [
     (SERVER_FRAME_CODEC, Error("unknown_queue", "no such queue", 0)),  # request id 0 is not None
     (SERVER_FRAME_CODEC, Replaced(3, 10)),
     (SERVER_FRAME_CODEC, Replaced(2**40, 1)),
+    (
+        SERVER_FRAME_CODEC,
+        Batch(
+            [AckResult(7, []), Replaced(3, 10), Error("malformed_frame", "x"), Messages([MESSAGE])]
+        ),
+    ),
+    (SERVER_FRAME_CODEC, Batch([Messages([])])),
+    (SERVER_FRAME_CODEC, Batch([])),
     (PUBLISH_CODEC, Publish("orders", b"data")),
     (PUBLISH_CODEC, Publish("orders", b"", b"key", [("a", b"1"), ("b", None)])),
     (PUBLISHED_CODEC, Published(Bookmark("orders-in", 2, 99))),
@@ -243,6 +253,7 @@ def test_round_trip(codec: FrameCodec[Any], frame: object) -> None:
 def test_every_frame_type_is_covered() -> None:
     covered = {type(frame) for _, frame in CASES}
     expected = {Subscribe, Ack, Close, Replace, Subscribed, Messages, AckResult, Error, Replaced}
+    expected |= {Batch}
     expected |= {Publish, Published, Stats, StatsReply, ListQueues, QueueList}
     expected |= {Browse, BrowseReply, AckWhere, AckWhereReply, Redrive, RedriveReply}
     expected |= {Reload, ReloadReply, Replay, ReplayReply}
@@ -381,7 +392,10 @@ def test_malformed_client_frames_name_the_problem(data: bytes, reason: str) -> N
     ("codec", "data", "reason"),
     [
         (SERVER_FRAME_CODEC, b"", "without a body this client knows"),
-        (SERVER_FRAME_CODEC, b"\x32\x00", "without a body this client knows"),  # field 6: newer
+        (SERVER_FRAME_CODEC, b"\x3a\x00", "without a body this client knows"),  # field 7: newer
+        # a Batch holding a Subscribed (field 1 of the inner frame), or another Batch
+        (SERVER_FRAME_CODEC, b"\x32\x04\x0a\x02\x0a\x00", "a Batch frame holds a Subscribed"),
+        (SERVER_FRAME_CODEC, b"\x32\x04\x0a\x02\x32\x00", "a Batch frame holds a Batch"),
         (SERVER_FRAME_CODEC, b"\x12\x03\x0a\x05", "not a valid ServerFrame"),
         (BROWSE_CODEC, b"\x0a\x01", "not a valid BrowseRequest"),
         (ACK_WHERE_CODEC, b"\x12\x01\xff", "not a valid AckWhereRequest"),  # filter, bad UTF-8
@@ -484,3 +498,11 @@ _delivered = st.builds(
 def test_messages_frames_round_trip(messages: list[Any]) -> None:
     frame = Messages(messages)
     assert SERVER_FRAME_CODEC.decode(SERVER_FRAME_CODEC.encode(frame)) == frame
+
+
+def test_a_batch_cannot_hold_a_subscribed_or_a_batch() -> None:
+    for inner in (Subscribed("s", 1, 1.0), Batch([])):
+        with pytest.raises(
+            SerializationError, match=f"a Batch cannot hold a {type(inner).__name__}"
+        ):
+            SERVER_FRAME_CODEC.encode(Batch([inner]))  # type: ignore[list-item]

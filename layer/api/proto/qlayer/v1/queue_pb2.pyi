@@ -33,16 +33,18 @@ class ClientFrame(_message.Message):
     def __init__(self, subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ..., replace: _Optional[_Union[Replace, _Mapping]] = ...) -> None: ...
 
 class Subscribe(_message.Message):
-    __slots__ = ("queue", "max_backlog", "client_name", "filter")
+    __slots__ = ("queue", "max_backlog", "client_name", "filter", "batch_frames")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     MAX_BACKLOG_FIELD_NUMBER: _ClassVar[int]
     CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FRAMES_FIELD_NUMBER: _ClassVar[int]
     queue: str
     max_backlog: int
     client_name: str
     filter: str
-    def __init__(self, queue: _Optional[str] = ..., max_backlog: _Optional[int] = ..., client_name: _Optional[str] = ..., filter: _Optional[str] = ...) -> None: ...
+    batch_frames: bool
+    def __init__(self, queue: _Optional[str] = ..., max_backlog: _Optional[int] = ..., client_name: _Optional[str] = ..., filter: _Optional[str] = ..., batch_frames: _Optional[bool] = ...) -> None: ...
 
 class OffsetRuns(_message.Message):
     __slots__ = ("topic", "partition", "runs")
@@ -83,18 +85,26 @@ class Replace(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., queue: _Optional[str] = ..., max_backlog: _Optional[int] = ..., filter: _Optional[str] = ...) -> None: ...
 
 class ServerFrame(_message.Message):
-    __slots__ = ("subscribed", "messages", "ack_result", "error", "replaced")
+    __slots__ = ("subscribed", "messages", "ack_result", "error", "replaced", "batch")
     SUBSCRIBED_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     ACK_RESULT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     REPLACED_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     subscribed: Subscribed
     messages: Messages
     ack_result: AckResult
     error: Error
     replaced: Replaced
-    def __init__(self, subscribed: _Optional[_Union[Subscribed, _Mapping]] = ..., messages: _Optional[_Union[Messages, _Mapping]] = ..., ack_result: _Optional[_Union[AckResult, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., replaced: _Optional[_Union[Replaced, _Mapping]] = ...) -> None: ...
+    batch: Batch
+    def __init__(self, subscribed: _Optional[_Union[Subscribed, _Mapping]] = ..., messages: _Optional[_Union[Messages, _Mapping]] = ..., ack_result: _Optional[_Union[AckResult, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., replaced: _Optional[_Union[Replaced, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ...) -> None: ...
+
+class Batch(_message.Message):
+    __slots__ = ("frames",)
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    frames: _containers.RepeatedCompositeFieldContainer[ServerFrame]
+    def __init__(self, frames: _Optional[_Iterable[_Union[ServerFrame, _Mapping]]] = ...) -> None: ...
 
 class Subscribed(_message.Message):
     __slots__ = ("subscription_id", "backlog", "lease_period_s")
