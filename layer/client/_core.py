@@ -245,7 +245,12 @@ class SubscriptionCore(Generic[W]):
     def subscribe_frame(self) -> Subscribe:
         """The first frame of a connection: the spec as it is now, replaces included."""
         return Subscribe(
-            self.queue, self.max_backlog, self.client_name, self.filter, batch_frames=True
+            self.queue,
+            self.max_backlog,
+            self.client_name,
+            self.filter,
+            batch_frames=True,
+            message_columns=True,
         )
 
     def on_subscribed(self, frame: Subscribed, address: str, now: float) -> Reconnected | None:

@@ -154,6 +154,7 @@ CASES: list[tuple[FrameCodec[Any], object]] = [
     (CLIENT_FRAME_CODEC, Subscribe("orders", 5, "host:2", FILTER)),
     (CLIENT_FRAME_CODEC, Subscribe("orders", 5, filter="")),  # an empty filter is not None
     (CLIENT_FRAME_CODEC, Subscribe("orders", 5, batch_frames=True)),
+    (CLIENT_FRAME_CODEC, Subscribe("orders", 5, message_columns=True)),
     (CLIENT_FRAME_CODEC, Ack(7, AckOp.ACK, [OffsetRuns("orders", 0, [1, 2])])),
     (CLIENT_FRAME_CODEC, Ack(2**40, AckOp.EXTEND, [OffsetRuns("orders", 0, [1, 1])], 30.5)),
     (CLIENT_FRAME_CODEC, Ack(1, AckOp.CANCEL, [])),
@@ -200,6 +201,25 @@ CASES: list[tuple[FrameCodec[Any], object]] = [
         ),
     ),
     (SERVER_FRAME_CODEC, Batch([Messages([])])),
+    (SERVER_FRAME_CODEC, Messages([MESSAGE, BARRIER], columns=True)),
+    (SERVER_FRAME_CODEC, Messages([], columns=True)),
+    (
+        SERVER_FRAME_CODEC,  # every optional unset, then set to its empty or zero value
+        Messages(
+            [
+                DeliveredMessage(Bookmark("t", 0, 0), None, None, [], 0, 1, 0, None),
+                DeliveredMessage(
+                    Bookmark("u", 1, 1), b"", b"", [("h", b"")], 0, 0, 0, 0, False, "q", ""
+                ),
+                MESSAGE,
+                DeliveredMessage(
+                    Bookmark("t", 0, 2), None, b"x", [("a", None), ("b", b"1")], 5, 1, 0, 7
+                ),
+            ],
+            columns=True,
+        ),
+    ),
+    (SERVER_FRAME_CODEC, Batch([AckResult(1, []), Messages([MESSAGE], columns=True)])),
     (SERVER_FRAME_CODEC, Batch([])),
     (PUBLISH_CODEC, Publish("orders", b"data")),
     (PUBLISH_CODEC, Publish("orders", b"", b"key", [("a", b"1"), ("b", None)])),
@@ -498,6 +518,37 @@ _delivered = st.builds(
 def test_messages_frames_round_trip(messages: list[Any]) -> None:
     frame = Messages(messages)
     assert SERVER_FRAME_CODEC.decode(SERVER_FRAME_CODEC.encode(frame)) == frame
+
+
+def test_message_columns_are_checked_against_their_flags() -> None:
+    def frame(**columns: Any) -> bytes:
+        return pb.ServerFrame(
+            messages=pb.Messages(columns=pb.MessageColumns(**columns))
+        ).SerializeToString()
+
+    one = {
+        "topic": ["t"], "partition": [0], "offset": [1], "key": [b""], "value": [b"v"],
+        "timestamp_ms": [0], "deliveries": [1], "cancels": [0], "lease_deadline_ms": [0],
+        "queue": ["q"], "flags": [2],
+    }  # fmt: skip
+    decoded = SERVER_FRAME_CODEC.decode(frame(**one))
+    assert decoded == Messages(
+        [DeliveredMessage(Bookmark("t", 0, 1), None, b"v", [], 0, 1, 0, None, False, "q")],
+        columns=True,
+    )
+    for broken, reason in [
+        ({**one, "offset": [1, 2]}, "offset has 2 entries"),
+        ({**one, "flags": [2 + 16]}, "parse_error does not match"),
+        ({**one, "parse_error": ["x"]}, "parse_error does not match"),
+        ({**one, "flags": [2 + 32]}, "header_count or headers do not match"),
+        (
+            {**one, "flags": [2 + 32], "header_count": [2], "headers": [pb.Header(key="a")]},
+            "headers",
+        ),
+    ]:
+        with pytest.raises(SerializationError, match="malformed ServerFrame frame") as info:
+            SERVER_FRAME_CODEC.decode(frame(**broken))
+        assert reason in str(info.value)
 
 
 def test_a_batch_cannot_hold_a_subscribed_or_a_batch() -> None:
