@@ -39,19 +39,27 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def consume(address: str, queue: str, n: int, window: int) -> None:
     """The consumer process: take and ack ``n`` messages, print its CPU and wall time."""
-    from layer.api.frames import Messages
+    from layer.api.frames import Batch, Messages
     from layer.client import QueueClient
     from layer.client._core import SubscriptionCore
 
-    # frames received, by kind: how many messages a Messages frame carries on average
+    # frames received, by kind (those inside a Batch too; "writes": the gRPC messages): how
+    # many messages a Messages frame carries on average
     frames: dict[str, int] = {}
     on_frame = SubscriptionCore.on_frame
 
-    def counting(self: Any, frame: Any) -> Any:
+    def count(frame: Any) -> None:
         kind = type(frame).__name__
         frames[kind] = frames.get(kind, 0) + 1
         if isinstance(frame, Messages):
             frames["messages"] = frames.get("messages", 0) + len(frame.messages)
+        elif isinstance(frame, Batch):
+            for inner in frame.frames:
+                count(inner)
+
+    def counting(self: Any, frame: Any) -> Any:
+        frames["writes"] = frames.get("writes", 0) + 1
+        count(frame)
         return on_frame(self, frame)
 
     SubscriptionCore.on_frame = counting  # type: ignore[method-assign]

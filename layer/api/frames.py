@@ -84,6 +84,7 @@ __all__ = [
     "AckResult",
     "AckWhere",
     "AckWhereReply",
+    "Batch",
     "Browse",
     "DeadLetters",
     "DeadLettersReply",
@@ -130,6 +131,8 @@ class Subscribe:
     max_backlog: int
     client_name: str = ""
     filter: str | None = None  # a content filter expression
+    batch_frames: bool = False  # the client takes Batch frames
+    message_columns: bool = False  # the client takes Messages as columns
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +210,8 @@ class Subscribed:
 @dataclass(frozen=True, slots=True)
 class Messages:
     messages: list[DeliveredMessage]
+    # on the wire as MessageColumns (to a client that set Subscribe.message_columns)
+    columns: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +236,16 @@ class Replaced:
     backlog: int
 
 
-ServerFrame = Subscribed | Messages | AckResult | Error | Replaced
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Frames written as one gRPC message (to a client that asked for them with
+    ``Subscribe.batch_frames``), taken in order as if each had come alone; never holds a
+    Subscribed or another Batch."""
+
+    frames: list[Messages | AckResult | Error | Replaced]
+
+
+ServerFrame = Subscribed | Messages | AckResult | Error | Replaced | Batch
 
 
 # --- unary calls ------------------------------------------------------------------------------
@@ -507,6 +521,8 @@ def _client_to(frame: ClientFrame) -> Any:
                 max_backlog=frame.max_backlog,
                 client_name=frame.client_name,
                 filter=frame.filter,
+                batch_frames=frame.batch_frames,
+                message_columns=frame.message_columns,
             )
         )
     if isinstance(frame, Close):
@@ -529,7 +545,14 @@ def _client_from(message: Any) -> ClientFrame:
         return _ack_from(message.ack)
     if kind == "subscribe":
         s = message.subscribe
-        return Subscribe(s.queue, s.max_backlog, s.client_name, _opt(s, "filter"))
+        return Subscribe(
+            s.queue,
+            s.max_backlog,
+            s.client_name,
+            _opt(s, "filter"),
+            s.batch_frames,
+            s.message_columns,
+        )
     if kind == "close":
         return Close()
     if kind == "replace":
@@ -563,6 +586,95 @@ def _add_messages(repeated: Any, messages: Iterable[DeliveredMessage]) -> None:
         )
 
 
+# MessageColumns.flags
+_KEY, _VALUE, _DEADLINE, _BARRIER, _ERROR, _HEADERS = 1, 2, 4, 8, 16, 32
+
+
+def _add_columns(columns: Any, messages: Sequence[DeliveredMessage]) -> None:
+    """``messages`` into a MessageColumns: a column at a time (each one C call over a list),
+    the only per-message Python a comprehension that picks a field."""
+    bookmarks = [m.bookmark for m in messages]
+    columns.topic.extend([b[0] for b in bookmarks])
+    columns.partition.extend([b[1] for b in bookmarks])
+    columns.offset.extend([b[2] for b in bookmarks])
+    keys = [m.key for m in messages]
+    values = [m.value for m in messages]
+    deadlines = [m.lease_deadline_ms for m in messages]
+    errors = [m.parse_error for m in messages]
+    headers = [m.headers for m in messages]
+    barriers = [m.barrier for m in messages]
+    fields = zip(keys, values, deadlines, barriers, errors, headers, strict=True)
+    columns.flags.extend(
+        [
+            (k is not None) + 2 * (v is not None) + 4 * (d is not None) + 8 * b
+            + 16 * (e is not None) + 32 * bool(h)
+            for k, v, d, b, e, h in fields
+        ]
+    )  # fmt: skip
+    columns.key.extend([b"" if k is None else k for k in keys])
+    columns.value.extend([b"" if v is None else v for v in values])
+    columns.timestamp_ms.extend([m.timestamp_ms for m in messages])
+    columns.deliveries.extend([m.deliveries for m in messages])
+    columns.cancels.extend([m.cancels for m in messages])
+    columns.lease_deadline_ms.extend([0 if d is None else d for d in deadlines])
+    columns.queue.extend([m.queue for m in messages])
+    columns.parse_error.extend([e for e in errors if e is not None])
+    if any(headers):
+        header = pb.Header
+        columns.header_count.extend([len(h) for h in headers if h])
+        columns.headers.extend([header(key=k, value=v) for h in headers for k, v in h])
+
+
+_PER_MESSAGE = (
+    "topic", "partition", "offset", "key", "value", "timestamp_ms", "deliveries", "cancels",
+    "lease_deadline_ms", "queue",
+)  # fmt: skip
+
+
+def _columns_from(columns: Any) -> list[DeliveredMessage]:
+    flags = list(columns.flags)
+    n = len(flags)
+    for name in _PER_MESSAGE:
+        if len(getattr(columns, name)) != n:
+            raise ValueError(
+                f"MessageColumns: {name} has {len(getattr(columns, name))} entries, flags {n}"
+            )
+    errors = iter(list(columns.parse_error))
+    if sum(1 for f in flags if f & _ERROR) != len(columns.parse_error):
+        raise ValueError("MessageColumns: parse_error does not match the flags")
+    counts = list(columns.header_count)
+    if sum(1 for f in flags if f & _HEADERS) != len(counts) or sum(counts) != len(columns.headers):
+        raise ValueError("MessageColumns: header_count or headers do not match the flags")
+    all_headers = _headers_from(columns.headers) if counts else []
+    lists: list[Headers] = []
+    at = 0
+    for count in counts:
+        lists.append(all_headers[at : at + count])
+        at += count
+    per_message = iter(lists)
+    return [
+        DeliveredMessage(
+            Bookmark(topic, partition, offset),
+            key if f & _KEY else None,
+            value if f & _VALUE else None,
+            next(per_message) if f & _HEADERS else [],
+            timestamp_ms,
+            deliveries,
+            cancels,
+            deadline if f & _DEADLINE else None,
+            bool(f & _BARRIER),
+            queue,
+            next(errors) if f & _ERROR else None,
+        )
+        for f, topic, partition, offset, key, value, timestamp_ms, deliveries, cancels, deadline,
+        queue in zip(
+            flags, columns.topic, columns.partition, columns.offset, columns.key, columns.value,
+            columns.timestamp_ms, columns.deliveries, columns.cancels, columns.lease_deadline_ms,
+            columns.queue, strict=True,
+        )
+    ]  # fmt: skip
+
+
 def _messages_from(messages: Iterable[Any]) -> list[DeliveredMessage]:
     out = []
     for m in messages:
@@ -586,9 +698,27 @@ def _messages_from(messages: Iterable[Any]) -> list[DeliveredMessage]:
 
 def _server_to(frame: ServerFrame) -> Any:
     out = pb.ServerFrame()
+    if isinstance(frame, Batch):
+        out.batch.SetInParent()
+        add = out.batch.frames.add
+        for inner in frame.frames:
+            if isinstance(inner, Batch | Subscribed):
+                raise TypeError(f"a Batch cannot hold a {type(inner).__name__}")
+            _fill_server(add(), inner)
+        return out
+    _fill_server(out, frame)
+    return out
+
+
+def _fill_server(out: Any, frame: ServerFrame) -> None:
+    """Set the body of the (empty) ``pb.ServerFrame`` ``out`` to ``frame``."""
     if isinstance(frame, Messages):
         out.messages.SetInParent()  # an empty batch is still a Messages frame
-        _add_messages(out.messages.messages, frame.messages)
+        if frame.columns:
+            out.messages.columns.SetInParent()
+            _add_columns(out.messages.columns, frame.messages)
+        else:
+            _add_messages(out.messages.messages, frame.messages)
     elif isinstance(frame, AckResult):
         out.ack_result.SetInParent()
         out.ack_result.request_id = frame.request_id
@@ -612,12 +742,13 @@ def _server_to(frame: ServerFrame) -> Any:
         out.replaced.CopyFrom(pb.Replaced(request_id=frame.request_id, backlog=frame.backlog))
     else:
         raise TypeError(f"not a server frame: {type(frame).__name__}")
-    return out
 
 
 def _server_from(message: Any) -> ServerFrame:
     kind = message.WhichOneof("body")
     if kind == "messages":
+        if message.messages.HasField("columns"):
+            return Messages(_columns_from(message.messages.columns), columns=True)
         return Messages(_messages_from(message.messages.messages))
     if kind == "ack_result":
         r = message.ack_result
@@ -631,9 +762,17 @@ def _server_from(message: Any) -> ServerFrame:
         return Error(parse_code(e.code), e.message, _opt(e, "request_id"))
     if kind == "replaced":
         return Replaced(message.replaced.request_id, message.replaced.backlog)
+    if kind == "batch":
+        frames: list[Messages | AckResult | Error | Replaced] = []
+        for inner in message.batch.frames:
+            decoded = _server_from(inner)
+            if isinstance(decoded, Batch | Subscribed):
+                raise ValueError(f"a Batch frame holds a {type(decoded).__name__}")
+            frames.append(decoded)
+        return Batch(frames)
     raise ValueError(
         "ServerFrame without a body this client knows (none of subscribed, messages,"
-        " ack_result, error, replaced set)"
+        " ack_result, error, replaced, batch set)"
     )
 
 

@@ -88,6 +88,7 @@ from layer.api.frames import (
     AckWhere,
     AckWhereReply,
     AlterQueue,
+    Batch,
     Browse,
     BrowseReply,
     Close,
@@ -238,8 +239,13 @@ class _StreamSink:
     def finish(self) -> None:
         self._out.put_nowait(_END)
 
-    async def take(self) -> list[_Outgoing]:
+    async def take(self, linger: bool = False) -> list[_Outgoing]:
+        """What is there to write, waiting for the first. ``linger``: one turn of the event
+        loop after it, so what was scheduled with it joins it (a round hands out its
+        deliveries, then answers its acks: their AckResults come a turn later)."""
         items = [await self._out.get()]
+        if linger:
+            await asyncio.sleep(0)
         while not self._out.empty():
             items.append(self._out.get_nowait())
         return items
@@ -251,7 +257,7 @@ def _payload_size(message: DeliveredMessage) -> int:
     return size + sum(len(k) + len(v or b"") for k, v in headers) if headers else size
 
 
-def _message_frames(messages: list[DeliveredMessage]) -> list[Messages]:
+def _message_frames(messages: list[DeliveredMessage], columns: bool = False) -> list[Messages]:
     frames: list[Messages] = []
     batch: list[DeliveredMessage] = []
     size = 0
@@ -259,10 +265,10 @@ def _message_frames(messages: list[DeliveredMessage]) -> list[Messages]:
         batch.append(message)
         size += _payload_size(message)
         if size >= _FRAME_PAYLOAD_BYTES:
-            frames.append(Messages(batch))
+            frames.append(Messages(batch, columns))
             batch, size = [], 0
     if batch:
-        frames.append(Messages(batch))
+        frames.append(Messages(batch, columns))
     return frames
 
 
@@ -776,7 +782,7 @@ class ApiServer:
             reader = asyncio.get_running_loop().create_task(
                 self._read_frames(context, subscription, sink, watched)
             )
-            await self._write_frames(context, sink)
+            await self._write_frames(context, sink, first.batch_frames, first.message_columns)
         finally:
             if reader is not None:
                 reader.cancel()
@@ -878,27 +884,83 @@ class ApiServer:
         watched.queue = frame.queue
         sink.send(Replaced(frame.request_id, backlog))
 
-    async def _write_frames(self, context: grpc.aio.ServicerContext, sink: _StreamSink) -> None:
+    async def _write_frames(
+        self, context: grpc.aio.ServicerContext, sink: _StreamSink, batch: bool, columns: bool
+    ) -> None:
+        """The stream's one writer. To a client that takes Batch frames (``batch``), what
+        piled up goes as one gRPC message: each write costs the coordinator ~100 µs of CPU on
+        this machine, as much as encoding a hundred messages. To one that takes message
+        columns (``columns``), Messages go as MessageColumns."""
         while True:
             messages: list[DeliveredMessage] = []
+            control: list[_Control] = []
             end: _End | _SinkClosed | None = None
-            for item in await sink.take():
+            for item in await sink.take(linger=batch):
                 if isinstance(item, list):
                     messages.extend(item)
                 elif isinstance(item, _End | _SinkClosed):
                     end = end or item
+                elif batch:
+                    control.append(item)
                 else:
                     await context.write(item)
-            if isinstance(end, _SinkClosed) and end.error is not None:
-                await _refuse(context, end.error)
-            if isinstance(end, _SinkClosed):
-                await _abort(
-                    context, grpc.StatusCode.UNAVAILABLE, f"subscription closed: {end.reason}"
-                )
             if end is not None:
+                for frame in _batched(control, []):
+                    await context.write(frame)
+                if isinstance(end, _SinkClosed) and end.error is not None:
+                    await _refuse(context, end.error)
+                if isinstance(end, _SinkClosed):
+                    await _abort(
+                        context, grpc.StatusCode.UNAVAILABLE, f"subscription closed: {end.reason}"
+                    )
                 return
-            for frame in _message_frames(messages):
+            frames = _message_frames(messages, columns)
+            if control:
+                for frame in _batched(control, frames[:1]):
+                    writing = time.time()
+                    await context.write(frame)
+                    _sent(sink, frame, writing)
+                frames = frames[1:]
+            for frame in frames:
                 # waits while the client's HTTP/2 window is full (it does not read)
                 writing = time.time()
                 await context.write(frame)
                 sink.sent(frame.messages, writing)
+
+
+_Control = AckResult | Error | Replaced
+_Write = Messages | Batch | _Control
+
+
+def _batched(control: list[_Control], messages: list[Messages]) -> list[_Write]:
+    """The frames to write for ``control`` then ``messages`` (at most one Messages frame):
+    one Batch, except an AckResult with failures (up to MAX_ACK_OFFSETS of them: kept apart,
+    so a Batch stays far under the message size limit) and a lone frame, written as is."""
+    writes: list[_Write] = []
+    group: list[Messages | _Control] = []
+    for frame in control:
+        if isinstance(frame, AckResult) and frame.failures:
+            writes.extend(_one_or_batch(group))
+            writes.append(frame)
+            group = []
+        else:
+            group.append(frame)
+    group.extend(messages)
+    writes.extend(_one_or_batch(group))
+    return writes
+
+
+def _one_or_batch(frames: list[Messages | _Control]) -> list[_Write]:
+    if len(frames) > 1:
+        return [Batch(frames)]
+    return list(frames)
+
+
+def _sent(sink: _StreamSink, frame: _Write, writing: float) -> None:
+    """``sink.sent`` for the messages a written frame carries, if any."""
+    if isinstance(frame, Messages):
+        sink.sent(frame.messages, writing)
+    elif isinstance(frame, Batch):
+        for inner in frame.frames:
+            if isinstance(inner, Messages):
+                sink.sent(inner.messages, writing)

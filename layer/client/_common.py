@@ -229,37 +229,67 @@ class MessageBase:
     ``parse_error`` is set when the payload did not parse as the queue's ``message_type``
     (a queue with ``on_unparseable = "deliver"``): the parser's error; None otherwise."""
 
-    __slots__ = (
-        "_id",
-        "barrier",
-        "cancels",
-        "data",
-        "deliveries",
-        "headers",
-        "key",
-        "lease_deadline",
-        "offset",
-        "parse_error",
-        "partition",
-        "queue",
-        "timestamp",
-        "topic",
-    )
+    # The delivered message itself, its fields read when asked for: a consumer that reads
+    # the payload and acks needs two of them, not fourteen copied per message received.
+    __slots__ = ("_d", "_id")
 
     def __init__(self, delivered: DeliveredMessage) -> None:
+        self._d = delivered
         self._id = delivered.bookmark  # what an ack sends: no bookmark text to parse again
-        self.topic, self.partition, self.offset = delivered.bookmark
-        self.key = delivered.key
-        self.data = delivered.value or b""
-        self.headers: Headers = delivered.headers  # decoded for this message alone
-        self.timestamp = delivered.timestamp_ms / 1000.0
-        self.deliveries = delivered.deliveries
-        self.cancels = delivered.cancels
-        deadline = delivered.lease_deadline_ms
-        self.lease_deadline = deadline / 1000.0 if deadline is not None else None
-        self.barrier = delivered.barrier
-        self.queue = delivered.queue
-        self.parse_error = delivered.parse_error
+
+    @property
+    def topic(self) -> str:
+        return self._id.topic
+
+    @property
+    def partition(self) -> int:
+        return self._id.partition
+
+    @property
+    def offset(self) -> int:
+        return self._id.offset
+
+    @property
+    def key(self) -> bytes | None:
+        return self._d.key
+
+    @property
+    def data(self) -> bytes:
+        return self._d.value or b""
+
+    @property
+    def headers(self) -> Headers:
+        return self._d.headers
+
+    @property
+    def timestamp(self) -> float:
+        """The Kafka record's timestamp, epoch seconds."""
+        return self._d.timestamp_ms / 1000.0
+
+    @property
+    def deliveries(self) -> int:
+        return self._d.deliveries
+
+    @property
+    def cancels(self) -> int:
+        return self._d.cancels
+
+    @property
+    def lease_deadline(self) -> float | None:
+        deadline = self._d.lease_deadline_ms
+        return deadline / 1000.0 if deadline is not None else None
+
+    @property
+    def barrier(self) -> bool:
+        return self._d.barrier
+
+    @property
+    def queue(self) -> str:
+        return self._d.queue
+
+    @property
+    def parse_error(self) -> str | None:
+        return self._d.parse_error
 
     @property
     def bookmark(self) -> str:

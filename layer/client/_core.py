@@ -24,6 +24,7 @@ from typing import Any, Generic, TypeVar
 from layer.api.frames import (
     Ack,
     AckResult,
+    Batch,
     Error,
     Messages,
     Replace,
@@ -243,7 +244,14 @@ class SubscriptionCore(Generic[W]):
 
     def subscribe_frame(self) -> Subscribe:
         """The first frame of a connection: the spec as it is now, replaces included."""
-        return Subscribe(self.queue, self.max_backlog, self.client_name, self.filter)
+        return Subscribe(
+            self.queue,
+            self.max_backlog,
+            self.client_name,
+            self.filter,
+            batch_frames=True,
+            message_columns=True,
+        )
 
     def on_subscribed(self, frame: Subscribed, address: str, now: float) -> Reconnected | None:
         """The server confirmed the subscription on ``address``; for a re-subscription, what
@@ -359,8 +367,16 @@ class SubscriptionCore(Generic[W]):
 
     def on_frame(self, frame: ServerFrame) -> Outcome[W]:
         out: Outcome[W] = Outcome()
+        if isinstance(frame, Batch):  # several frames in one gRPC message: each in turn
+            for inner in frame.frames:
+                self._take_frame(inner, out)
+        else:
+            self._take_frame(frame, out)
+        return out
+
+    def _take_frame(self, frame: ServerFrame, out: Outcome[W]) -> None:
         if isinstance(frame, Messages):
-            out.messages = frame.messages
+            out.messages = out.messages + frame.messages if out.messages else frame.messages
         elif isinstance(frame, AckResult):
             self._resolve(frame, out)
         elif isinstance(frame, Replaced | Error) and self._replace_answered(frame, out):
@@ -373,7 +389,6 @@ class SubscriptionCore(Generic[W]):
                 frame.message,
                 extra={"queue": self.queue, "code": str(frame.code)},
             )
-        return out
 
     def _resolve(self, result: AckResult, out: Outcome[W]) -> None:
         resolution = self._acks.resolve(result)

@@ -16,7 +16,17 @@ from layer.api.errors import (
     error_of,
     status_of,
 )
-from layer.api.frames import Ack, AckResult, Error, Messages, Replace, Replaced, Subscribed
+from layer.api.frames import (
+    Ack,
+    AckResult,
+    Batch,
+    Error,
+    Messages,
+    Replace,
+    Replaced,
+    Subscribe,
+    Subscribed,
+)
 from layer.api.service import AckFailure, DeliveredMessage
 from layer.client._core import (
     CONNECT_TIMEOUT,
@@ -129,6 +139,32 @@ def test_frames_deliver_messages_and_resolve_acks() -> None:
     out = c.on_frame(AckResult(frame.request_id, [failure]))
     assert out.done == [("w1", None, None)]
     assert c.ack_failures == [failure] and c.acked_count == 1
+
+
+def test_a_batch_is_its_frames_in_turn() -> None:
+    c = core()
+    subscribe = c.subscribe_frame()
+    assert isinstance(subscribe, Subscribe) and subscribe.batch_frames  # it takes Batch frames
+    for offset in (1, 2, 3):
+        c.operate(AckOp.ACK, f"t/0/{offset}", 0.0, f"w{offset}", c.epoch)
+        (ack,) = c.take()
+        assert isinstance(ack, Ack)
+    first, second = ack.request_id - 2, ack.request_id - 1
+    failure = AckFailure("t/0/2", ErrorCode.UNKNOWN_BOOKMARK, "gone")
+    frame = Batch(
+        [
+            AckResult(first, []),
+            Messages([msg(4)]),
+            AckResult(second, [failure]),
+            Messages([msg(5), msg(6)]),
+        ]
+    )
+    out = c.on_frame(frame)
+    assert out.messages == [msg(4), msg(5), msg(6)]
+    assert [w for w, _, _ in out.done] == ["w1", "w2"]
+    assert out.done[0][2] is None and out.done[1][2] is not None  # w2's ack was refused
+    assert c.acked_count == 1
+    assert frame.frames[1] == Messages([msg(4)])  # the frames themselves are left as they came
 
 
 def test_a_drop_makes_pending_and_in_flight_acks_unconfirmed() -> None:

@@ -35,6 +35,7 @@ from layer.api.frames import (
     AckResult,
     AckWhere,
     AckWhereReply,
+    Batch,
     Browse,
     BrowseReply,
     Close,
@@ -152,6 +153,8 @@ CASES: list[tuple[FrameCodec[Any], object]] = [
     (CLIENT_FRAME_CODEC, Subscribe("q", 1)),
     (CLIENT_FRAME_CODEC, Subscribe("orders", 5, "host:2", FILTER)),
     (CLIENT_FRAME_CODEC, Subscribe("orders", 5, filter="")),  # an empty filter is not None
+    (CLIENT_FRAME_CODEC, Subscribe("orders", 5, batch_frames=True)),
+    (CLIENT_FRAME_CODEC, Subscribe("orders", 5, message_columns=True)),
     (CLIENT_FRAME_CODEC, Ack(7, AckOp.ACK, [OffsetRuns("orders", 0, [1, 2])])),
     (CLIENT_FRAME_CODEC, Ack(2**40, AckOp.EXTEND, [OffsetRuns("orders", 0, [1, 1])], 30.5)),
     (CLIENT_FRAME_CODEC, Ack(1, AckOp.CANCEL, [])),
@@ -191,6 +194,33 @@ CASES: list[tuple[FrameCodec[Any], object]] = [
     (SERVER_FRAME_CODEC, Error("unknown_queue", "no such queue", 0)),  # request id 0 is not None
     (SERVER_FRAME_CODEC, Replaced(3, 10)),
     (SERVER_FRAME_CODEC, Replaced(2**40, 1)),
+    (
+        SERVER_FRAME_CODEC,
+        Batch(
+            [AckResult(7, []), Replaced(3, 10), Error("malformed_frame", "x"), Messages([MESSAGE])]
+        ),
+    ),
+    (SERVER_FRAME_CODEC, Batch([Messages([])])),
+    (SERVER_FRAME_CODEC, Messages([MESSAGE, BARRIER], columns=True)),
+    (SERVER_FRAME_CODEC, Messages([], columns=True)),
+    (
+        SERVER_FRAME_CODEC,  # every optional unset, then set to its empty or zero value
+        Messages(
+            [
+                DeliveredMessage(Bookmark("t", 0, 0), None, None, [], 0, 1, 0, None),
+                DeliveredMessage(
+                    Bookmark("u", 1, 1), b"", b"", [("h", b"")], 0, 0, 0, 0, False, "q", ""
+                ),
+                MESSAGE,
+                DeliveredMessage(
+                    Bookmark("t", 0, 2), None, b"x", [("a", None), ("b", b"1")], 5, 1, 0, 7
+                ),
+            ],
+            columns=True,
+        ),
+    ),
+    (SERVER_FRAME_CODEC, Batch([AckResult(1, []), Messages([MESSAGE], columns=True)])),
+    (SERVER_FRAME_CODEC, Batch([])),
     (PUBLISH_CODEC, Publish("orders", b"data")),
     (PUBLISH_CODEC, Publish("orders", b"", b"key", [("a", b"1"), ("b", None)])),
     (PUBLISHED_CODEC, Published(Bookmark("orders-in", 2, 99))),
@@ -243,6 +273,7 @@ def test_round_trip(codec: FrameCodec[Any], frame: object) -> None:
 def test_every_frame_type_is_covered() -> None:
     covered = {type(frame) for _, frame in CASES}
     expected = {Subscribe, Ack, Close, Replace, Subscribed, Messages, AckResult, Error, Replaced}
+    expected |= {Batch}
     expected |= {Publish, Published, Stats, StatsReply, ListQueues, QueueList}
     expected |= {Browse, BrowseReply, AckWhere, AckWhereReply, Redrive, RedriveReply}
     expected |= {Reload, ReloadReply, Replay, ReplayReply}
@@ -381,7 +412,10 @@ def test_malformed_client_frames_name_the_problem(data: bytes, reason: str) -> N
     ("codec", "data", "reason"),
     [
         (SERVER_FRAME_CODEC, b"", "without a body this client knows"),
-        (SERVER_FRAME_CODEC, b"\x32\x00", "without a body this client knows"),  # field 6: newer
+        (SERVER_FRAME_CODEC, b"\x3a\x00", "without a body this client knows"),  # field 7: newer
+        # a Batch holding a Subscribed (field 1 of the inner frame), or another Batch
+        (SERVER_FRAME_CODEC, b"\x32\x04\x0a\x02\x0a\x00", "a Batch frame holds a Subscribed"),
+        (SERVER_FRAME_CODEC, b"\x32\x04\x0a\x02\x32\x00", "a Batch frame holds a Batch"),
         (SERVER_FRAME_CODEC, b"\x12\x03\x0a\x05", "not a valid ServerFrame"),
         (BROWSE_CODEC, b"\x0a\x01", "not a valid BrowseRequest"),
         (ACK_WHERE_CODEC, b"\x12\x01\xff", "not a valid AckWhereRequest"),  # filter, bad UTF-8
@@ -484,3 +518,42 @@ _delivered = st.builds(
 def test_messages_frames_round_trip(messages: list[Any]) -> None:
     frame = Messages(messages)
     assert SERVER_FRAME_CODEC.decode(SERVER_FRAME_CODEC.encode(frame)) == frame
+
+
+def test_message_columns_are_checked_against_their_flags() -> None:
+    def frame(**columns: Any) -> bytes:
+        return pb.ServerFrame(
+            messages=pb.Messages(columns=pb.MessageColumns(**columns))
+        ).SerializeToString()
+
+    one = {
+        "topic": ["t"], "partition": [0], "offset": [1], "key": [b""], "value": [b"v"],
+        "timestamp_ms": [0], "deliveries": [1], "cancels": [0], "lease_deadline_ms": [0],
+        "queue": ["q"], "flags": [2],
+    }  # fmt: skip
+    decoded = SERVER_FRAME_CODEC.decode(frame(**one))
+    assert decoded == Messages(
+        [DeliveredMessage(Bookmark("t", 0, 1), None, b"v", [], 0, 1, 0, None, False, "q")],
+        columns=True,
+    )
+    for broken, reason in [
+        ({**one, "offset": [1, 2]}, "offset has 2 entries"),
+        ({**one, "flags": [2 + 16]}, "parse_error does not match"),
+        ({**one, "parse_error": ["x"]}, "parse_error does not match"),
+        ({**one, "flags": [2 + 32]}, "header_count or headers do not match"),
+        (
+            {**one, "flags": [2 + 32], "header_count": [2], "headers": [pb.Header(key="a")]},
+            "headers",
+        ),
+    ]:
+        with pytest.raises(SerializationError, match="malformed ServerFrame frame") as info:
+            SERVER_FRAME_CODEC.decode(frame(**broken))
+        assert reason in str(info.value)
+
+
+def test_a_batch_cannot_hold_a_subscribed_or_a_batch() -> None:
+    for inner in (Subscribed("s", 1, 1.0), Batch([])):
+        with pytest.raises(
+            SerializationError, match=f"a Batch cannot hold a {type(inner).__name__}"
+        ):
+            SERVER_FRAME_CODEC.encode(Batch([inner]))  # type: ignore[list-item]

@@ -33,16 +33,20 @@ class ClientFrame(_message.Message):
     def __init__(self, subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ..., replace: _Optional[_Union[Replace, _Mapping]] = ...) -> None: ...
 
 class Subscribe(_message.Message):
-    __slots__ = ("queue", "max_backlog", "client_name", "filter")
+    __slots__ = ("queue", "max_backlog", "client_name", "filter", "batch_frames", "message_columns")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     MAX_BACKLOG_FIELD_NUMBER: _ClassVar[int]
     CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FRAMES_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     queue: str
     max_backlog: int
     client_name: str
     filter: str
-    def __init__(self, queue: _Optional[str] = ..., max_backlog: _Optional[int] = ..., client_name: _Optional[str] = ..., filter: _Optional[str] = ...) -> None: ...
+    batch_frames: bool
+    message_columns: bool
+    def __init__(self, queue: _Optional[str] = ..., max_backlog: _Optional[int] = ..., client_name: _Optional[str] = ..., filter: _Optional[str] = ..., batch_frames: _Optional[bool] = ..., message_columns: _Optional[bool] = ...) -> None: ...
 
 class OffsetRuns(_message.Message):
     __slots__ = ("topic", "partition", "runs")
@@ -83,18 +87,26 @@ class Replace(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., queue: _Optional[str] = ..., max_backlog: _Optional[int] = ..., filter: _Optional[str] = ...) -> None: ...
 
 class ServerFrame(_message.Message):
-    __slots__ = ("subscribed", "messages", "ack_result", "error", "replaced")
+    __slots__ = ("subscribed", "messages", "ack_result", "error", "replaced", "batch")
     SUBSCRIBED_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     ACK_RESULT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     REPLACED_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     subscribed: Subscribed
     messages: Messages
     ack_result: AckResult
     error: Error
     replaced: Replaced
-    def __init__(self, subscribed: _Optional[_Union[Subscribed, _Mapping]] = ..., messages: _Optional[_Union[Messages, _Mapping]] = ..., ack_result: _Optional[_Union[AckResult, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., replaced: _Optional[_Union[Replaced, _Mapping]] = ...) -> None: ...
+    batch: Batch
+    def __init__(self, subscribed: _Optional[_Union[Subscribed, _Mapping]] = ..., messages: _Optional[_Union[Messages, _Mapping]] = ..., ack_result: _Optional[_Union[AckResult, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., replaced: _Optional[_Union[Replaced, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ...) -> None: ...
+
+class Batch(_message.Message):
+    __slots__ = ("frames",)
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    frames: _containers.RepeatedCompositeFieldContainer[ServerFrame]
+    def __init__(self, frames: _Optional[_Iterable[_Union[ServerFrame, _Mapping]]] = ...) -> None: ...
 
 class Subscribed(_message.Message):
     __slots__ = ("subscription_id", "backlog", "lease_period_s")
@@ -107,10 +119,44 @@ class Subscribed(_message.Message):
     def __init__(self, subscription_id: _Optional[str] = ..., backlog: _Optional[int] = ..., lease_period_s: _Optional[float] = ...) -> None: ...
 
 class Messages(_message.Message):
-    __slots__ = ("messages",)
+    __slots__ = ("messages", "columns")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[Message]
-    def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
+    columns: MessageColumns
+    def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., columns: _Optional[_Union[MessageColumns, _Mapping]] = ...) -> None: ...
+
+class MessageColumns(_message.Message):
+    __slots__ = ("topic", "partition", "offset", "key", "value", "timestamp_ms", "deliveries", "cancels", "lease_deadline_ms", "queue", "flags", "parse_error", "header_count", "headers")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    CANCELS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
+    PARSE_ERROR_FIELD_NUMBER: _ClassVar[int]
+    HEADER_COUNT_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    topic: _containers.RepeatedScalarFieldContainer[str]
+    partition: _containers.RepeatedScalarFieldContainer[int]
+    offset: _containers.RepeatedScalarFieldContainer[int]
+    key: _containers.RepeatedScalarFieldContainer[bytes]
+    value: _containers.RepeatedScalarFieldContainer[bytes]
+    timestamp_ms: _containers.RepeatedScalarFieldContainer[int]
+    deliveries: _containers.RepeatedScalarFieldContainer[int]
+    cancels: _containers.RepeatedScalarFieldContainer[int]
+    lease_deadline_ms: _containers.RepeatedScalarFieldContainer[int]
+    queue: _containers.RepeatedScalarFieldContainer[str]
+    flags: _containers.RepeatedScalarFieldContainer[int]
+    parse_error: _containers.RepeatedScalarFieldContainer[str]
+    header_count: _containers.RepeatedScalarFieldContainer[int]
+    headers: _containers.RepeatedCompositeFieldContainer[Header]
+    def __init__(self, topic: _Optional[_Iterable[str]] = ..., partition: _Optional[_Iterable[int]] = ..., offset: _Optional[_Iterable[int]] = ..., key: _Optional[_Iterable[bytes]] = ..., value: _Optional[_Iterable[bytes]] = ..., timestamp_ms: _Optional[_Iterable[int]] = ..., deliveries: _Optional[_Iterable[int]] = ..., cancels: _Optional[_Iterable[int]] = ..., lease_deadline_ms: _Optional[_Iterable[int]] = ..., queue: _Optional[_Iterable[str]] = ..., flags: _Optional[_Iterable[int]] = ..., parse_error: _Optional[_Iterable[str]] = ..., header_count: _Optional[_Iterable[int]] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ...) -> None: ...
 
 class Message(_message.Message):
     __slots__ = ("topic", "partition", "offset", "key", "value", "headers", "timestamp_ms", "deliveries", "cancels", "lease_deadline_ms", "barrier", "queue", "parse_error")
