@@ -50,6 +50,11 @@ class QueueRemoved(UnknownQueue):
     """The queue was removed by a reload of the configuration."""
 
 
+class NotOwner(QueueError):
+    """The queue is served by another member of the cluster: ask that one (its address is in
+    the message, and in the cluster metadata)."""
+
+
 class QueueExists(QueueError):
     """A queue of that name is already defined."""
 

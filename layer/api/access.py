@@ -82,6 +82,9 @@ RPC_RIGHTS: Mapping[str, Right] = {
     "AlterQueue": Right.ADMIN,
     "DeleteQueue": Right.ADMIN,
     "ListDefinitions": Right.BROWSE,
+    # the cluster's members and queue owners: the list answers only the queues the caller
+    # may browse
+    "Cluster": Right.BROWSE,
     # a temporary queue (for a client's replies): consume on its name is enough
     "CreateTemporaryQueue": Right.CONSUME,
     "Replay": Right.BROWSE,

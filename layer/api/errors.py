@@ -30,6 +30,7 @@ from layer.exceptions import (
     MalformedFrame,
     NotLeased,
     NotLeaseHolder,
+    NotOwner,
     PermissionDenied,
     PublishUncertain,
     QLayerError,
@@ -55,6 +56,7 @@ class ErrorCode(enum.StrEnum):
     QUEUE_REMOVED = "queue_removed"  # by a reload of the configuration, or deleted
     QUEUE_EXISTS = "queue_exists"  # queue create of a name that is defined
     QUEUE_BUSY = "queue_busy"  # queue delete of a queue with leased messages, not forced
+    NOT_OWNER = "not_owner"  # another member of the cluster serves the queue
     INVALID_EXPRESSION = "invalid_expression"
     INVALID_REQUEST = "invalid_request"
     MALFORMED_BOOKMARK = "malformed_bookmark"
@@ -95,6 +97,7 @@ TABLE: tuple[_Row, ...] = (
     _Row(QueueRemoved, _S.NOT_FOUND, ErrorCode.QUEUE_REMOVED),
     _Row(QueueExists, _S.ALREADY_EXISTS, ErrorCode.QUEUE_EXISTS),
     _Row(QueueBusy, _S.FAILED_PRECONDITION, ErrorCode.QUEUE_BUSY),
+    _Row(NotOwner, _S.FAILED_PRECONDITION, ErrorCode.NOT_OWNER),
     _Row(UnknownQueue, _S.NOT_FOUND, ErrorCode.UNKNOWN_QUEUE),
     _Row(UnknownBookmark, _S.NOT_FOUND, ErrorCode.UNKNOWN_BOOKMARK),
     _Row(NotLeaseHolder, _S.FAILED_PRECONDITION, ErrorCode.NOT_LEASE_HOLDER),

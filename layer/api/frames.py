@@ -28,11 +28,14 @@ from layer.api.errors import ErrorCode, parse_code
 from layer.api.proto.qlayer.v1 import queue_pb2 as pb
 from layer.api.service import (
     AckFailure,
+    ClusterInfo,
+    ClusterMember,
     DeadLetter,
     DeliveredMessage,
     OffsetRuns,
     QueueDefinitionInfo,
     QueueInfo,
+    QueueOwner,
     QueueStats,
     ReloadChange,
     ReloadRefusal,
@@ -45,6 +48,9 @@ __all__ = [
     "ACK_WHERE_CODEC",
     "ACK_WHERE_REPLY_CODEC",
     "BROWSE_CODEC",
+    "CLUSTER_CODEC",
+    "CLUSTER_REPLY_CODEC",
+    "ClusterRequest",
     "DEAD_LETTERS_CODEC",
     "DEAD_LETTERS_REPLY_CODEC",
     "BROWSE_REPLY_CODEC",
@@ -403,6 +409,11 @@ class ListDefinitions:
 @dataclass(frozen=True, slots=True)
 class DefinitionList:
     definitions: list[QueueDefinitionInfo]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterRequest:
+    pass
 
 
 # --- the codec --------------------------------------------------------------------------------
@@ -988,6 +999,29 @@ DEFINITION_LIST_CODEC: FrameCodec[DefinitionList] = FrameCodec(
     pb.ListDefinitionsReply,
     lambda f: pb.ListDefinitionsReply(definitions=[_definition_to(d) for d in f.definitions]),
     lambda r: DefinitionList([_definition_from(d) for d in r.definitions]),
+)
+CLUSTER_CODEC: FrameCodec[ClusterRequest] = FrameCodec(
+    pb.ClusterRequest, lambda f: pb.ClusterRequest(), lambda r: ClusterRequest()
+)
+CLUSTER_REPLY_CODEC: FrameCodec[ClusterInfo] = FrameCodec(
+    pb.ClusterReply,
+    lambda f: pb.ClusterReply(
+        cluster=f.cluster,
+        member=f.member,
+        members=[
+            pb.ClusterMember(id=m.id, address=m.address, partitions=m.partitions) for m in f.members
+        ],
+        queues=[
+            pb.QueueOwner(queue=q.queue, partition=q.partition, member=q.member, address=q.address)
+            for q in f.queues
+        ],
+    ),
+    lambda r: ClusterInfo(
+        r.cluster,
+        r.member,
+        [ClusterMember(m.id, m.address, list(m.partitions)) for m in r.members],
+        [QueueOwner(q.queue, q.partition, q.member, q.address) for q in r.queues],
+    ),
 )
 REDRIVE_CODEC: FrameCodec[Redrive] = FrameCodec(
     pb.RedriveRequest,

@@ -44,7 +44,7 @@ import re
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, NoReturn, TypeVar
 
 import grpc
@@ -60,6 +60,8 @@ from layer.api.frames import (
     BROWSE_CODEC,
     BROWSE_REPLY_CODEC,
     CLIENT_FRAME_CODEC,
+    CLUSTER_CODEC,
+    CLUSTER_REPLY_CODEC,
     CREATE_QUEUE_CODEC,
     CREATE_TEMPORARY_QUEUE_CODEC,
     DEAD_LETTERS_CODEC,
@@ -92,6 +94,7 @@ from layer.api.frames import (
     Browse,
     BrowseReply,
     Close,
+    ClusterRequest,
     CreateQueue,
     CreateTemporaryQueue,
     DeadLetters,
@@ -121,7 +124,13 @@ from layer.api.frames import (
     Subscribe,
     Subscribed,
 )
-from layer.api.service import AckFailure, DeliveredMessage, QueueService, Subscription
+from layer.api.service import (
+    AckFailure,
+    ClusterInfo,
+    DeliveredMessage,
+    QueueService,
+    Subscription,
+)
 from layer.exceptions import (
     ConfigError,
     PermissionDenied,
@@ -478,6 +487,7 @@ class ApiServer:
         "AlterQueue": ("_alter_queue", ALTER_QUEUE_CODEC, DEFINITION_REPLY_CODEC),
         "DeleteQueue": ("_delete_queue", DELETE_QUEUE_CODEC, DELETE_QUEUE_REPLY_CODEC),
         "ListDefinitions": ("_list_definitions", LIST_DEFINITIONS_CODEC, DEFINITION_LIST_CODEC),
+        "Cluster": ("_cluster", CLUSTER_CODEC, CLUSTER_REPLY_CODEC),
         "CreateTemporaryQueue": (
             "_create_temporary_queue",
             CREATE_TEMPORARY_QUEUE_CODEC,
@@ -739,6 +749,12 @@ class ApiServer:
         principal, _ = await self._admitted(context, request, ListDefinitions, "ListDefinitions")
         found = self._service.definitions()
         return DefinitionList([d for d in found if principal.allows(Right.BROWSE, d.name)])
+
+    async def _cluster(self, request: object, context: grpc.aio.ServicerContext) -> ClusterInfo:
+        principal, _ = await self._admitted(context, request, ClusterRequest, "Cluster")
+        info = self._service.cluster_info()
+        queues = [q for q in info.queues if principal.allows(Right.BROWSE, q.queue)]
+        return replace(info, queues=queues)
 
     # --- the subscription stream --------------------------------------------------------------
 

@@ -115,6 +115,35 @@ class AckWhereResult:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterMember:
+    """A member of a cluster: its id, API address and the control partitions it owns."""
+
+    id: str
+    address: str
+    partitions: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueOwner:
+    """Which member serves a queue (``member`` empty: none right now, it is moving)."""
+
+    queue: str
+    partition: int
+    member: str = ""
+    address: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterInfo:
+    """The metadata call's answer (``layer.coordinator.membership``)."""
+
+    cluster: str
+    member: str
+    members: list[ClusterMember]
+    queues: list[QueueOwner]
+
+
+@dataclass(frozen=True, slots=True)
 class QueueDefinitionInfo:
     """A queue's definition as the cluster's definitions topic holds it: its ``[[queue]]``
     table (option -> value as TOML writes it) and who wrote it last."""
@@ -372,4 +401,8 @@ class QueueService(Protocol):
 
     def definitions(self) -> list[QueueDefinitionInfo]:
         """The cluster's queue definitions."""
+        ...
+
+    def cluster_info(self) -> ClusterInfo:
+        """The cluster's members and the owner of each queue."""
         ...

@@ -31,6 +31,7 @@ from layer.api.frames import (
     Browse,
     ClientFrame,
     Close,
+    ClusterRequest,
     CreateQueue,
     CreateTemporaryQueue,
     DeadLetters,
@@ -44,6 +45,7 @@ from layer.api.frames import (
 )
 from layer.api.service import (
     AckWhereResult,
+    ClusterInfo,
     DeadLetter,
     DeliveredMessage,
     QueueDefinitionInfo,
@@ -646,6 +648,10 @@ class AsyncQueueClient:
     async def queue_definitions(self) -> list[QueueDefinitionInfo]:
         """As ``QueueClient.queue_definitions``."""
         return list((await self._call("ListDefinitions", ListDefinitions())).definitions)
+
+    async def cluster(self) -> ClusterInfo:
+        """As ``QueueClient.cluster``."""
+        return cast(ClusterInfo, await self._call("Cluster", ClusterRequest()))
 
     async def stats(self, queue: str | None = None) -> list[QueueStats]:
         return list((await self._call("Stats", Stats(queue))).queues)

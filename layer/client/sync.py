@@ -31,6 +31,7 @@ from layer.api.frames import (
     Browse,
     ClientFrame,
     Close,
+    ClusterRequest,
     CreateQueue,
     CreateTemporaryQueue,
     DeadLetters,
@@ -44,6 +45,7 @@ from layer.api.frames import (
 )
 from layer.api.service import (
     AckWhereResult,
+    ClusterInfo,
     DeadLetter,
     DeliveredMessage,
     QueueDefinitionInfo,
@@ -709,6 +711,11 @@ class QueueClient:
     def queue_definitions(self) -> list[QueueDefinitionInfo]:
         """The cluster's queue definitions (those this client may browse)."""
         return list(self._call("ListDefinitions", ListDefinitions()).definitions)
+
+    def cluster(self) -> ClusterInfo:
+        """The cluster: its members with their addresses and the member serving each queue
+        (a coordinator alone: itself, serving every queue)."""
+        return cast(ClusterInfo, self._call("Cluster", ClusterRequest()))
 
     def stats(self, queue: str | None = None) -> list[QueueStats]:
         """Stats of one queue, or of every queue."""

@@ -178,7 +178,8 @@ class CoordinatorConfig:
         return int(self.listen.rpartition(":")[2])
 
     def changelog_topic(self, queue_name: str) -> str:
-        return f"{self.changelog_topic_prefix}{self.id}.{queue_name}"
+        # a cluster's members share each queue's changelog: whichever owns the queue writes it
+        return f"{self.changelog_topic_prefix}{self.cluster or self.id}.{queue_name}"
 
     @property
     def definitions_topic(self) -> str:

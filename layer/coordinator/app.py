@@ -22,6 +22,7 @@ import contextlib
 import gc
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -240,6 +241,9 @@ class CoordinatorApp:
             tls_client_ca=client_ca,
         )
         port = await self._server.start()
+        # in a cluster: advertise this API and take a share of the queues
+        host = c.listen.rpartition(":")[0].strip("[]")
+        await coordinator.join(f"{advertised_host(host)}:{port}")
         self.health.serving()
         self._serving = coordinator
 
@@ -308,6 +312,13 @@ async def serve(
     directory that does not belong to the cluster raises ``StateMismatch`` before anything starts.
     """
     return await CoordinatorApp(config, ready, progress, http_ready, reset_state).run()
+
+
+def advertised_host(host: str) -> str:
+    """The host other members and clients reach a listener bound to ``host`` at."""
+    if host in ("", "0.0.0.0", "::"):
+        return socket.getfqdn()
+    return host
 
 
 def print_ready(host: str, port: int) -> None:

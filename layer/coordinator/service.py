@@ -40,11 +40,14 @@ from connectors.kafka import (
 )
 from layer.api.service import (
     AckWhereResult,
+    ClusterInfo,
+    ClusterMember,
     DeadLetter,
     DeliveredMessage,
     DeliverySink,
     QueueDefinitionInfo,
     QueueInfo,
+    QueueOwner,
     QueueStats,
     RedriveResult,
     ReloadResult,
@@ -54,7 +57,9 @@ from layer.coordinator.cluster_queues import ClusterQueues, info_of
 from layer.coordinator.definitions import DefinitionsLog
 from layer.coordinator.health import Health
 from layer.coordinator.ingest import Fetched, IngestReader
+from layer.coordinator.membership import Member, Membership, owner_write, partition_of
 from layer.coordinator.outage import KafkaWatch, until_reachable
+from layer.coordinator.peers import Peers
 from layer.coordinator.publish import Publisher
 from layer.coordinator.publish_route import PublishRoute, routes_publishes
 from layer.coordinator.redrive import REDRIVE_SUFFIX, move, read_dead_letters
@@ -82,6 +87,7 @@ from layer.exceptions import (
     ConfigError,
     ConnectionLost,
     InvalidRequest,
+    NotOwner,
     QLayerError,
     QueueBusy,
     QueueRemoved,
@@ -132,6 +138,8 @@ class Coordinator:
             wait_reachable=self._watch.wait_reachable,
             on_trouble=self._watch.suspect,
             interrupt=self._interrupt,
+            # in a cluster a failed writer is not replaced (``DurableChangelog``)
+            replace_failed=config.coordinator.cluster is None,
         )
         self._changelog = CommitPool(self._durable)
         self._publisher = Publisher(self._base_settings, self._watch)
@@ -196,6 +204,13 @@ class Coordinator:
         self._temporary_task: asyncio.Task[None] | None = None
         self._converging: asyncio.Task[None] | None = None
         self._defs_dirty = False  # records reduced that _converge has not applied yet
+        # a member of a cluster (``[coordinator] cluster``) serves the queues of the control
+        # partitions the group gives it (layer.coordinator.membership); None: every queue
+        self._membership: Membership | None = None
+        self._owned: set[int] | None = None if config.coordinator.cluster is None else set()
+        c = config.coordinator
+        self._peers = Peers(c.admin_token or c.auth_token)
+        self._address = ""  # of this coordinator's API, once it serves (``join``)
 
     @property
     def rounds(self) -> int:
@@ -226,9 +241,9 @@ class Coordinator:
             self._clock,
         )
         # the queues served are the definitions topic's, once the file's changes are in it
-        cfg = self._config = replace(
-            cfg, queues=await self._cluster.open(cfg, self._until_reachable)
-        )
+        # (in a cluster: those the group gives this member, none until it joins)
+        defined = await self._cluster.open(cfg, self._until_reachable)
+        cfg = self._config = replace(cfg, queues=tuple(q for q in defined if self._owns(q.name)))
         await self._ensure_topics(cfg.queues)
         # The writer comes first: initialising its transactions fences a killed predecessor and
         # aborts its open transaction, which a read_committed restore would otherwise wait on.
@@ -266,7 +281,7 @@ class Coordinator:
     def _new_writer(self) -> ChangelogWriter:
         return ChangelogWriter(
             producer_settings(self._base_settings),
-            f"{self._config.coordinator.id}-changelog",
+            self._new_writer_id(),
             patient=True,
             interrupt=self._interrupt,
         )
@@ -351,6 +366,10 @@ class Coordinator:
         await self._pump_task
 
     async def stop(self) -> None:
+        if self._membership is not None and self._rounds.failed is None:
+            # leave the group first: the queues are handed over (their last changes durable,
+            # their leases returned) while the rounds still run
+            await asyncio.to_thread(self._membership.close)
         self._stopping = True
         self._interrupt.set()
         self.health.stopping()
@@ -376,6 +395,7 @@ class Coordinator:
             await asyncio.to_thread(self._cluster.close)
         self._changelog.shutdown()
         self._views.close()
+        await self._peers.close()
         await asyncio.to_thread(self._watch.stop)
 
     # ----------------------------------------------------------------------------------------
@@ -395,15 +415,19 @@ class Coordinator:
         client: str = "",
         filter: str | None = None,
     ) -> SubscriptionHandle:
+        self.check_served(queue)
         return await self._subscriptions.subscribe(queue, max_backlog, sink, client, filter)
 
     async def browse(
         self, queue: str, filter: str | None = None, limit: int | None = None
     ) -> list[DeliveredMessage]:
         self._check_alive()
-        rt = lookup(self._runtimes, queue)
         if limit is not None and limit < 0:
             raise InvalidRequest(f"limit must be >= 0, got {limit}")
+        owner = self._owner_elsewhere(queue)
+        if owner is not None:
+            return await self._peers.browse(owner, queue, filter, limit)
+        rt = self._lookup(queue)
         match = self._subscriptions.matcher(rt, filter)
         engine = rt.engine
         matching = (bm for bm in engine.available() if match is None or match(bm))
@@ -437,7 +461,7 @@ class Coordinator:
         """AMPS's sow_delete with a filter: every deliverable message (available or leased, not
         inactive) that matches; under strict leasing leased ones are skipped."""
         self._check_alive()
-        rt = lookup(self._runtimes, queue)
+        rt = self._lookup(queue)
         match = self._subscriptions.matcher(rt, filter)
         assert match is not None
         engine = rt.engine
@@ -456,7 +480,7 @@ class Coordinator:
         """See ``layer.coordinator.redrive``; one redrive at a time, so none moves a letter
         another is moving."""
         self._check_alive()
-        rt = lookup(self._runtimes, queue)
+        rt = self._lookup(queue)
         q = rt.config
         if q.dead_letter_topic is None:
             raise InvalidRequest(f"queue {queue!r} has no dead_letter_topic: nothing to redrive")
@@ -510,7 +534,7 @@ class Coordinator:
         """Read the queue's dead-letter topic from the start (``read_dead_letters``): a scan of
         the topic per call, for operators, not for a hot path."""
         self._check_alive()
-        rt = lookup(self._runtimes, queue)
+        rt = self._lookup(queue)
         topic = rt.config.dead_letter_topic
         if topic is None:
             raise InvalidRequest(f"queue {queue!r} has no dead_letter_topic")
@@ -559,7 +583,10 @@ class Coordinator:
         headers: Sequence[tuple[str, bytes | None]] = (),
     ) -> Bookmark:
         self._check_alive()
-        rt = lookup(self._runtimes, queue)
+        owner = self._owner_elsewhere(queue)
+        if owner is not None:
+            return await self._peers.publish(owner, queue, value, key, list(headers))
+        rt = self._lookup(queue)
         try:
             target = rt.config.publish_target
         except ConfigError as exc:  # a regex queue without default_publish_target
@@ -586,7 +613,7 @@ class Coordinator:
         """See ``layer.coordinator.replay``: batches of the queue's topics' records, read by a
         consumer of the replay's own; the queue's runtime is only looked at, never changed."""
         self._check_alive()
-        rt = lookup(self._runtimes, queue)
+        rt = self._lookup(queue)
         config = rt.config
         if since_bookmarks and since_ms is not None:
             raise InvalidRequest("replay: give since bookmarks or a since time, not both")
@@ -643,19 +670,24 @@ class Coordinator:
             closing.add_done_callback(self._replays.discard)
 
     async def stats(self, queue: str | None = None) -> list[QueueStats]:
+        """Of one queue (forwarded to its owner in a cluster), or of those served here."""
+        owner = None if queue is None else self._owner_elsewhere(queue)
+        if owner is not None:
+            assert queue is not None
+            return await self._peers.stats(owner, queue)
         names = [queue] if queue is not None else sorted(self._runtimes)
         now = self._clock()
         out = []
         for name in names:
             reader = self._readers.get(name)
             fetch_wait_ms = reader.fetch_wait_ms if reader else 0
-            out.append(lookup(self._runtimes, name).stats(now, self.rounds, fetch_wait_ms))
+            out.append(self._lookup(name).stats(now, self.rounds, fetch_wait_ms))
         return out
 
     def subscriptions_of(self, queue: str, leases: int = 100) -> list[dict[str, object]]:
         """The web console's view of a queue's subscriptions, each with up to ``leases`` of
         the messages it holds (read-only)."""
-        rt = lookup(self._runtimes, queue)
+        rt = self._lookup(queue)
         out: list[dict[str, object]] = []
         for sub in rt.subscriptions.values():
             held = rt.engine.leases_of(sub.id, leases)
@@ -675,7 +707,7 @@ class Coordinator:
         return out
 
     def queue_config(self, queue: str) -> QueueConfig:
-        return lookup(self._runtimes, queue).config
+        return self._lookup(queue).config
 
     def queues(self) -> list[QueueInfo]:
         return [
@@ -689,7 +721,12 @@ class Coordinator:
                 dead_letter_topic=q.dead_letter_topic,
                 default_publish_target=q.default_publish_target,
             )
-            for q in self._config.queues
+            # in a cluster: every queue of it (stats, browse, publish are forwarded)
+            for q in (
+                self._cluster.defined()
+                if self._owned is not None and self._cluster is not None
+                else self._config.queues
+            )
         ]
 
     # ----------------------------------------------------------------------------------------
@@ -722,9 +759,7 @@ class Coordinator:
         assert self._cluster is not None
         topic = self._config.coordinator.definitions_topic
         file_source = self._config.source  # the running config's stays its file's
-        desired = replace(
-            self._config, queues=self._cluster.defined(), source=source or f"topic {topic}"
-        )
+        desired = replace(self._config, queues=self._defined(), source=source or f"topic {topic}")
         the_plan = plan(self._config, desired)
         if not the_plan.empty:
             kept = {q.name: q for q in self._config.queues if q.name in the_plan.refused_queues}
@@ -860,6 +895,156 @@ class Coordinator:
                     " refused; delete it with force once its consumers are done (or anyway)"
                 )
             await self._write_and_apply([Write.delete(name)], f"deleted by {by}")
+
+    # ----------------------------------------------------------------------------------------
+    # the cluster (layer.coordinator.membership): which queues this member serves
+    # ----------------------------------------------------------------------------------------
+
+    def _owns(self, queue: str) -> bool:
+        return self._owned is None or partition_of(queue) in self._owned
+
+    def _defined(self) -> tuple[QueueConfig, ...]:
+        """The queues this member is to serve: the topic's, those it owns in a cluster."""
+        assert self._cluster is not None
+        return tuple(q for q in self._cluster.defined() if self._owns(q.name))
+
+    def _lookup(self, queue: str) -> QueueRuntime:
+        """The runtime of a queue served here; ``NotOwner`` naming the member that serves a
+        queue of the cluster this one does not, ``UnknownQueue`` otherwise."""
+        rt = self._runtimes.get(queue)
+        if rt is not None:
+            return rt
+        cluster = self._cluster
+        if self._owned is not None and cluster is not None and queue in cluster.definitions.queues:
+            raise self._not_owner(queue)
+        return lookup(self._runtimes, queue)
+
+    def _not_owner(self, queue: str) -> NotOwner:
+        owner = self._membership.map.owner_of(queue) if self._membership else None
+        if owner is None:
+            return NotOwner(
+                f"queue {queue!r} is not served by this member and has no owner right now"
+                " (the cluster is moving it): try again shortly"
+            )
+        return NotOwner(f"queue {queue!r} is served by member {owner.id!r} at {owner.address}")
+
+    def _owner_elsewhere(self, queue: str) -> str | None:
+        """The API address of the member serving ``queue`` when another one does and calls
+        can be forwarded to it (``layer.coordinator.peers``: not over TLS); else None."""
+        if queue in self._runtimes or self._membership is None:
+            return None
+        if self._config.coordinator.tls_cert is not None:
+            return None
+        owner = self._membership.map.owner_of(queue)
+        if owner is None or owner.id == self._membership.member.id:
+            return None
+        return owner.address
+
+    def cluster_info(self) -> ClusterInfo:
+        """The metadata call: the members and the owner of each queue, as this member's
+        reduced members topic has them (alone: itself, serving every queue)."""
+        c = self._config.coordinator
+        membership = self._membership
+        if membership is None or self._cluster is None:
+            me = ClusterMember(c.id, self._address, [])
+            owners = [QueueOwner(n, partition_of(n), c.id, self._address) for n in self._runtimes]
+            return ClusterInfo(c.cluster or c.id, c.id, [me], sorted(owners, key=lambda q: q.queue))
+        cmap = membership.map
+        held: dict[str, list[int]] = {}
+        for p, claim in sorted(cmap.owners.items()):
+            if not claim.released:
+                held.setdefault(claim.member, []).append(p)
+        members = [
+            ClusterMember(m.id, m.address, held.get(m.id, [])) for m in cmap.members.values()
+        ]
+        queues = []
+        for name in sorted(self._cluster.definitions.queues):
+            owner = cmap.owner_of(name)
+            if owner is None:
+                queues.append(QueueOwner(name, partition_of(name)))
+            else:
+                queues.append(QueueOwner(name, partition_of(name), owner.id, owner.address))
+        return ClusterInfo(membership.cluster, c.id, sorted(members, key=lambda m: m.id), queues)
+
+    def check_served(self, queue: str) -> None:
+        """``NotOwner`` for a queue of the cluster another member serves (subscribe's check;
+        a regex subscription takes the queues served here)."""
+        if not queue.startswith("^"):
+            self._lookup(queue)
+
+    async def join(self, address: str, timeout: float = 30.0) -> None:
+        """In a cluster: advertise ``address`` (this member's API), join the group and wait
+        (at most ``timeout``) for its first assignment. Alone: nothing."""
+        cfg = self._config
+        cluster = cfg.coordinator.cluster
+        self._address = address
+        if cluster is None:
+            return
+        assert self._loop is not None
+        member = Member(cfg.coordinator.id, address, self._new_writer_id())
+        self._membership = Membership(
+            cluster,
+            member,
+            admin_settings=self._base_settings,
+            group_settings=consumer_settings(
+                self._base_settings, self._profile, group_id=f"qlayer.{cluster}"
+            ),
+            log_consumer_settings=consumer_settings(self._base_settings, self._profile),
+            producer_settings=producer_settings(self._base_settings),
+            loop=self._loop,
+            on_assigned=self._assigned,
+            on_revoked=self._revoked,
+        )
+        await self._membership.open()
+        try:
+            await asyncio.wait_for(self._membership.first_assignment.wait(), timeout)
+        except TimeoutError:
+            log.warning("cluster %s: no assignment from the group within %.0fs", cluster, timeout)
+
+    async def _assigned(self, partitions: set[int]) -> None:
+        """The group gave this member control partitions: claim them in the members topic,
+        fence each one's last owner that did not hand it over, then serve their queues."""
+        membership = self._membership
+        assert membership is not None and self._owned is not None
+        me = membership.member
+        await membership.write([owner_write(p, me, released=False) for p in sorted(partitions)])
+        fence = {
+            before.transactional_id
+            for p in partitions
+            if (before := membership.map.taken_from.get(p)) is not None
+            and not before.released
+            and before.member != me.id
+        }
+        for transactional_id in sorted(fence):
+            log.info("cluster: fencing the last owner, transactional_id=%s", transactional_id)
+            await self._until_reachable(
+                "fence the last owner", partial(self._fence, transactional_id)
+            )
+        async with self._reload_lock:
+            self._owned |= partitions
+            await self._apply_definitions("assigned to this member")
+
+    def _fence(self, transactional_id: str) -> None:
+        """Start (and close) a writer with another member's transactional id: what it left
+        open is aborted and it can commit nothing more."""
+        ChangelogWriter(producer_settings(self._base_settings), transactional_id).close()
+
+    async def _revoked(self, partitions: set[int], graceful: bool) -> None:
+        """Control partitions went to another member: stop serving their queues (their last
+        changes durable, leases returned) and, when the group asked (not lost), say so in the
+        members topic, so the next owner need not fence this member."""
+        membership = self._membership
+        assert membership is not None and self._owned is not None
+        async with self._reload_lock:
+            self._owned -= partitions
+            await self._apply_definitions("moved to another member of the cluster")
+        if graceful and self._rounds.failed is None:
+            me = membership.member
+            await membership.write([owner_write(p, me, released=True) for p in sorted(partitions)])
+            log.info("cluster: handed over control partitions %s", sorted(partitions))
+
+    def _new_writer_id(self) -> str:
+        return f"{self._config.coordinator.id}-changelog"
 
     def _check_serving(self) -> ClusterQueues:
         self._check_alive()

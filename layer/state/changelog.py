@@ -105,6 +105,11 @@ class ChangelogWriter:
         return self._id
 
     @property
+    def fenced(self) -> bool:
+        """True once a newer writer with the same transactional id took over."""
+        return self._failed is not None and self._failed.startswith("fenced")
+
+    @property
     def usable(self) -> bool:
         """False once fenced, failed fatally, or closed: only a new writer can commit then."""
         return self._producer is not None and self._failed is None
@@ -319,6 +324,14 @@ class DurableChangelog:
     what it left open), then the batch is redone. Between attempts it waits until Kafka is
     reachable again (``wait_reachable``), with backoff.
 
+    ``replace_failed`` False (a member of a cluster, ``layer.coordinator.membership``): a writer
+    that is fenced or failed fatally is not replaced. Fenced, its fence is another member that
+    took this one's queues over; failed (Kafka away past the transaction timeout), the group may
+    have moved them meanwhile. A new writer would start a new epoch of this member's
+    transactional id after the new owner fenced the old one, and commit for queues this member
+    no longer owns. The commit fails instead (``StateError``), nothing of the round is handed
+    out, and the coordinator stops serving (a supervisor starts it again, and it rejoins).
+
     A redo is harmless for the changelog records: the same keys and values again, and restore
     is last-value-wins. The extra records (dead letters, redriven and routed copies, view
     rounds) can appear twice on Kafka in exactly two cases: (1) the commit's outcome was
@@ -337,8 +350,10 @@ class DurableChangelog:
         wait_reachable: Callable[[float], object],
         on_trouble: Callable[[str], None],
         interrupt: threading.Event,
+        replace_failed: bool = True,
     ) -> None:
         self._make = make_writer
+        self._replace_failed = replace_failed
         self._wait_reachable = wait_reachable
         self._on_trouble = on_trouble
         self._interrupt = interrupt
@@ -373,6 +388,18 @@ class DurableChangelog:
             except StateError as exc:
                 if self._interrupt.is_set():
                     raise
+                if writer is not None and not writer.usable and not self._replace_failed:
+                    why = (
+                        "was fenced by another member of the cluster, which took this"
+                        " member's queues over"
+                        if writer.fenced
+                        else "failed and is not replaced in a cluster (the group may have"
+                        " moved this member's queues meanwhile)"
+                    )
+                    raise StateError(
+                        f"changelog writer transactional_id={writer.transactional_id} {why}:"
+                        f" nothing more is committed here ({exc})"
+                    ) from exc
                 self._on_trouble(str(exc))
                 if writer is not None and not writer.usable:
                     logger.warning(

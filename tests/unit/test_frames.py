@@ -17,6 +17,8 @@ from layer.api.frames import (
     BROWSE_CODEC,
     BROWSE_REPLY_CODEC,
     CLIENT_FRAME_CODEC,
+    CLUSTER_CODEC,
+    CLUSTER_REPLY_CODEC,
     LIST_QUEUES_CODEC,
     MAX_ACK_OFFSETS,
     PUBLISH_CODEC,
@@ -39,6 +41,7 @@ from layer.api.frames import (
     Browse,
     BrowseReply,
     Close,
+    ClusterRequest,
     Error,
     FrameCodec,
     ListQueues,
@@ -63,8 +66,11 @@ from layer.api.frames import (
 from layer.api.proto.qlayer.v1 import queue_pb2 as pb
 from layer.api.service import (
     AckFailure,
+    ClusterInfo,
+    ClusterMember,
     DeliveredMessage,
     QueueInfo,
+    QueueOwner,
     QueueStats,
     ReloadChange,
     ReloadRefusal,
@@ -74,6 +80,8 @@ from layer.engine.model import AckError, AckOp, Bookmark
 from layer.exceptions import SerializationError
 
 ALL_CODECS = [
+    CLUSTER_CODEC,
+    CLUSTER_REPLY_CODEC,
     CLIENT_FRAME_CODEC,
     SERVER_FRAME_CODEC,
     PUBLISH_CODEC,
@@ -248,6 +256,16 @@ CASES: list[tuple[FrameCodec[Any], object]] = [
     (REPLAY_REPLY_CODEC, ReplayReply([BROWSED, UNPARSED])),
     (REPLAY_REPLY_CODEC, ReplayReply([])),
     (RELOAD_CODEC, Reload()),
+    (CLUSTER_CODEC, ClusterRequest()),
+    (
+        CLUSTER_REPLY_CODEC,
+        ClusterInfo(
+            "prod",
+            "a",
+            [ClusterMember("a", "10.0.0.1:7070", [0, 2]), ClusterMember("b", "10.0.0.2:7070")],
+            [QueueOwner("orders", 2, "a", "10.0.0.1:7070"), QueueOwner("moving", 5)],
+        ),
+    ),
     (RELOAD_REPLY_CODEC, ReloadReply(ReloadResult("a.toml", True))),
     (
         RELOAD_REPLY_CODEC,
@@ -276,7 +294,7 @@ def test_every_frame_type_is_covered() -> None:
     expected |= {Batch}
     expected |= {Publish, Published, Stats, StatsReply, ListQueues, QueueList}
     expected |= {Browse, BrowseReply, AckWhere, AckWhereReply, Redrive, RedriveReply}
-    expected |= {Reload, ReloadReply, Replay, ReplayReply}
+    expected |= {Reload, ReloadReply, Replay, ReplayReply, ClusterRequest, ClusterInfo}
     assert covered == expected
     assert {codec for codec, _ in CASES} == set(ALL_CODECS)
 

@@ -586,3 +586,41 @@ class ReplayReply(_message.Message):
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[Message]
     def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
+
+class ClusterRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ClusterMember(_message.Message):
+    __slots__ = ("id", "address", "partitions")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    address: str
+    partitions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class QueueOwner(_message.Message):
+    __slots__ = ("queue", "partition", "member", "address")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    partition: int
+    member: str
+    address: str
+    def __init__(self, queue: _Optional[str] = ..., partition: _Optional[int] = ..., member: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+
+class ClusterReply(_message.Message):
+    __slots__ = ("cluster", "member", "members", "queues")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    member: str
+    members: _containers.RepeatedCompositeFieldContainer[ClusterMember]
+    queues: _containers.RepeatedCompositeFieldContainer[QueueOwner]
+    def __init__(self, cluster: _Optional[str] = ..., member: _Optional[str] = ..., members: _Optional[_Iterable[_Union[ClusterMember, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueOwner, _Mapping]]] = ...) -> None: ...

@@ -109,6 +109,11 @@ class QueueServiceStub:
                 request_serializer=qlayer_dot_v1_dot_queue__pb2.ReplayRequest.SerializeToString,
                 response_deserializer=qlayer_dot_v1_dot_queue__pb2.ReplayReply.FromString,
                 _registered_method=True)
+        self.Cluster = channel.unary_unary(
+                '/qlayer.v1.QueueService/Cluster',
+                request_serializer=qlayer_dot_v1_dot_queue__pb2.ClusterRequest.SerializeToString,
+                response_deserializer=qlayer_dot_v1_dot_queue__pb2.ClusterReply.FromString,
+                _registered_method=True)
 
 
 class QueueServiceServicer:
@@ -244,6 +249,17 @@ class QueueServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Cluster(self, request, context):
+        """The cluster (several coordinators with one `[coordinator] cluster` name): its members with
+        their API addresses, and the member serving each queue (browse: only the queues the caller
+        may browse). A coordinator alone answers with itself, serving every queue. A member asked
+        to serve a queue another one serves refuses with FAILED_PRECONDITION not_owner (the
+        message names the owner and its address); stats, browse and publish are forwarded.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueueServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -321,6 +337,11 @@ def add_QueueServiceServicer_to_server(servicer, server):
                     servicer.Replay,
                     request_deserializer=qlayer_dot_v1_dot_queue__pb2.ReplayRequest.FromString,
                     response_serializer=qlayer_dot_v1_dot_queue__pb2.ReplayReply.SerializeToString,
+            ),
+            'Cluster': grpc.unary_unary_rpc_method_handler(
+                    servicer.Cluster,
+                    request_deserializer=qlayer_dot_v1_dot_queue__pb2.ClusterRequest.FromString,
+                    response_serializer=qlayer_dot_v1_dot_queue__pb2.ClusterReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -728,6 +749,33 @@ class QueueService:
             '/qlayer.v1.QueueService/Replay',
             qlayer_dot_v1_dot_queue__pb2.ReplayRequest.SerializeToString,
             qlayer_dot_v1_dot_queue__pb2.ReplayReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Cluster(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qlayer.v1.QueueService/Cluster',
+            qlayer_dot_v1_dot_queue__pb2.ClusterRequest.SerializeToString,
+            qlayer_dot_v1_dot_queue__pb2.ClusterReply.FromString,
             options,
             channel_credentials,
             insecure,

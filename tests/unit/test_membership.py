@@ -1,0 +1,56 @@
+"""The members topic reduced (``layer.coordinator.membership.ClusterMap``), pure."""
+
+from __future__ import annotations
+
+from layer.coordinator.membership import (
+    CONTROL_PARTITIONS,
+    ClusterMap,
+    Member,
+    member_write,
+    owner_write,
+    partition_of,
+)
+
+A = Member("a", "10.0.0.1:7070", "a-changelog")
+B = Member("b", "10.0.0.2:7070", "b-changelog")
+
+
+def feed(cmap: ClusterMap, *writes: object) -> None:
+    for offset, w in enumerate(writes, start=cmap.next_offset):
+        cmap.apply(w.key, w.value, offset)  # type: ignore[attr-defined]
+
+
+def test_a_queue_has_one_stable_partition() -> None:
+    # crc32 of the name: the same in every member and version (a change moves queues)
+    assert partition_of("orders") == 2
+    assert {partition_of(f"q{i}") for i in range(200)} == set(range(CONTROL_PARTITIONS))
+
+
+def test_the_owner_of_a_queue_is_the_last_claim_not_released() -> None:
+    cmap = ClusterMap("b")
+    p = partition_of("orders")
+    feed(cmap, member_write(A), member_write(B), owner_write(p, A, released=False))
+    assert cmap.owner_of("orders") == A
+    feed(cmap, owner_write(p, A, released=True))
+    assert cmap.owner_of("orders") is None  # moving
+    feed(cmap, owner_write(p, B, released=False))
+    assert cmap.owner_of("orders") == B
+    # b took it from a released claim: nothing to fence
+    assert cmap.taken_from[p] is not None and cmap.taken_from[p].released  # type: ignore[union-attr]
+
+
+def test_a_claim_over_an_unreleased_one_names_the_owner_to_fence() -> None:
+    cmap = ClusterMap("b")
+    feed(cmap, member_write(A), owner_write(3, A, released=False), owner_write(3, B, False))
+    before = cmap.taken_from[3]
+    assert before is not None and not before.released
+    assert before.transactional_id == "a-changelog"
+
+
+def test_a_member_that_left_has_no_address_and_a_bad_record_is_skipped() -> None:
+    cmap = ClusterMap("b")
+    feed(cmap, member_write(A))
+    cmap.apply(b"member/a", None, cmap.next_offset)
+    cmap.apply(b"owner/x", b"{}", cmap.next_offset)  # logged and skipped
+    cmap.apply(b"owner/1", b"not json", cmap.next_offset)
+    assert cmap.members == {} and cmap.owners == {}
