@@ -713,7 +713,7 @@ def test_server_reflection_lists_and_describes_the_service(
         assert {m.name for m in service.methods} == {
             "Subscribe", "Publish", "Stats", "ListQueues", "Browse", "AckWhere", "Redrive",
             "DeadLetters", "Reload", "Replay", "CreateQueue", "AlterQueue", "DeleteQueue",
-            "ListDefinitions", "CreateTemporaryQueue",
+            "ListDefinitions", "CreateTemporaryQueue", "Cluster",
         }  # fmt: skip
         subscribe = service.methods_by_name["Subscribe"]
         assert subscribe.client_streaming and subscribe.server_streaming

@@ -137,6 +137,7 @@ CALLS: dict[str, Callable[[QueueClient, str], object]] = {
         c.delete_queue(f"{q}-gone"),
     ),
     "ListDefinitions": lambda c, q: [d.name for d in c.queue_definitions()],
+    "Cluster": lambda c, q: [owned.queue for owned in c.cluster().queues],
     # consume on the new queue's name (here the queue's own: it exists, so the allowed call
     # is answered queue_exists, after the right was checked)
     "CreateTemporaryQueue": lambda c, q: _temporary(c, q),
@@ -153,7 +154,7 @@ def _temporary(client: QueueClient, queue: str) -> str:
 # calls that need their right on every queue (a grant on "*")
 EVERYWHERE = {"Reload", "CreateQueue", "AlterQueue", "DeleteQueue"}
 # calls that list only what the principal may browse, never refused
-LISTS = {"ListQueues", "ListDefinitions"}
+LISTS = {"ListQueues", "ListDefinitions", "Cluster"}
 
 
 def test_calls_cover_every_rpc() -> None:
