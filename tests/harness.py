@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -227,3 +227,16 @@ def worker_events(log_dir: Path) -> list[dict[str, Any]]:
                 events.append(json.loads(line))
     events.sort(key=lambda e: e["t"])
     return events
+
+
+def serving(client: Any, queues: Iterable[str]) -> bool:
+    """Whether every queue answers stats through ``client``'s cluster member (forwarded to its
+    owner, which has restored it); False while some member owns none of them yet."""
+    from layer.exceptions import NotOwner
+
+    try:
+        for q in queues:
+            client.stats(q)
+    except NotOwner:
+        return False
+    return True

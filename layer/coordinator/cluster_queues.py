@@ -17,7 +17,7 @@ from functools import partial
 
 from layer.api.service import QueueDefinitionInfo
 from layer.config import Config, CoordinatorConfig, QueueConfig, queue_from_table, queue_table
-from layer.coordinator.definitions import DefinitionsLog, Record
+from layer.coordinator.definitions import DefinitionsLog, ReadBack, Record
 from layer.coordinator.reload import plan
 from layer.coordinator.restore import Patience
 from layer.definitions import (
@@ -51,7 +51,7 @@ class ClusterQueues:
         self._log = definitions_log
         self._clock = clock
         self.definitions = Definitions(self._validate, coordinator.definitions_topic)
-        self._waiting: list[tuple[int, asyncio.Future[None]]] = []
+        self._read_back = ReadBack()
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -78,14 +78,7 @@ class ClusterQueues:
 
     def _take(self, records: list[Record], on_change: Callable[[], None]) -> None:
         self._reduce(records)
-        done = self.definitions.next_offset
-        waiting = []
-        for offset, future in self._waiting:
-            if offset >= done:
-                waiting.append((offset, future))
-            elif not future.done():
-                future.set_result(None)
-        self._waiting = waiting
+        self._read_back.reached(self.definitions.next_offset)
         on_change()
 
     def _reduce(self, records: Sequence[Record]) -> None:
@@ -194,13 +187,7 @@ class ClusterQueues:
         """Write records and wait until the tail has read them back (``BrokerError`` if the
         broker does not take them, or they do not come back in time)."""
         last = await asyncio.to_thread(self._log.write, writes)
-        if last < self.definitions.next_offset:
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append((last, future))
-        try:
-            await asyncio.wait_for(future, READ_BACK_TIMEOUT)
-        except TimeoutError:
+        if not await self._read_back.wait(last, self.definitions.next_offset, READ_BACK_TIMEOUT):
             raise BrokerError(
                 f"the change was written to {self.definitions.topic} at offset {last} but not"
                 f" read back within {READ_BACK_TIMEOUT:.0f}s: it applies once it is"

@@ -8,6 +8,7 @@ offset each landed, so a writer can wait until its own change has been read back
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -21,7 +22,7 @@ from layer.definitions import Write
 from layer.exceptions import BrokerError
 from layer.state.recovery import take_batch
 
-__all__ = ["DefinitionsLog", "Record"]
+__all__ = ["DefinitionsLog", "ReadBack", "Record"]
 
 log = logging.getLogger(__name__)
 
@@ -127,3 +128,35 @@ class DefinitionsLog:
             self._thread.join(10)
         self._consumer.close()
         self._producer.flush(5)
+
+
+class ReadBack:
+    """Writers of a log waiting until its tail has read their records back (so what the tail
+    builds holds everything written before): ``wait`` after a write, ``reached`` from the
+    tail, both on the event loop."""
+
+    def __init__(self) -> None:
+        self._waiting: list[tuple[int, asyncio.Future[None]]] = []
+
+    def reached(self, next_offset: int) -> None:
+        """The tail has read everything before ``next_offset``: wake who waited for it."""
+        waiting = []
+        for offset, future in self._waiting:
+            if offset >= next_offset:
+                waiting.append((offset, future))
+            elif not future.done():
+                future.set_result(None)
+        self._waiting = waiting
+
+    async def wait(self, last: int, next_offset: int, timeout: float) -> bool:
+        """Wait until the record at ``last`` is read back (the tail is at ``next_offset``
+        now); False if ``timeout`` seconds pass first."""
+        if last < next_offset:
+            return True
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((last, future))
+        try:
+            await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            return False
+        return True

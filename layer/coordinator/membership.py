@@ -39,7 +39,7 @@ from confluent_kafka import Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaPartition
 
 from connectors.admin import TopicAdmin, TopicSpec
-from layer.coordinator.definitions import DefinitionsLog, Record
+from layer.coordinator.definitions import DefinitionsLog, ReadBack, Record
 from layer.definitions import Write
 from layer.exceptions import BrokerError
 
@@ -189,7 +189,7 @@ class Membership:
         self._loop = loop
         self._on_assigned = on_assigned
         self._on_revoked = on_revoked
-        self._waiting: list[tuple[int, asyncio.Future[None]]] = []
+        self._read_back = ReadBack()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._consumer: Consumer | None = None
@@ -220,26 +220,13 @@ class Membership:
     def _take(self, records: list[Record]) -> None:
         for key, value, offset in records:
             self.map.apply(key, value, offset)
-        done = self.map.next_offset
-        waiting = []
-        for offset, future in self._waiting:
-            if offset >= done:
-                waiting.append((offset, future))
-            elif not future.done():
-                future.set_result(None)
-        self._waiting = waiting
+        self._read_back.reached(self.map.next_offset)
 
     async def write(self, writes: list[Write], timeout: float = 30.0) -> None:
         """Write to the members topic and wait until this member has read it back (so the map
         holds everything written before it)."""
         last = await asyncio.to_thread(self._log.write, writes)
-        if last < self.map.next_offset:
-            return
-        future: asyncio.Future[None] = self._loop.create_future()
-        self._waiting.append((last, future))
-        try:
-            await asyncio.wait_for(future, timeout)
-        except TimeoutError:
+        if not await self._read_back.wait(last, self.map.next_offset, timeout):
             raise BrokerError(
                 f"members topic {members_topic(self.cluster)}: offset {last} not read back"
                 f" within {timeout:.0f}s"

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from layer.client import QueueClient
-from layer.exceptions import NotOwner, QLayerError
+from layer.exceptions import QLayerError
+from tests.harness import serving
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.fault
@@ -29,14 +30,6 @@ def owner_of(client: QueueClient, queue: str) -> str:
         if q.queue == queue:
             return q.member
     return ""
-
-
-def serves(client: QueueClient, queue: str) -> bool:
-    try:
-        client.stats(queue)
-    except NotOwner:
-        return False
-    return True
 
 
 def test_a_stopped_member_is_fenced_and_grants_nothing_when_it_wakes(
@@ -52,7 +45,7 @@ def test_a_stopped_member_is_fenced_and_grants_nothing_when_it_wakes(
     ids = [c.cluster().member for c in clients]
     try:
         wait_until(
-            lambda: all(owner_of(c, q) in ids and serves(c, q) for c in clients),
+            lambda: all(owner_of(c, q) in ids and serving(c, [q]) for c in clients),
             timeout=60,
             message="no member serves the queue",
         )
@@ -70,7 +63,7 @@ def test_a_stopped_member_is_fenced_and_grants_nothing_when_it_wakes(
         try:
             # the other member takes the queue (the group evicts the stopped one)
             wait_until(
-                lambda: owner_of(survivor, q) == ids[1 - o] and serves(survivor, q),
+                lambda: owner_of(survivor, q) == ids[1 - o] and serving(survivor, [q]),
                 timeout=60,
                 message="the other member did not take the queue over",
             )

@@ -18,6 +18,7 @@ import pytest
 from layer.client import QueueClient
 from layer.coordinator.membership import CONTROL_PARTITIONS, partition_of
 from layer.exceptions import NotOwner
+from tests.harness import serving
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
@@ -38,17 +39,6 @@ def served_by(client: QueueClient, member: str, queues: list[str]) -> set[str]:
     """The queues ``member`` serves, as the metadata call of ``client``'s member says."""
     info = client.cluster()
     return {q.queue for q in info.queues if q.member == member and q.queue in queues}
-
-
-def serving(client: QueueClient, queues: list[str]) -> bool:
-    """Whether every queue answers stats through ``client``'s member (forwarded to its owner,
-    which has restored it)."""
-    try:
-        for q in queues:
-            client.stats(q)
-    except NotOwner:
-        return False
-    return True
 
 
 def test_two_members_split_the_queues_and_a_stopped_one_hands_them_over(
