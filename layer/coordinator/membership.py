@@ -191,6 +191,7 @@ class Membership:
         self._on_revoked = on_revoked
         self._read_back = ReadBack()
         self._stop = threading.Event()
+        self._abandon = False  # leaving after a failure: no handover (nothing can be made durable)
         self._thread: threading.Thread | None = None
         self._consumer: Consumer | None = None
         self.first_assignment = asyncio.Event()
@@ -283,11 +284,17 @@ class Membership:
             "revoked" if graceful else "lost",
         )
         self.owned -= gone
+        if self._abandon:
+            return  # failed: the next owner fences this member and restores from the changelog
         self._call(self._on_revoked(gone, graceful), "handing over")
 
-    def close(self) -> None:
+    def close(self, abandon: bool = False) -> None:
         """Leave the group (blocking: the handover of what this member owns runs on the loop
-        meanwhile), then stop reading the members topic."""
+        meanwhile), then stop reading the members topic. ``abandon``: this member failed (its
+        changelog writer fenced or dead), so it hands nothing over and does not mark its
+        partitions released; it still leaves the group at once, so the others take its queues
+        now rather than after the session timeout."""
+        self._abandon = abandon
         self._stop.set()
         if self._thread is not None:
             self._thread.join(60)

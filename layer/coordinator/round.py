@@ -428,10 +428,18 @@ class Rounds:
         self._last_commit = 0.0  # monotonic start of the last changelog commit
         self.count = 0  # rounds completed
         self.failed: BaseException | None = None
+        self._fatal: BaseException | None = None  # set by fail()
 
     def stop(self) -> None:
         """The loop ends after the round under way."""
         self._stopping = True
+        self._signal.wake()
+
+    def fail(self, exc: BaseException) -> None:
+        """Fail the loop from outside a round (e.g. the changelog writer was fenced during a
+        handover): it raises ``exc`` when it next wakes."""
+        if self._fatal is None:
+            self._fatal = exc
         self._signal.wake()
 
     async def run(self) -> None:
@@ -442,6 +450,8 @@ class Rounds:
                 if delay > 0:
                     await asyncio.sleep(delay)
                 self._signal.clear()
+                if self._fatal is not None:
+                    raise self._fatal
                 for reader in self._readers():
                     if reader.error is not None:
                         raise BrokerError(f"reading queue topics failed: {reader.error}")

@@ -91,6 +91,7 @@ from layer.exceptions import (
     QLayerError,
     QueueBusy,
     QueueRemoved,
+    StateError,
 )
 from layer.expr import Expression, Record, compile_expression
 from layer.state.base import Store
@@ -140,6 +141,7 @@ class Coordinator:
             interrupt=self._interrupt,
             # in a cluster a failed writer is not replaced (``DurableChangelog``)
             replace_failed=config.coordinator.cluster is None,
+            on_dead=self._writer_dead,
         )
         self._changelog = CommitPool(self._durable)
         self._publisher = Publisher(self._base_settings, self._watch)
@@ -366,10 +368,12 @@ class Coordinator:
         await self._pump_task
 
     async def stop(self) -> None:
-        if self._membership is not None and self._rounds.failed is None:
+        if self._membership is not None:
             # leave the group first: the queues are handed over (their last changes durable,
-            # their leases returned) while the rounds still run
-            await asyncio.to_thread(self._membership.close)
+            # their leases returned) while the rounds still run; after a failure (fenced) the
+            # member leaves without handing over, so the others need not wait for its session
+            # to time out
+            await asyncio.to_thread(self._membership.close, self._rounds.failed is not None)
         self._stopping = True
         self._interrupt.set()
         self.health.stopping()
@@ -1042,6 +1046,13 @@ class Coordinator:
             me = membership.member
             await membership.write([owner_write(p, me, released=True) for p in sorted(partitions)])
             log.info("cluster: handed over control partitions %s", sorted(partitions))
+
+    def _writer_dead(self, exc: StateError) -> None:
+        """The changelog writer was fenced (or failed) and is not replaced (a cluster member):
+        whichever path found it (a round, a handover, a reload), the rounds fail, so the
+        process exits (leaving the group) instead of serving on with nothing durable."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._rounds.fail, exc)
 
     def _new_writer_id(self) -> str:
         return f"{self._config.coordinator.id}-changelog"

@@ -351,9 +351,11 @@ class DurableChangelog:
         on_trouble: Callable[[str], None],
         interrupt: threading.Event,
         replace_failed: bool = True,
+        on_dead: Callable[[StateError], None] | None = None,
     ) -> None:
         self._make = make_writer
         self._replace_failed = replace_failed
+        self._on_dead = on_dead
         self._wait_reachable = wait_reachable
         self._on_trouble = on_trouble
         self._interrupt = interrupt
@@ -396,10 +398,13 @@ class DurableChangelog:
                         else "failed and is not replaced in a cluster (the group may have"
                         " moved this member's queues meanwhile)"
                     )
-                    raise StateError(
+                    dead = StateError(
                         f"changelog writer transactional_id={writer.transactional_id} {why}:"
                         f" nothing more is committed here ({exc})"
-                    ) from exc
+                    )
+                    if self._on_dead is not None:
+                        self._on_dead(dead)  # whichever path committed, the member must stop
+                    raise dead from exc
                 self._on_trouble(str(exc))
                 if writer is not None and not writer.usable:
                     logger.warning(
