@@ -357,9 +357,7 @@ def test_messages_the_low_water_mark_passes_get_one_tombstone_for_their_run() ->
         handle, _ = await b.subscribe(backlog=10)
         fetch(b.rt, [b'{"n": %d}' % n for n in range(10)])
         await b.rounds.one()
-        ack = asyncio.ensure_future(
-            handle.ack(AckOp.ACK, [OffsetRuns(TOPIC, 0, [0, 3, 5, 9])])
-        )
+        ack = asyncio.ensure_future(handle.ack(AckOp.ACK, [OffsetRuns(TOPIC, 0, [0, 3, 5, 9])]))
         await asyncio.sleep(0)
         await b.rounds.one()
         assert await ack == []
@@ -418,5 +416,26 @@ def test_an_ack_after_a_replace_reaches_the_queue_that_still_holds_the_lease() -
         assert b.rt.counters.acked == 2
         assert b.rt.engine.held_by(handle.id) == 0
         assert r.engine.stats(b.clock.now).available == 2  # r's copies were not touched
+
+    run(scenario())
+
+
+def test_a_failure_found_outside_a_round_fails_the_rounds_and_their_waiters() -> None:
+    async def scenario() -> None:
+        b = Bench()
+        handle, sink = await b.subscribe()
+        fetch(b.rt, [b'{"n": 0}'])
+        run_task = asyncio.ensure_future(b.rounds.run())
+        while not sink.messages:  # the loop runs rounds
+            await asyncio.sleep(0.01)
+        ack = asyncio.ensure_future(handle.ack(AckOp.ACK, [OffsetRuns("orders", 0, [0, 0])]))
+        fenced = StateError("changelog writer fenced during a handover")
+        b.rounds.fail(fenced)  # e.g. the handover's commit found the writer fenced
+        with pytest.raises(StateError, match="handover"):
+            await asyncio.wait_for(run_task, 5)
+        assert b.rounds.failed is fenced
+        with pytest.raises(QLayerError, match="retry"):
+            await ack  # a failed coordinator answers nothing as durable
+        assert b.entries()[Bookmark(TOPIC, 0, 0)] != ChangeKind.DONE
 
     run(scenario())
