@@ -220,6 +220,24 @@ def _parser() -> argparse.ArgumentParser:
     dl.add_argument("--json", action="store_true", help="one JSON object per line")
     client_args(dl)
 
+    cl = sub.add_parser(
+        "cluster",
+        help="the cluster: its members, whether they answer, and the owner of each queue",
+        description=(
+            "Ask the coordinator at --server about its cluster (the coordinators sharing its\n"
+            "[coordinator] cluster name): each member's id, API address, control partitions\n"
+            "and whether it is alive (it answered that coordinator's health check within a\n"
+            "second), then each queue with its partition and the member serving it (none while\n"
+            "it moves between members). A coordinator not in a cluster says so and lists the\n"
+            "queues it serves itself. With --json: one JSON object with cluster, member (the\n"
+            "one that answered), standalone, members and queues.\n"
+            "Exit codes: 0 answered, 1 no coordinator at --server, 3 refused (token)."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cl.add_argument("--json", action="store_true", help="one JSON object")
+    client_args(cl)
+
     st = sub.add_parser("stats", help="print queue statistics as JSON")
     st.add_argument("queue", nargs="?")
     client_args(st)
@@ -667,6 +685,49 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_cluster(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    with _client(args) as client:
+        info = client.cluster()
+    if args.json:
+        print(json.dumps(dataclasses.asdict(info)), flush=True)
+        return EXIT_OK
+    if info.standalone:
+        print(
+            f"coordinator {info.member!r} is not in a cluster ([coordinator] cluster is not set):"
+            " it serves every queue it defines itself"
+        )
+    else:
+        print(f"cluster {info.cluster!r} (as member {info.member!r} sees it)")
+        rows = [
+            (m.id, m.address, "yes" if m.alive else "NO", " ".join(map(str, m.partitions)) or "-")
+            for m in info.members
+        ]
+        _table(("MEMBER", "ADDRESS", "ALIVE", "PARTITIONS"), rows)
+    print()
+    if not info.queues:
+        print("no queues")
+    else:
+        _table(
+            ("QUEUE", "PARTITION", "OWNER", "ADDRESS"),
+            [
+                (q.queue, str(q.partition), q.member or "-", q.address or "(none: moving)")
+                for q in info.queues
+            ],
+        )
+    sys.stdout.flush()
+    return EXIT_OK
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """Columns padded to their widest cell, the last one left as it is."""
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head) - 1)]
+    for row in [head, *rows]:
+        cells = [f"{cell:<{w}}" for cell, w in zip(row, widths, strict=False)]
+        print("  ".join([*cells, row[-1]]))
+
+
 def _shown(data: bytes | None, width: int) -> str:
     """Bytes for a table cell: one line, control characters escaped, cut to ``width``."""
     if data is None:
@@ -940,6 +1001,7 @@ COMMANDS = {
     "publish": cmd_publish,
     "consume": cmd_consume,
     "stats": cmd_stats,
+    "cluster": cmd_cluster,
     "browse": cmd_browse,
     "ack-where": cmd_ack_where,
     "redrive": cmd_redrive,

@@ -1009,18 +1009,21 @@ CLUSTER_REPLY_CODEC: FrameCodec[ClusterInfo] = FrameCodec(
         cluster=f.cluster,
         member=f.member,
         members=[
-            pb.ClusterMember(id=m.id, address=m.address, partitions=m.partitions) for m in f.members
+            pb.ClusterMember(id=m.id, address=m.address, partitions=m.partitions, alive=m.alive)
+            for m in f.members
         ],
         queues=[
             pb.QueueOwner(queue=q.queue, partition=q.partition, member=q.member, address=q.address)
             for q in f.queues
         ],
+        standalone=f.standalone,
     ),
     lambda r: ClusterInfo(
         r.cluster,
         r.member,
-        [ClusterMember(m.id, m.address, list(m.partitions)) for m in r.members],
+        [ClusterMember(m.id, m.address, list(m.partitions), m.alive) for m in r.members],
         [QueueOwner(q.queue, q.partition, q.member, q.address) for q in r.queues],
+        r.standalone,
     ),
 )
 REDRIVE_CODEC: FrameCodec[Redrive] = FrameCodec(

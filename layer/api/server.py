@@ -752,7 +752,7 @@ class ApiServer:
 
     async def _cluster(self, request: object, context: grpc.aio.ServicerContext) -> ClusterInfo:
         principal, _ = await self._admitted(context, request, ClusterRequest, "Cluster")
-        info = self._service.cluster_info()
+        info = await self._service.cluster_info()
         queues = [q for q in info.queues if principal.allows(Right.BROWSE, q.queue)]
         return replace(info, queues=queues)
 

@@ -116,11 +116,13 @@ class AckWhereResult:
 
 @dataclass(frozen=True, slots=True)
 class ClusterMember:
-    """A member of a cluster: its id, API address and the control partitions it owns."""
+    """A member of a cluster: its id, API address and the control partitions it owns;
+    ``alive``: it answered a health check of the member that answered (itself: True)."""
 
     id: str
     address: str
     partitions: list[int] = field(default_factory=list)
+    alive: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +143,8 @@ class ClusterInfo:
     member: str
     members: list[ClusterMember]
     queues: list[QueueOwner]
+    # a coordinator not in a cluster: ``cluster`` is its id, ``members`` itself alone
+    standalone: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,6 +407,6 @@ class QueueService(Protocol):
         """The cluster's queue definitions."""
         ...
 
-    def cluster_info(self) -> ClusterInfo:
-        """The cluster's members and the owner of each queue."""
+    async def cluster_info(self) -> ClusterInfo:
+        """The cluster's members (each probed: ``alive``) and the owner of each queue."""
         ...

@@ -209,7 +209,7 @@ class Coordinator:
         self._membership: Membership | None = None
         self._owned: set[int] | None = None if config.coordinator.cluster is None else set()
         c = config.coordinator
-        self._peers = Peers(c.admin_token or c.auth_token)
+        self._peers = Peers(c.admin_token or c.auth_token, tls=c.tls_cert is not None)
         self._address = ""  # of this coordinator's API, once it serves (``join``)
 
     @property
@@ -940,22 +940,28 @@ class Coordinator:
             return None
         return owner.address
 
-    def cluster_info(self) -> ClusterInfo:
+    async def cluster_info(self) -> ClusterInfo:
         """The metadata call: the members and the owner of each queue, as this member's
-        reduced members topic has them (alone: itself, serving every queue)."""
+        reduced members topic has them (alone: itself, serving every queue); each other
+        member is probed (``alive``: it answered a health check within a second)."""
         c = self._config.coordinator
         membership = self._membership
         if membership is None or self._cluster is None:
             me = ClusterMember(c.id, self._address, [])
             owners = [QueueOwner(n, partition_of(n), c.id, self._address) for n in self._runtimes]
-            return ClusterInfo(c.cluster or c.id, c.id, [me], sorted(owners, key=lambda q: q.queue))
+            by_name = sorted(owners, key=lambda q: q.queue)
+            return ClusterInfo(c.cluster or c.id, c.id, [me], by_name, standalone=True)
         cmap = membership.map
         held: dict[str, list[int]] = {}
         for p, claim in sorted(cmap.owners.items()):
             if not claim.released:
                 held.setdefault(claim.member, []).append(p)
+        others = [m for m in cmap.members.values() if m.id != c.id]
+        answers = await asyncio.gather(*(self._peers.alive(m.address) for m in others))
+        up = {m.id: answer for m, answer in zip(others, answers, strict=True)}
         members = [
-            ClusterMember(m.id, m.address, held.get(m.id, [])) for m in cmap.members.values()
+            ClusterMember(m.id, m.address, held.get(m.id, []), up.get(m.id, True))
+            for m in cmap.members.values()
         ]
         queues = []
         for name in sorted(self._cluster.definitions.queues):

@@ -592,14 +592,16 @@ class ClusterRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ClusterMember(_message.Message):
-    __slots__ = ("id", "address", "partitions")
+    __slots__ = ("id", "address", "partitions", "alive")
     ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
     id: str
     address: str
     partitions: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ...) -> None: ...
+    alive: bool
+    def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ..., alive: _Optional[bool] = ...) -> None: ...
 
 class QueueOwner(_message.Message):
     __slots__ = ("queue", "partition", "member", "address")
@@ -614,13 +616,15 @@ class QueueOwner(_message.Message):
     def __init__(self, queue: _Optional[str] = ..., partition: _Optional[int] = ..., member: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
 
 class ClusterReply(_message.Message):
-    __slots__ = ("cluster", "member", "members", "queues")
+    __slots__ = ("cluster", "member", "members", "queues", "standalone")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     MEMBER_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
+    STANDALONE_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     member: str
     members: _containers.RepeatedCompositeFieldContainer[ClusterMember]
     queues: _containers.RepeatedCompositeFieldContainer[QueueOwner]
-    def __init__(self, cluster: _Optional[str] = ..., member: _Optional[str] = ..., members: _Optional[_Iterable[_Union[ClusterMember, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueOwner, _Mapping]]] = ...) -> None: ...
+    standalone: bool
+    def __init__(self, cluster: _Optional[str] = ..., member: _Optional[str] = ..., members: _Optional[_Iterable[_Union[ClusterMember, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueOwner, _Mapping]]] = ..., standalone: _Optional[bool] = ...) -> None: ...
