@@ -238,8 +238,21 @@ def _parser() -> argparse.ArgumentParser:
     cl.add_argument("--json", action="store_true", help="one JSON object")
     client_args(cl)
 
-    st = sub.add_parser("stats", help="print queue statistics as JSON")
-    st.add_argument("queue", nargs="?")
+    st = sub.add_parser(
+        "stats",
+        help="print queue statistics as JSON",
+        description=(
+            "Print one JSON object per queue: QUEUE's, or every queue's. On a member of a\n"
+            "cluster, every queue of the cluster, each with the figures of the member serving\n"
+            'it (its id in "owner"). A member that does not answer costs only its own\n'
+            "queues: one line on stderr names it, the reason and the queues not shown, the\n"
+            "others are printed, and the exit code is 1.\n"
+            "Exit codes: 0 every queue shown, 1 some or all not (coordinator or member\n"
+            "unreachable), 3 refused (unknown queue, token)."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    st.add_argument("queue", nargs="?", help="one queue (default: every queue)")
     client_args(st)
 
     br = sub.add_parser(
@@ -680,9 +693,25 @@ def cmd_stats(args: argparse.Namespace) -> int:
     import dataclasses
 
     with _client(args) as client:
-        for s in client.stats(args.queue):
-            print(json.dumps(dataclasses.asdict(s), default=str), flush=True)
-    return EXIT_OK
+        if args.queue is not None:
+            found, missing = client.stats(args.queue), []
+        else:
+            report = client.cluster_stats()
+            found, missing = report.queues, report.missing
+    for s in found:
+        print(json.dumps(dataclasses.asdict(s), default=str), flush=True)
+    for m in missing:
+        queues = ", ".join(m.queues)
+        if m.member:
+            print(
+                f"qlayer stats: member {m.member!r} at {m.address}: {m.reason};"
+                f" not shown: {queues}",
+                file=sys.stderr,
+            )
+        else:
+            print(f"qlayer stats: {m.reason}; not shown: {queues}", file=sys.stderr)
+    # what was shown is right, but not everything: a script must be able to tell
+    return EXIT_FAILURE if missing else EXIT_OK
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:

@@ -42,6 +42,7 @@ from layer.api.service import (
     AckWhereResult,
     ClusterInfo,
     ClusterMember,
+    ClusterStats,
     DeadLetter,
     DeliveredMessage,
     DeliverySink,
@@ -54,6 +55,7 @@ from layer.api.service import (
 )
 from layer.config import Config, QueueConfig, reread
 from layer.coordinator.cluster_queues import ClusterQueues, info_of
+from layer.coordinator.cluster_stats import gather_stats
 from layer.coordinator.definitions import DefinitionsLog
 from layer.coordinator.health import Health
 from layer.coordinator.ingest import Fetched, IngestReader
@@ -678,11 +680,27 @@ class Coordinator:
         names = [queue] if queue is not None else sorted(self._runtimes)
         now = self._clock()
         out = []
+        me = "" if self._membership is None else self._membership.member.id
         for name in names:
             reader = self._readers.get(name)
             fetch_wait_ms = reader.fetch_wait_ms if reader else 0
-            out.append(self._lookup(name).stats(now, self.rounds, fetch_wait_ms))
+            figures = self._lookup(name).stats(now, self.rounds, fetch_wait_ms)
+            out.append(replace(figures, owner=me) if me else figures)
         return out
+
+    async def cluster_stats(self) -> ClusterStats:
+        """Stats of every queue of the cluster: those served here, and each other one asked of
+        its owner as a named queue's are (``layer.coordinator.cluster_stats``); alone, those
+        served here."""
+        local = await self.stats()
+        membership, cluster = self._membership, self._cluster
+        if membership is None or cluster is None:
+            return ClusterStats(local)
+        elsewhere = [q for q in sorted(cluster.definitions.queues) if q not in self._runtimes]
+        over_tls = self._config.coordinator.tls_cert is not None
+        return await gather_stats(
+            local, elsewhere, membership.map, self._peers, forward=not over_tls
+        )
 
     def subscriptions_of(self, queue: str, leases: int = 100) -> list[dict[str, object]]:
         """The web console's view of a queue's subscriptions, each with up to ``leases`` of

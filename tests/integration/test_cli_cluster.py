@@ -5,13 +5,19 @@ and a member that no longer answers."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from layer.client import QueueClient
-from tests.harness import qlayer, serving
+from layer.coordinator.cluster_stats import ASK_TIMEOUT
+from layer.coordinator.membership import partition_of
+from tests.harness import ROOT, qlayer, serving
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
@@ -97,3 +103,105 @@ def test_cluster_without_a_coordinator_exits_1_with_one_line() -> None:
     r = qlayer("cluster", "--server", "127.0.0.1:1")
     assert r.returncode == 1
     assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("qlayer cluster:")
+
+
+class WarmCli:
+    """``qlayer ARGS`` with its imports done before it is told to run: a run that must start
+    within a moment of an event (a member stopped) does not wait for Python to load first."""
+
+    def __init__(self, *args: str) -> None:
+        code = (
+            "import sys\n"
+            "from layer.cli import main\n"
+            "print('ready', flush=True)\n"
+            "sys.stdin.readline()\n"
+            f"sys.exit(main({list(args)!r}))\n"
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.readline() == "ready\n"
+
+    def run(self, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        out, err = self.proc.communicate("go\n", timeout=timeout)
+        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)
+
+
+def test_stats_lists_every_queue_of_the_cluster_and_names_members_gone(
+    coordinator_factory: Any, names: Callable[[str], str]
+) -> None:
+    cluster = names("cluster")
+    members = [coordinator_factory([], cluster=cluster) for _ in range(3)]
+    first, killed, stopped = members
+    with QueueClient(str(first.address)) as a:
+
+        def split() -> dict[str, list[int]] | None:
+            # settled: the assignor gives three members 4 partitions each
+            held = {m.id: m.partitions for m in a.cluster().members}
+            return held if sorted(map(len, held.values())) == [4, 4, 4] else None
+
+        held = wait_until(split, timeout=90, message=lambda: f"no split: {a.cluster()}")
+        ids = [a.cluster().member]
+        for member in (killed, stopped):
+            with QueueClient(str(member.address)) as other:
+                ids.append(other.cluster().member)
+        # two queues served by each member, created through the first
+        queues: dict[str, list[str]] = {m: [] for m in ids}
+        i = 0
+        while min(len(v) for v in queues.values()) < 2:
+            name = names(f"q{i}")
+            i += 1
+            owner = next(m for m in ids if partition_of(name) in held[m])
+            if len(queues[owner]) < 2:
+                queues[owner].append(name)
+        everything = sorted(q for served in queues.values() for q in served)
+        for name in everything:
+            a.create_queue({"name": name, "underlying_topic": name, "message_type": "bytes"})
+        wait_until(lambda: serving(a, everything), timeout=60, message="queues not served")
+        for name in everything:
+            a.publish(name, name.encode())
+
+    def stats_of_all() -> dict[str, dict[str, Any]] | None:
+        r = qlayer("stats", "--server", str(first.address))
+        if r.returncode != 0:
+            return None
+        found = {s["queue"]: s for s in map(json.loads, r.stdout.splitlines())}
+        return found if all(found[q]["available"] == 1 for q in everything) else None
+
+    found = wait_until(stats_of_all, timeout=60, message="stats of every queue")
+    assert sorted(found) == everything
+    for owner, served in queues.items():
+        assert {found[q]["owner"] for q in served} == {owner}
+    # a named queue is answered as before, from its owner
+    r = qlayer("stats", queues[ids[1]][0], "--server", str(first.address))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["owner"] == ids[1]
+
+    # one member killed, one stopped: asked within a moment, before the group moves their
+    # queues (its session is 2 s on the embedded broker), the first answers for its own
+    cli = WarmCli("stats", "--server", str(first.address))
+    assert stopped.proc is not None
+    killed.kill()
+    os.kill(stopped.proc.pid, signal.SIGSTOP)
+    try:
+        r = cli.run()
+    finally:
+        stopped.kill()
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert sorted(json.loads(line)["queue"] for line in r.stdout.splitlines()) == queues[ids[0]]
+    lines = sorted(r.stderr.strip().splitlines())
+    assert len(lines) == 2, lines
+    gone = dict(zip(sorted(ids[1:]), lines, strict=True))
+    head = f"qlayer stats: member {ids[1]!r} at {killed.address}: unreachable ("
+    assert gone[ids[1]].startswith(head), gone
+    assert gone[ids[1]].endswith(f"; not shown: {', '.join(queues[ids[1]])}"), gone
+    assert gone[ids[2]] == (
+        f"qlayer stats: member {ids[2]!r} at {stopped.address}: no answer within"
+        f" {ASK_TIMEOUT:g}s; not shown: {', '.join(queues[ids[2]])}"
+    ), gone
