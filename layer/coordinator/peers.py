@@ -23,6 +23,13 @@ __all__ = ["PROBE_TIMEOUT", "Peers"]
 #: how long a member waits for a peer's health check (the ``alive`` of the metadata call)
 PROBE_TIMEOUT = 1.0
 
+# The probes' channel is kept (a probe of a live member is one round trip, even on a loaded
+# machine); its reconnect backoff stays short, where gRPC's grows to two minutes.
+_PROBE_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 500),
+]
+
 
 class Peers:
     def __init__(self, token: str | None, tls: bool = False) -> None:
@@ -40,10 +47,12 @@ class Peers:
             return await _accepts(address, timeout)
         channel = self._probes.get(address)
         if channel is None:
-            channel = self._probes[address] = grpc.aio.insecure_channel(address)
+            channel = self._probes[address] = grpc.aio.insecure_channel(address, _PROBE_OPTIONS)
         try:
+            # waits (within the timeout) for a channel that is reconnecting: a member back at
+            # its address is alive at the next probe, not after gRPC's backoff
             await health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(), timeout=timeout
+                health_pb2.HealthCheckRequest(), timeout=timeout, wait_for_ready=True
             )
         except grpc.RpcError:
             return False

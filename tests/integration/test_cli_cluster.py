@@ -84,6 +84,16 @@ def test_cluster_shows_members_liveness_and_owners(
     (row,) = [line.split() for line in table.stdout.splitlines() if line.startswith(idb + " ")]
     assert row[2] == "NO"
 
+    # restarted at its address: alive again (the prober's channel does not sit in a backoff)
+    second.listen = str(second.address)
+    second.start(timeout=90)
+
+    def second_back() -> bool:
+        seen = {m["id"]: m for m in cluster_json(str(first.address))["members"]}
+        return bool(seen[idb]["alive"] and seen[idb]["address"] == second.address)
+
+    wait_until(second_back, timeout=30, message="the restarted member does not show alive")
+
 
 def test_cluster_of_a_coordinator_alone_says_so(
     coordinator_factory: Any, names: Callable[[str], str]
