@@ -220,8 +220,39 @@ def _parser() -> argparse.ArgumentParser:
     dl.add_argument("--json", action="store_true", help="one JSON object per line")
     client_args(dl)
 
-    st = sub.add_parser("stats", help="print queue statistics as JSON")
-    st.add_argument("queue", nargs="?")
+    cl = sub.add_parser(
+        "cluster",
+        help="the cluster: its members, whether they answer, and the owner of each queue",
+        description=(
+            "Ask the coordinator at --server about its cluster (the coordinators sharing its\n"
+            "[coordinator] cluster name): each member's id, API address, control partitions\n"
+            "and whether it is alive (it answered that coordinator's health check within a\n"
+            "second), then each queue with its partition and the member serving it (none while\n"
+            "it moves between members). A coordinator not in a cluster says so and lists the\n"
+            "queues it serves itself. With --json: one JSON object with cluster, member (the\n"
+            "one that answered), standalone, members and queues.\n"
+            "Exit codes: 0 answered, 1 no coordinator at --server, 3 refused (token)."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cl.add_argument("--json", action="store_true", help="one JSON object")
+    client_args(cl)
+
+    st = sub.add_parser(
+        "stats",
+        help="print queue statistics as JSON",
+        description=(
+            "Print one JSON object per queue: QUEUE's, or every queue's. On a member of a\n"
+            "cluster, every queue of the cluster, each with the figures of the member serving\n"
+            'it (its id in "owner"). A member that does not answer costs only its own\n'
+            "queues: one line on stderr names it, the reason and the queues not shown, the\n"
+            "others are printed, and the exit code is 1.\n"
+            "Exit codes: 0 every queue shown, 1 some or all not (coordinator or member\n"
+            "unreachable), 3 refused (unknown queue, token)."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    st.add_argument("queue", nargs="?", help="one queue (default: every queue)")
     client_args(st)
 
     br = sub.add_parser(
@@ -662,9 +693,68 @@ def cmd_stats(args: argparse.Namespace) -> int:
     import dataclasses
 
     with _client(args) as client:
-        for s in client.stats(args.queue):
-            print(json.dumps(dataclasses.asdict(s), default=str), flush=True)
+        if args.queue is not None:
+            found, missing = client.stats(args.queue), []
+        else:
+            report = client.cluster_stats()
+            found, missing = report.queues, report.missing
+    for s in found:
+        print(json.dumps(dataclasses.asdict(s), default=str), flush=True)
+    for m in missing:
+        queues = ", ".join(m.queues)
+        if m.member:
+            print(
+                f"qlayer stats: member {m.member!r} at {m.address}: {m.reason};"
+                f" not shown: {queues}",
+                file=sys.stderr,
+            )
+        else:
+            print(f"qlayer stats: {m.reason}; not shown: {queues}", file=sys.stderr)
+    # what was shown is right, but not everything: a script must be able to tell
+    return EXIT_FAILURE if missing else EXIT_OK
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    with _client(args) as client:
+        info = client.cluster()
+    if args.json:
+        print(json.dumps(dataclasses.asdict(info)), flush=True)
+        return EXIT_OK
+    if info.standalone:
+        print(
+            f"coordinator {info.member!r} is not in a cluster ([coordinator] cluster is not set):"
+            " it serves every queue it defines itself"
+        )
+    else:
+        print(f"cluster {info.cluster!r} (as member {info.member!r} sees it)")
+        rows = [
+            (m.id, m.address, "yes" if m.alive else "NO", " ".join(map(str, m.partitions)) or "-")
+            for m in info.members
+        ]
+        _table(("MEMBER", "ADDRESS", "ALIVE", "PARTITIONS"), rows)
+    print()
+    if not info.queues:
+        print("no queues")
+    else:
+        _table(
+            ("QUEUE", "PARTITION", "OWNER", "ADDRESS"),
+            [
+                (q.queue, str(q.partition), q.member or "-", q.address or "(none: moving)")
+                for q in info.queues
+            ],
+        )
+    sys.stdout.flush()
     return EXIT_OK
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """Columns padded to their widest cell, the last one left as it is."""
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head) - 1)]
+    for row in [head, *rows]:
+        cells = [f"{cell:<{w}}" for cell, w in zip(row, widths, strict=False)]
+        print("  ".join([*cells, row[-1]]))
 
 
 def _shown(data: bytes | None, width: int) -> str:
@@ -940,6 +1030,7 @@ COMMANDS = {
     "publish": cmd_publish,
     "consume": cmd_consume,
     "stats": cmd_stats,
+    "cluster": cmd_cluster,
     "browse": cmd_browse,
     "ack-where": cmd_ack_where,
     "redrive": cmd_redrive,

@@ -40,6 +40,7 @@ from layer.api.service import (
     ReloadChange,
     ReloadRefusal,
     ReloadResult,
+    StatsMissing,
 )
 from layer.engine.model import AckOp, Bookmark
 from layer.exceptions import SerializationError
@@ -278,6 +279,7 @@ class Stats:
 @dataclass(frozen=True, slots=True)
 class StatsReply:
     queues: list[QueueStats]
+    missing: list[StatsMissing] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -799,6 +801,7 @@ def _stats_to(s: QueueStats) -> Any:
         acked_total=s.acked_total,
         dead_lettered_total=s.dead_lettered_total,
         extra={k: float(v) for k, v in s.extra.items()},
+        owner=s.owner,
     )
 
 
@@ -814,6 +817,7 @@ def _stats_from(r: Any) -> QueueStats:
         acked_total=r.acked_total,
         dead_lettered_total=r.dead_lettered_total,
         extra={k: _count_or_measure(k, v) for k, v in r.extra.items()},
+        owner=r.owner,
     )
 
 
@@ -904,8 +908,17 @@ STATS_CODEC: FrameCodec[Stats] = FrameCodec(
 )
 STATS_REPLY_CODEC: FrameCodec[StatsReply] = FrameCodec(
     pb.StatsReply,
-    lambda f: pb.StatsReply(queues=[_stats_to(s) for s in f.queues]),
-    lambda r: StatsReply([_stats_from(s) for s in r.queues]),
+    lambda f: pb.StatsReply(
+        queues=[_stats_to(s) for s in f.queues],
+        missing=[
+            pb.StatsMissing(member=m.member, address=m.address, reason=m.reason, queues=m.queues)
+            for m in f.missing
+        ],
+    ),
+    lambda r: StatsReply(
+        [_stats_from(s) for s in r.queues],
+        [StatsMissing(m.member, m.address, m.reason, list(m.queues)) for m in r.missing],
+    ),
 )
 LIST_QUEUES_CODEC: FrameCodec[ListQueues] = FrameCodec(
     pb.ListQueuesRequest, lambda f: pb.ListQueuesRequest(), lambda r: ListQueues()
@@ -1009,18 +1022,21 @@ CLUSTER_REPLY_CODEC: FrameCodec[ClusterInfo] = FrameCodec(
         cluster=f.cluster,
         member=f.member,
         members=[
-            pb.ClusterMember(id=m.id, address=m.address, partitions=m.partitions) for m in f.members
+            pb.ClusterMember(id=m.id, address=m.address, partitions=m.partitions, alive=m.alive)
+            for m in f.members
         ],
         queues=[
             pb.QueueOwner(queue=q.queue, partition=q.partition, member=q.member, address=q.address)
             for q in f.queues
         ],
+        standalone=f.standalone,
     ),
     lambda r: ClusterInfo(
         r.cluster,
         r.member,
-        [ClusterMember(m.id, m.address, list(m.partitions)) for m in r.members],
+        [ClusterMember(m.id, m.address, list(m.partitions), m.alive) for m in r.members],
         [QueueOwner(q.queue, q.partition, q.member, q.address) for q in r.queues],
+        r.standalone,
     ),
 )
 REDRIVE_CODEC: FrameCodec[Redrive] = FrameCodec(

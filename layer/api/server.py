@@ -611,12 +611,20 @@ class ApiServer:
 
     async def _stats(self, request: object, context: grpc.aio.ServicerContext) -> StatsReply:
         principal, req = await self._admitted(context, request, Stats, "Stats")
+        if req.queue is None:
+            # every queue (of the cluster, from their owners): only those the caller may browse
+            report = await self._service.cluster_stats()
+            allowed = [s for s in report.queues if principal.allows(Right.BROWSE, s.queue)]
+            missing = []
+            for m in report.missing:
+                shown = [q for q in m.queues if principal.allows(Right.BROWSE, q)]
+                if shown:
+                    missing.append(replace(m, queues=shown))
+            return StatsReply(allowed, missing)
         try:
             stats = await self._service.stats(req.queue)
         except QLayerError as exc:
             await _refuse(context, exc)
-        if req.queue is None:
-            stats = [s for s in stats if principal.allows(Right.BROWSE, s.queue)]
         return StatsReply(list(stats))
 
     async def _list_queues(self, request: object, context: grpc.aio.ServicerContext) -> QueueList:
@@ -752,7 +760,7 @@ class ApiServer:
 
     async def _cluster(self, request: object, context: grpc.aio.ServicerContext) -> ClusterInfo:
         principal, _ = await self._admitted(context, request, ClusterRequest, "Cluster")
-        info = self._service.cluster_info()
+        info = await self._service.cluster_info()
         queues = [q for q in info.queues if principal.allows(Right.BROWSE, q.queue)]
         return replace(info, queues=queues)
 

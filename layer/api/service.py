@@ -116,11 +116,13 @@ class AckWhereResult:
 
 @dataclass(frozen=True, slots=True)
 class ClusterMember:
-    """A member of a cluster: its id, API address and the control partitions it owns."""
+    """A member of a cluster: its id, API address and the control partitions it owns;
+    ``alive``: it answered a health check of the member that answered (itself: True)."""
 
     id: str
     address: str
     partitions: list[int] = field(default_factory=list)
+    alive: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +143,8 @@ class ClusterInfo:
     member: str
     members: list[ClusterMember]
     queues: list[QueueOwner]
+    # a coordinator not in a cluster: ``cluster`` is its id, ``members`` itself alone
+    standalone: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +242,27 @@ class QueueStats:
     # more figures by name: counts are ints (``*_total`` counters survive restarts), measures
     # (``*_s``, ``*_ms``) floats
     extra: dict[str, float | int] = field(default_factory=dict)
+    # in a cluster: the member serving the queue, whose figures these are ("" alone)
+    owner: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StatsMissing:
+    """Queues of the cluster whose stats could not be had: their owner (``member`` at
+    ``address``) did not answer, or refused (``reason``); ``member`` empty: no owner now."""
+
+    member: str
+    address: str
+    reason: str
+    queues: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStats:
+    """Stats of every queue of the cluster (each from its owner), and those missing."""
+
+    queues: list[QueueStats]
+    missing: list[StatsMissing] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,7 +392,12 @@ class QueueService(Protocol):
         ...
 
     async def stats(self, queue: str | None = None) -> list[QueueStats]:
-        """Stats of one queue (``UnknownQueue`` if not configured) or of all."""
+        """Stats of one queue (``UnknownQueue`` if not configured) or of all served here."""
+        ...
+
+    async def cluster_stats(self) -> ClusterStats:
+        """Stats of every queue: in a cluster, of every queue of it, each from its owner, and
+        the queues whose owner could not be reached; alone, those of ``stats()``."""
         ...
 
     def queues(self) -> list[QueueInfo]: ...
@@ -403,6 +433,6 @@ class QueueService(Protocol):
         """The cluster's queue definitions."""
         ...
 
-    def cluster_info(self) -> ClusterInfo:
-        """The cluster's members and the owner of each queue."""
+    async def cluster_info(self) -> ClusterInfo:
+        """The cluster's members (each probed: ``alive``) and the owner of each queue."""
         ...

@@ -46,6 +46,7 @@ from layer.api.frames import (
 from layer.api.service import (
     AckWhereResult,
     ClusterInfo,
+    ClusterStats,
     DeadLetter,
     DeliveredMessage,
     QueueDefinitionInfo,
@@ -655,6 +656,11 @@ class AsyncQueueClient:
 
     async def stats(self, queue: str | None = None) -> list[QueueStats]:
         return list((await self._call("Stats", Stats(queue))).queues)
+
+    async def cluster_stats(self) -> ClusterStats:
+        """As ``QueueClient.cluster_stats``."""
+        reply = await self._call("Stats", Stats(None))
+        return ClusterStats(list(reply.queues), list(reply.missing))
 
     async def queues(self) -> list[QueueInfo]:
         return list((await self._call("ListQueues", ListQueues())).queues)

@@ -46,6 +46,7 @@ from layer.api.frames import (
 from layer.api.service import (
     AckWhereResult,
     ClusterInfo,
+    ClusterStats,
     DeadLetter,
     DeliveredMessage,
     QueueDefinitionInfo,
@@ -718,8 +719,15 @@ class QueueClient:
         return cast(ClusterInfo, self._call("Cluster", ClusterRequest()))
 
     def stats(self, queue: str | None = None) -> list[QueueStats]:
-        """Stats of one queue, or of every queue."""
+        """Stats of one queue, or of every queue (a cluster member: of the cluster, without
+        those of members that did not answer: see ``cluster_stats``)."""
         return list(self._call("Stats", Stats(queue)).queues)
+
+    def cluster_stats(self) -> ClusterStats:
+        """Stats of every queue (of the cluster, each from its owner, with ``owner`` set) and
+        ``missing``: the queues whose owner did not answer or refused, with the reason."""
+        reply = self._call("Stats", Stats(None))
+        return ClusterStats(list(reply.queues), list(reply.missing))
 
     def queues(self) -> list[QueueInfo]:
         """The configured queues."""

@@ -29,6 +29,7 @@ from layer.config.model import (
     ENV_ADMIN_TOKEN,
     ENV_AUTH_TOKEN,
     ENV_BOOTSTRAP,
+    ENV_COORDINATOR_ID,
     ENV_KAFKA_PREFIX,
     ENV_PROFILE,
     MAX_TOPIC_LENGTH,
@@ -444,8 +445,13 @@ def _coordinator(
     section: _Section, base_dir: Path, overrides: Mapping[str, object], env: Mapping[str, str]
 ) -> CoordinatorConfig:
     section.check_keys(_COORDINATOR_KEYS)
-    for option, variable in (("auth_token", ENV_AUTH_TOKEN), ("admin_token", ENV_ADMIN_TOKEN)):
-        if env.get(variable, "") != "":  # keeps the token out of the file
+    # tokens: kept out of the file; id: one file for the several coordinators of a cluster
+    for option, variable in (
+        ("auth_token", ENV_AUTH_TOKEN),
+        ("admin_token", ENV_ADMIN_TOKEN),
+        ("id", ENV_COORDINATOR_ID),
+    ):
+        if env.get(variable, "") != "":
             section.values[option], section.origins[option] = env[variable], variable
     default = CoordinatorConfig()
     state_dir_base = base_dir

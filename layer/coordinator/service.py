@@ -42,6 +42,7 @@ from layer.api.service import (
     AckWhereResult,
     ClusterInfo,
     ClusterMember,
+    ClusterStats,
     DeadLetter,
     DeliveredMessage,
     DeliverySink,
@@ -54,6 +55,7 @@ from layer.api.service import (
 )
 from layer.config import Config, QueueConfig, reread
 from layer.coordinator.cluster_queues import ClusterQueues, info_of
+from layer.coordinator.cluster_stats import gather_stats
 from layer.coordinator.definitions import DefinitionsLog
 from layer.coordinator.health import Health
 from layer.coordinator.ingest import Fetched, IngestReader
@@ -211,7 +213,7 @@ class Coordinator:
         self._membership: Membership | None = None
         self._owned: set[int] | None = None if config.coordinator.cluster is None else set()
         c = config.coordinator
-        self._peers = Peers(c.admin_token or c.auth_token)
+        self._peers = Peers(c.admin_token or c.auth_token, tls=c.tls_cert is not None)
         self._address = ""  # of this coordinator's API, once it serves (``join``)
 
     @property
@@ -682,11 +684,27 @@ class Coordinator:
         names = [queue] if queue is not None else sorted(self._runtimes)
         now = self._clock()
         out = []
+        me = "" if self._membership is None else self._membership.member.id
         for name in names:
             reader = self._readers.get(name)
             fetch_wait_ms = reader.fetch_wait_ms if reader else 0
-            out.append(self._lookup(name).stats(now, self.rounds, fetch_wait_ms))
+            figures = self._lookup(name).stats(now, self.rounds, fetch_wait_ms)
+            out.append(replace(figures, owner=me) if me else figures)
         return out
+
+    async def cluster_stats(self) -> ClusterStats:
+        """Stats of every queue of the cluster: those served here, and each other one asked of
+        its owner as a named queue's are (``layer.coordinator.cluster_stats``); alone, those
+        served here."""
+        local = await self.stats()
+        membership, cluster = self._membership, self._cluster
+        if membership is None or cluster is None:
+            return ClusterStats(local)
+        elsewhere = [q for q in sorted(cluster.definitions.queues) if q not in self._runtimes]
+        over_tls = self._config.coordinator.tls_cert is not None
+        return await gather_stats(
+            local, elsewhere, membership.map, self._peers, forward=not over_tls
+        )
 
     def subscriptions_of(self, queue: str, leases: int = 100) -> list[dict[str, object]]:
         """The web console's view of a queue's subscriptions, each with up to ``leases`` of
@@ -944,22 +962,28 @@ class Coordinator:
             return None
         return owner.address
 
-    def cluster_info(self) -> ClusterInfo:
+    async def cluster_info(self) -> ClusterInfo:
         """The metadata call: the members and the owner of each queue, as this member's
-        reduced members topic has them (alone: itself, serving every queue)."""
+        reduced members topic has them (alone: itself, serving every queue); each other
+        member is probed (``alive``: it answered a health check within a second)."""
         c = self._config.coordinator
         membership = self._membership
         if membership is None or self._cluster is None:
             me = ClusterMember(c.id, self._address, [])
             owners = [QueueOwner(n, partition_of(n), c.id, self._address) for n in self._runtimes]
-            return ClusterInfo(c.cluster or c.id, c.id, [me], sorted(owners, key=lambda q: q.queue))
+            by_name = sorted(owners, key=lambda q: q.queue)
+            return ClusterInfo(c.cluster or c.id, c.id, [me], by_name, standalone=True)
         cmap = membership.map
         held: dict[str, list[int]] = {}
         for p, claim in sorted(cmap.owners.items()):
             if not claim.released:
                 held.setdefault(claim.member, []).append(p)
+        others = [m for m in cmap.members.values() if m.id != c.id]
+        answers = await asyncio.gather(*(self._peers.alive(m.address) for m in others))
+        up = {m.id: answer for m, answer in zip(others, answers, strict=True)}
         members = [
-            ClusterMember(m.id, m.address, held.get(m.id, [])) for m in cmap.members.values()
+            ClusterMember(m.id, m.address, held.get(m.id, []), up.get(m.id, True))
+            for m in cmap.members.values()
         ]
         queues = []
         for name in sorted(self._cluster.definitions.queues):

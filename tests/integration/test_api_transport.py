@@ -42,6 +42,7 @@ from layer.api.health import GrpcHealth
 from layer.api.server import ApiServer
 from layer.api.service import (
     AckFailure,
+    ClusterStats,
     DeliveredMessage,
     DeliverySink,
     OffsetRuns,
@@ -156,6 +157,9 @@ class MemoryService:
             for q in self.available
             if queue in (None, q)
         ]
+
+    async def cluster_stats(self) -> ClusterStats:
+        return ClusterStats(await self.stats())
 
     def queues(self) -> list[QueueInfo]:
         return [

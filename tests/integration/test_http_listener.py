@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import re
 import socket
 import subprocess
 import sys
@@ -165,8 +166,12 @@ def test_the_compose_healthcheck_command_passes_on_200_and_fails_on_503(
     # docker-compose.yml's healthcheck, run as the container would run it, against a listener
     # whose /readyz we switch: the check must fail while not ready, not only when unreachable.
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    command = compose["services"]["coordinator"]["healthcheck"]["test"]
-    assert command[:3] == ["CMD", "python", "-c"]
+    commands = [
+        service["healthcheck"]["test"]
+        for name, service in sorted(compose["services"].items())
+        if name.startswith("coordinator")
+    ]
+    assert len(commands) == 3  # each member of the compose file's cluster
     ready = [False]
     readyz = Router()
 
@@ -176,14 +181,18 @@ def test_the_compose_healthcheck_command_passes_on_200_and_fails_on_503(
     readyz.add("GET", "/readyz", answer)
     server = ListenerThread(readyz)
     try:
-        script = command[3].replace(":7071/", f":{server.port}/")
-        assert script != command[3]
+        for command in commands:
+            assert command[:3] == ["CMD", "python", "-c"]
+            script = re.sub(r":\d+/readyz", f":{server.port}/readyz", command[3])
+            assert script != command[3]
 
-        def check() -> int:
-            return subprocess.run([sys.executable, "-c", script], capture_output=True).returncode
+            def check(script: str = script) -> int:
+                run = subprocess.run([sys.executable, "-c", script], capture_output=True)
+                return run.returncode
 
-        assert check() != 0
-        ready[0] = True
-        assert check() == 0
+            ready[0] = False
+            assert check() != 0
+            ready[0] = True
+            assert check() == 0
     finally:
         server.close()

@@ -33,9 +33,16 @@ def kafka(compose: dict[str, Any]) -> dict[str, Any]:
     return service
 
 
-@pytest.fixture(scope="module")
-def coordinator(compose: dict[str, Any]) -> dict[str, Any]:
-    service: dict[str, Any] = compose["services"]["coordinator"]
+def coordinator_names(compose: dict[str, Any]) -> list[str]:
+    return sorted(name for name in compose["services"] if name.startswith("coordinator"))
+
+
+COORDINATORS = coordinator_names(yaml.safe_load(COMPOSE.read_text()))
+
+
+@pytest.fixture(scope="module", params=COORDINATORS)
+def coordinator(request: pytest.FixtureRequest, compose: dict[str, Any]) -> dict[str, Any]:
+    service: dict[str, Any] = compose["services"][request.param]
     return service
 
 
@@ -71,21 +78,38 @@ def listeners(value: str) -> dict[str, str]:
     return dict(item.split("://", 1) for item in value.split(","))  # type: ignore[misc]
 
 
-@pytest.fixture(scope="module")
-def config_path(coordinator: dict[str, Any]) -> Path:
-    command = coordinator["command"]
+def command_flags(service: dict[str, Any]) -> dict[str, str]:
+    """The ``qlayer coordinator`` command's flags: ``{"--config": path, "--listen": ...}``."""
+    command = service["command"]
     assert command[:2] == ["qlayer", "coordinator"]
-    container_path = command[command.index("--config") + 1]
-    host_path = mounts(coordinator)[container_path]
+    rest = command[2:]
+    assert len(rest) % 2 == 0 and all(flag.startswith("--") for flag in rest[::2]), command
+    return dict(zip(rest[::2], rest[1::2], strict=True))
+
+
+def config_path_of(service: dict[str, Any]) -> Path:
+    container_path = command_flags(service)["--config"]
+    host_path = mounts(service)[container_path]
     path = (ROOT / host_path).resolve()
     assert path.is_relative_to(ROOT / "deploy"), "the coordinator's config lives in deploy/"
     return path
 
 
+def config_of(service: dict[str, Any]) -> Config:
+    """Loaded as the coordinator would be: the service's environment and command's flags."""
+    flags = command_flags(service)
+    overrides = {"listen": flags.get("--listen"), "http": flags.get("--http")}
+    return load(config_path_of(service), env=environment(service), overrides=overrides)
+
+
 @pytest.fixture(scope="module")
-def config(config_path: Path, coordinator: dict[str, Any]) -> Config:
-    # Loaded as the coordinator would: with the service's environment and no CLI flags.
-    return load(config_path, env=environment(coordinator))
+def config_path(coordinator: dict[str, Any]) -> Path:
+    return config_path_of(coordinator)
+
+
+@pytest.fixture(scope="module")
+def config(coordinator: dict[str, Any]) -> Config:
+    return config_of(coordinator)
 
 
 def test_images_are_pinned(compose: dict[str, Any]):
@@ -181,3 +205,43 @@ def test_healthcheck_asks_readyz_on_the_configured_http_listener(
     exposed = re.search(r"^EXPOSE (.+)$", dockerfile, re.MULTILINE)
     assert exposed is not None
     assert {config.coordinator.listen_port, int(port)} <= {int(p) for p in exposed[1].split()}
+
+
+def test_three_coordinators_of_one_cluster(compose: dict[str, Any]):
+    services = compose["services"]
+    assert len(COORDINATORS) == 3
+    configs = [config_of(services[name]) for name in COORDINATORS]
+    ids = [c.coordinator.id for c in configs]
+    assert len(set(ids)) == 3, f"each coordinator needs its own id, got {ids}"
+    clusters = {c.coordinator.cluster for c in configs}
+    assert len(clusters) == 1 and None not in clusters, f"one cluster name, got {clusters}"
+    # one file for all: the queues each seeds are the same
+    assert len({config_path_of(services[name]) for name in COORDINATORS}) == 1
+    # each advertises its hostname (its API listens on 0.0.0.0): distinct, and the service's
+    # name, which the compose network resolves
+    assert [services[name].get("hostname") for name in COORDINATORS] == COORDINATORS
+
+
+def test_ports_do_not_clash_and_each_api_is_at_its_own_port_on_the_host(
+    compose: dict[str, Any],
+):
+    seen: dict[int, str] = {}
+    for name, service in compose["services"].items():
+        for host_port in published_ports(service).values():
+            assert host_port not in seen, f"{name} and {seen[host_port]} publish {host_port}"
+            seen[host_port] = name
+    for name in COORDINATORS:
+        service = compose["services"][name]
+        c = config_of(service).coordinator
+        # the port a member advertises is the one a client on the host dials
+        assert published_ports(service)[c.listen_port] == c.listen_port, name
+        assert c.http is not None
+        http_port = int(c.http.rpartition(":")[2])
+        assert f"127.0.0.1:{http_port}:{http_port}" in service["ports"], name
+    assert sorted(seen) == [7070, 7071, 7072, 7073, 7074, 7075, 29092]
+
+
+def test_each_coordinator_has_its_own_state_volume(compose: dict[str, Any]):
+    volumes = [mounts(compose["services"][name])["/var/lib/qlayer"] for name in COORDINATORS]
+    assert len(set(volumes)) == 3
+    assert set(volumes) <= set(compose["volumes"])

@@ -820,3 +820,13 @@ def test_on_unparseable_defaults_to_dead_letter_and_takes_deliver():
     assert "option 'on_unparseable'" in text and "dead-letter" in text and "deliver" in text
     text = error(QUEUE + 'message_type = "bytes"\non_unparseable = "deliver"\n')
     assert "option 'on_unparseable'" in text and "never parse" in text
+
+
+def test_coordinator_id_from_the_environment_wins_over_the_file():
+    # one config file for the several coordinators of a cluster (docker-compose.yml)
+    text = '[coordinator]\nid = "in-file"\ncluster = "c"\n'
+    assert loads(text, env={"QLAYER_COORDINATOR_ID": "c-2"}).coordinator.id == "c-2"
+    assert loads(text, env={"QLAYER_COORDINATOR_ID": ""}).coordinator.id == "in-file"
+    with pytest.raises(ConfigError) as info:
+        loads(text, env={"QLAYER_COORDINATOR_ID": "c 2"})
+    assert "option 'id' (from QLAYER_COORDINATOR_ID)" in str(info.value)

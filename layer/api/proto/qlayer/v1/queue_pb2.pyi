@@ -261,13 +261,27 @@ class StatsRequest(_message.Message):
     def __init__(self, queue: _Optional[str] = ...) -> None: ...
 
 class StatsReply(_message.Message):
-    __slots__ = ("queues",)
+    __slots__ = ("queues", "missing")
     QUEUES_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
     queues: _containers.RepeatedCompositeFieldContainer[QueueStats]
-    def __init__(self, queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ...) -> None: ...
+    missing: _containers.RepeatedCompositeFieldContainer[StatsMissing]
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., missing: _Optional[_Iterable[_Union[StatsMissing, _Mapping]]] = ...) -> None: ...
+
+class StatsMissing(_message.Message):
+    __slots__ = ("member", "address", "reason", "queues")
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    member: str
+    address: str
+    reason: str
+    queues: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, member: _Optional[str] = ..., address: _Optional[str] = ..., reason: _Optional[str] = ..., queues: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class QueueStats(_message.Message):
-    __slots__ = ("queue", "available", "leased", "inactive", "subscriptions", "oldest_available_age_s", "delivered_total", "acked_total", "dead_lettered_total", "extra")
+    __slots__ = ("queue", "available", "leased", "inactive", "subscriptions", "oldest_available_age_s", "delivered_total", "acked_total", "dead_lettered_total", "extra", "owner")
     class ExtraEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -285,6 +299,7 @@ class QueueStats(_message.Message):
     ACKED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTERED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     EXTRA_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     queue: str
     available: int
     leased: int
@@ -295,7 +310,8 @@ class QueueStats(_message.Message):
     acked_total: int
     dead_lettered_total: int
     extra: _containers.ScalarMap[str, float]
-    def __init__(self, queue: _Optional[str] = ..., available: _Optional[int] = ..., leased: _Optional[int] = ..., inactive: _Optional[int] = ..., subscriptions: _Optional[int] = ..., oldest_available_age_s: _Optional[float] = ..., delivered_total: _Optional[int] = ..., acked_total: _Optional[int] = ..., dead_lettered_total: _Optional[int] = ..., extra: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    owner: str
+    def __init__(self, queue: _Optional[str] = ..., available: _Optional[int] = ..., leased: _Optional[int] = ..., inactive: _Optional[int] = ..., subscriptions: _Optional[int] = ..., oldest_available_age_s: _Optional[float] = ..., delivered_total: _Optional[int] = ..., acked_total: _Optional[int] = ..., dead_lettered_total: _Optional[int] = ..., extra: _Optional[_Mapping[str, float]] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class ListQueuesRequest(_message.Message):
     __slots__ = ()
@@ -592,14 +608,16 @@ class ClusterRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ClusterMember(_message.Message):
-    __slots__ = ("id", "address", "partitions")
+    __slots__ = ("id", "address", "partitions", "alive")
     ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
     id: str
     address: str
     partitions: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ...) -> None: ...
+    alive: bool
+    def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ..., alive: _Optional[bool] = ...) -> None: ...
 
 class QueueOwner(_message.Message):
     __slots__ = ("queue", "partition", "member", "address")
@@ -614,13 +632,15 @@ class QueueOwner(_message.Message):
     def __init__(self, queue: _Optional[str] = ..., partition: _Optional[int] = ..., member: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
 
 class ClusterReply(_message.Message):
-    __slots__ = ("cluster", "member", "members", "queues")
+    __slots__ = ("cluster", "member", "members", "queues", "standalone")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     MEMBER_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
+    STANDALONE_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     member: str
     members: _containers.RepeatedCompositeFieldContainer[ClusterMember]
     queues: _containers.RepeatedCompositeFieldContainer[QueueOwner]
-    def __init__(self, cluster: _Optional[str] = ..., member: _Optional[str] = ..., members: _Optional[_Iterable[_Union[ClusterMember, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueOwner, _Mapping]]] = ...) -> None: ...
+    standalone: bool
+    def __init__(self, cluster: _Optional[str] = ..., member: _Optional[str] = ..., members: _Optional[_Iterable[_Union[ClusterMember, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueOwner, _Mapping]]] = ..., standalone: _Optional[bool] = ...) -> None: ...

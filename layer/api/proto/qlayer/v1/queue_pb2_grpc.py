@@ -145,7 +145,8 @@ class QueueServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Stats(self, request, context):
-        """Stats of one queue or of all.
+        """Stats of one queue or of all (a cluster member: of every queue of the cluster, each
+        forwarded to its owner; the queues of members that did not answer are named in `missing`).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
