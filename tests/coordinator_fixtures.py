@@ -16,19 +16,26 @@ from tests.harness import CoordinatorProcess, write_config
 def coordinator_factory(broker: Any, tmp_path: Path) -> Iterator[Callable[..., CoordinatorProcess]]:
     """Start ``qlayer coordinator`` processes over the session broker; all stopped at teardown.
 
-    ``coordinator_factory(queues=[{...}], **coordinator_options)`` returns a started process;
-    queue tables are the TOML ``[[queue]]`` options.
+    ``coordinator_factory(queues=[{...}], broker={...}, **coordinator_options)`` returns a
+    started process; queue tables are the TOML ``[[queue]]`` options, ``broker`` more keys of
+    its ``[broker]`` table.
     """
     started: list[CoordinatorProcess] = []
+    kafka = broker  # ``broker=`` below is the config's [broker] table
 
     def make(
-        queues: list[dict[str, Any]], start: bool = True, **coordinator: Any
+        queues: list[dict[str, Any]],
+        start: bool = True,
+        broker: dict[str, Any] | None = None,
+        **coordinator: Any,
     ) -> CoordinatorProcess:
         n = len(started)
         home = tmp_path / f"coordinator-{n}"
         home.mkdir()
         coordinator.setdefault("id", f"test-{uuid.uuid4().hex[:8]}")
-        cfg = write_config(home / "qlayer.toml", broker.bootstrap_servers, queues, coordinator)
+        cfg = write_config(
+            home / "qlayer.toml", kafka.bootstrap_servers, queues, coordinator, broker
+        )
         proc = CoordinatorProcess(cfg, home / "state", home / "coordinator.log")
         started.append(proc)
         if start:

@@ -1010,12 +1010,17 @@ class Coordinator:
             return
         assert self._loop is not None
         member = Member(cfg.coordinator.id, address, self._new_writer_id())
+        session: dict[str, Any] = {}
+        if (ms := cfg.broker.session_timeout_ms) is not None:
+            # the group's session bounds how fast a dead member's queues move: the profile's
+            # unless set (a longer one rides out pauses; on Tansu each rebalance takes half of it)
+            session = {"session.timeout.ms": ms, "heartbeat.interval.ms": max(100, ms // 3)}
         self._membership = Membership(
             cluster,
             member,
             admin_settings=self._base_settings,
             group_settings=consumer_settings(
-                self._base_settings, self._profile, group_id=f"qlayer.{cluster}"
+                self._base_settings, self._profile, group_id=f"qlayer.{cluster}", extra=session
             ),
             log_consumer_settings=consumer_settings(self._base_settings, self._profile),
             producer_settings=producer_settings(self._base_settings),
