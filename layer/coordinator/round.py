@@ -35,6 +35,7 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from itertools import repeat
 from operator import attrgetter
 from typing import TYPE_CHECKING, Protocol
 
@@ -57,7 +58,7 @@ from layer.engine.model import (
     TopicPartition,
 )
 from layer.exceptions import BrokerError, QLayerError, StateError
-from layer.state.base import Store, StoreBatch, StoredMessage
+from layer.state.base import Store, StoreBatch, StoredMessage, message_key, run_keys
 from layer.state.changelog import ChangelogRecord, ExtraRecord
 
 if TYPE_CHECKING:
@@ -72,8 +73,8 @@ __all__ = [
     "Rounds",
     "dead_letter",
     "materialize",
+    "RunMirror",
     "mirror",
-    "mirror_run",
 ]
 
 log = logging.getLogger(__name__)
@@ -268,6 +269,8 @@ class Round:
         # record for the run of offsets the low-water mark passed.
         values: dict[tuple[object, ...], bytes] = {}
         forgotten = _forgotten(changes)
+        # before the tombstones' deletes in the batch, as the runs are before them in changes
+        to = RunMirror(self.batch)
         run: list[Leased | Returned | Done] = []
         run_value = b""
         run_fields: tuple[object, ...] = ()
@@ -296,7 +299,7 @@ class Round:
                         run.append(change)  # type: ignore[arg-type]
                         run_next += 1
                         continue
-                    self._record_run(rt, run, run_value, payloads, forgotten)
+                    self._record_run(rt, run, run_value, payloads, forgotten, to)
                 value = values.get(fields)
                 if value is None:
                     value = encode_change(name, change, now_ms)[1]
@@ -306,7 +309,7 @@ class Round:
                 run_topic, run_partition, run_next = bm.topic, bm.partition, bm.offset + 1
                 continue
             if run:
-                self._record_run(rt, run, run_value, payloads, forgotten)
+                self._record_run(rt, run, run_value, payloads, forgotten, to)
                 run = []
             if kind is Forget:
                 if forget_head is None:
@@ -326,7 +329,7 @@ class Round:
             if letter is not None:
                 self.extra.append(letter)
         if run:
-            self._record_run(rt, run, run_value, payloads, forgotten)
+            self._record_run(rt, run, run_value, payloads, forgotten, to)
         if forget_head is not None:
             self._forget_run(rt, forget_head, forget_count)
         if rt.config.view_topic is not None:
@@ -350,6 +353,7 @@ class Round:
         value: bytes,
         payloads: Mapping[Bookmark, StoredMessage | None],
         forgotten: Mapping[tuple[str, int], list[list[int]]],
+        to: RunMirror,
     ) -> None:
         """One run of changes with one value: its changelog record and its store mirror."""
         first = run[0].bookmark
@@ -359,7 +363,9 @@ class Round:
         # batch is applied whole, so the store ends the same)
         spans = forgotten.get((first.topic, first.partition)) if forgotten else None
         entries = not (spans and _covered(spans, first.offset, first.offset + count))
-        self.extra.extend(mirror_run(rt, run, value, self.batch, payloads, entries=entries))
+        letters = to.add(rt, run, value, payloads, entries=entries)
+        if letters:
+            self.extra.extend(letters)
 
     def _forget_run(self, rt: QueueRuntime, first: Bookmark, count: int) -> None:
         """The tombstones of a run of messages the low-water mark passed: one changelog record,
@@ -572,7 +578,11 @@ def _forgotten(changes: Sequence[Change]) -> dict[tuple[str, int], list[list[int
 
 def _covered(spans: list[list[int]], first: int, end: int) -> bool:
     """Whether one of ``spans`` holds all of ``[first, end)``."""
-    return any(lo <= first and end <= hi for lo, hi in spans)
+    # mostly one span: a loop, not a generator, for a check made per run
+    for lo, hi in spans:  # noqa: SIM110
+        if lo <= first and end <= hi:
+            return True
+    return False
 
 
 def _fields(change: Leased | Returned | Done) -> tuple[object, ...]:
@@ -660,60 +670,86 @@ def mirror(
     return None
 
 
-def mirror_run(
-    rt: QueueRuntime,
-    run: Sequence[Leased | Returned | Done],
-    value: bytes,
-    batch: StoreBatch,
-    payloads: Mapping[Bookmark, StoredMessage | None],
-    *,
-    entries: bool = True,
-) -> list[ExtraRecord]:
-    """``mirror`` of a run: changes of one kind and one value at consecutive offsets of one
-    partition, written to the batch as a run (the keys' prefix made once). ``entries``
-    False: the run's entries are not put (the same batch deletes them afterwards)."""
-    head = run[0]
-    first = head.bookmark
-    tp = TopicPartition(first.topic, first.partition)
-    count = len(run)
-    name = rt.name
-    if entries:
-        batch.put_entry_values(name, tp, first.offset, count, value)
-    if isinstance(head, Returned):
-        rt.counters.returned(head.reason, count)  # one value: one reason
-    if not isinstance(head, Done):
-        return []
-    batch.delete_messages(name, tp, first.offset, count)
-    cache = rt.payload_cache
-    if cache:
-        for change in run:
-            cache.pop(change.bookmark, None)
-    reason = head.reason  # one value: one reason
-    if reason is DoneReason.ACKED:
-        rt.counters.acked += count
-    elif reason is DoneReason.CONFLATED:
-        rt.counters.conflated += count
-    if not reason.dead_letter:
-        return []
-    if rt.exprs.dead_letter_if is not None:  # dead_letter_if decides message by message
-        run = [
-            change
+class RunMirror:
+    """``mirror`` of a queue's runs of a round (changes of one kind and one value at
+    consecutive offsets of one partition): the entries they put and the local copies they
+    delete go to the store batch as one operation each, whatever the number of runs (leases
+    to consumers in turn make runs of one message)."""
+
+    __slots__ = ("_keys", "_values", "_gone")
+
+    def __init__(self, batch: StoreBatch) -> None:
+        self._keys, self._values = batch.put_entry_values_encoded()
+        self._gone = batch.delete_messages_encoded()
+
+    def add(
+        self,
+        rt: QueueRuntime,
+        run: Sequence[Leased | Returned | Done],
+        value: bytes,
+        payloads: Mapping[Bookmark, StoredMessage | None],
+        *,
+        entries: bool = True,
+    ) -> list[ExtraRecord]:
+        """One run; its dead letters, if any. ``entries`` False: the run's entries are not
+        put (the same batch deletes them afterwards)."""
+        head = run[0]
+        first = head.bookmark
+        count = len(run)
+        name = rt.name
+        if count == 1:
+            key = message_key(name, first)
+            if entries:
+                self._keys.append(key)
+                self._values.append(value)
+            kind = type(head)
+            if kind is not Done:
+                if isinstance(head, Returned):
+                    rt.counters.returned(head.reason)
+                return []
+            self._gone.append(key)
+        else:
+            keys = run_keys(name, first, count)
+            if entries:
+                self._keys.extend(keys)
+                self._values.extend(repeat(value, count))
+            if not isinstance(head, Done):
+                if isinstance(head, Returned):
+                    rt.counters.returned(head.reason, count)  # one value: one reason
+                return []
+            self._gone.extend(keys)
+        assert isinstance(head, Done)
+        cache = rt.payload_cache
+        if cache:
+            for change in run:
+                cache.pop(change.bookmark, None)
+        reason = head.reason  # one value: one reason
+        if reason is DoneReason.ACKED:
+            rt.counters.acked += count
+            return []
+        if reason is DoneReason.CONFLATED:
+            rt.counters.conflated += count
+        if not reason.dead_letter:
+            return []
+        if rt.exprs.dead_letter_if is not None:  # dead_letter_if decides message by message
+            run = [
+                change
+                for change in run
+                if isinstance(change, Done)
+                and rt.dead_letter_eligible(change, payloads.get(change.bookmark))
+            ]
+            count = len(run)
+            if not count:
+                return []
+        rt.counters.dead_letter(reason, count)
+        topic = rt.config.dead_letter_topic
+        if not topic:
+            return []
+        return [
+            dead_letter(name, topic, change, payloads.get(change.bookmark))
             for change in run
             if isinstance(change, Done)
-            and rt.dead_letter_eligible(change, payloads.get(change.bookmark))
         ]
-        count = len(run)
-        if not count:
-            return []
-    rt.counters.dead_letter(reason, count)
-    topic = rt.config.dead_letter_topic
-    if not topic:
-        return []
-    return [
-        dead_letter(name, topic, change, payloads.get(change.bookmark))
-        for change in run
-        if isinstance(change, Done)
-    ]
 
 
 def dead_letter(queue: str, topic: str, change: Done, stored: StoredMessage | None) -> ExtraRecord:

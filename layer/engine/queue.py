@@ -479,7 +479,8 @@ class QueueEngine(Queries, Holding, Leases, Intake):
         ack_at = self._ack_at
         # The picker hears of the freed slots once per subscription, when the batch is
         # through, not once per message: nothing picks while acks are taken.
-        self._deferred = deferred = {}
+        deferred: dict[int, Subscriber] = {}
+        self._deferred = deferred
         try:
             for i in range(0, len(runs), 2):
                 for offset in range(runs[i], runs[i + 1] + 1):

@@ -30,7 +30,7 @@ from layer.coordinator.runtime import QueueRuntime
 from layer.coordinator.subscriptions import SubscriptionHandle
 from layer.engine.model import AckOp, Bookmark, Delivery, Done, DoneReason
 from layer.exceptions import QLayerError, StateError
-from layer.state.base import ENTRIES, StoreBatch, StoredMessage, _Each
+from layer.state.base import ENTRIES, StoreBatch, StoredMessage, _Each, _Many, _Range
 from layer.state.memory import MemoryStore
 from layer.state.recovery import replay
 from tests.unit.ports import (
@@ -432,6 +432,21 @@ class _WriteLog(MemoryStore):
         super().write(batch)
 
 
+def _entry_puts(batch: StoreBatch) -> list[bytes]:
+    """The keys a batch puts into the entries."""
+    keys: list[bytes] = []
+    for cf, key, value in batch.ops:
+        if cf != ENTRIES or value is None or isinstance(value, _Range):
+            continue
+        if isinstance(value, _Many):
+            keys.extend(value.keys)
+        elif isinstance(value, _Each):
+            keys.extend(value.keys if value.value is not None else [])
+        else:
+            keys.append(key)
+    return keys
+
+
 def test_entries_a_tombstone_of_the_same_round_deletes_are_not_put_first() -> None:
     """Acks the low-water mark passes at once: their done entries would be put and deleted
     in one batch, so only the deletes are written; the store ends as it would have."""
@@ -449,13 +464,7 @@ def test_entries_a_tombstone_of_the_same_round_deletes_are_not_put_first() -> No
         await b.rounds.one()
         assert await ack == []
         # 0..5 are forgotten in the round that acks them; 8 and 9 stay above the mark
-        puts = [
-            key
-            for batch in store.batches
-            for cf, key, value in batch.ops
-            if cf == ENTRIES and isinstance(value, _Each) and value.value is not None
-            for key in value.keys
-        ]
+        puts = [key for batch in store.batches for key in _entry_puts(batch)]
         assert len(puts) == 2
         assert b.entries() == {
             Bookmark(TOPIC, 0, 6): ChangeKind.LEASED,
