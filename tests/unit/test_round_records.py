@@ -51,11 +51,11 @@ def round_changes(draw: st.DrawFn) -> list[Change]:
             deadline = NOW + draw(st.sampled_from([30.0, 60.0]))
             changes.append(Leased(bm, holder, deadline, deliveries, 0))
         elif kind == "returned":
-            reason = draw(st.sampled_from(list(ReturnReason)))
-            changes.append(Returned(bm, reason, deliveries, 0))
+            returned = draw(st.sampled_from(list(ReturnReason)))
+            changes.append(Returned(bm, returned, deliveries, 0))
         else:
-            reason = draw(st.sampled_from([DoneReason.ACKED, DoneReason.MAX_DELIVERIES]))
-            changes.append(Done(bm, reason, deliveries, 0, NOW))
+            left = draw(st.sampled_from([DoneReason.ACKED, DoneReason.MAX_DELIVERIES]))
+            changes.append(Done(bm, left, deliveries, 0, NOW))
             done[p].add(offset)
     for p in range(PARTITIONS):
         # the low-water mark passes a prefix of the done offsets: one Forget per run of them
@@ -120,7 +120,7 @@ def test_a_rounds_records_and_batch_say_what_its_changes_say_one_by_one(
     expected.write(batch)
 
     assert _dump(store) == _dump(expected)
-    written = []
+    written: list[tuple[int, int, bytes | None]] = []
     for _topic, key, value in r.records:
         ck = decode_key(key)
         if ck.offset >= 0:
