@@ -2,9 +2,11 @@
 
 One coordinator process (one queue, at-least-once) over the embedded broker. ``--messages``
 messages are published straight to Kafka and the coordinator ingests them all before anything
-is measured; then one consumer process subscribes (``max_backlog=--window``), takes every
-message and acks it (``msg.ack()``, batched by the client), and flushes. Measured over that
-phase alone, with psutil's CPU times (user + system) of each process:
+is measured; then ``--consumers`` consumer processes (one by default) subscribe
+(``max_backlog=--window`` each), take their share of the messages, ack them (``msg.ack()``,
+batched by the client) and flush; what one holds beyond its share when it closes goes to the
+others. Measured over that phase alone, with psutil's CPU times (user + system) of each
+process (the consumers' summed):
 
 - coordinator µs/msg: what leasing, sending and taking acks cost the server;
 - consumer µs/msg: what receiving, decoding and acking cost the client process.
@@ -76,7 +78,11 @@ def consume(address: str, queue: str, n: int, window: int) -> None:
         sub.flush(timeout=60)
         t1, wall1 = me.cpu_times(), time.monotonic()
     cpu = (t1.user - t0.user) + (t1.system - t0.system)
-    print(json.dumps({"consumer_cpu_s": cpu, "wall_s": wall1 - wall0, "messages": got, "frames": frames}))
+    print(
+        json.dumps(
+            {"consumer_cpu_s": cpu, "wall_s": wall1 - wall0, "messages": got, "frames": frames}
+        )
+    )
 
 
 def _wait(predicate: Any, timeout: float, what: str) -> None:
@@ -97,7 +103,12 @@ def _wait(predicate: Any, timeout: float, what: str) -> None:
 
 
 def one_run(
-    system: QLayer, n: int, size: int, window: int, profile: Path | None = None
+    system: QLayer,
+    n: int,
+    size: int,
+    window: int,
+    profile: Path | None = None,
+    consumers: int = 1,
 ) -> dict[str, Any]:
     target = system.create()
     coord = system.coordinator(target)
@@ -110,27 +121,51 @@ def one_run(
             sampler = Sampler(coord.pid, profile)
             sampler.start()
         cpu0 = coord.cpu_seconds()
-        proc = subprocess.run(
-            [sys.executable, "-m", "bench.wire_cpu", "--consume", target["server"],
-             target["queue"], str(n), str(window)],
-            capture_output=True, text=True, timeout=600, check=False,
-        )  # fmt: skip
-        if proc.returncode != 0:
-            raise RuntimeError(f"consumer failed: {proc.stderr[-2000:]}")
+        # each consumer takes its share; together they take all n
+        shares = [n // consumers + (1 if i < n % consumers else 0) for i in range(consumers)]
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.wire_cpu",
+                    "--consume",
+                    target["server"],
+                    target["queue"],
+                    str(share),
+                    str(window),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )  # fmt: skip
+            for share in shares
+        ]
+        outputs = [proc.communicate(timeout=600) for proc in procs]
+        for proc, (_, err) in zip(procs, outputs, strict=True):
+            if proc.returncode != 0:
+                raise RuntimeError(f"consumer failed: {err[-2000:]}")
         cpu = coord.cpu_seconds() - cpu0
         if sampler is not None:
             sampler.stop()
             sampler.log.unlink(missing_ok=True)
-        consumer = json.loads(proc.stdout.strip().splitlines()[-1])
+        each = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+        consumer_cpu = sum(c["consumer_cpu_s"] for c in each)
+        wall = max(c["wall_s"] for c in each)
+        frames: dict[str, int] = {}
+        for c in each:
+            for kind, count in c["frames"].items():
+                frames[kind] = frames.get(kind, 0) + count
         return {
             "messages": n,
+            "consumers": consumers,
             "coordinator_cpu_s": round(cpu, 3),
             "coordinator_us_per_msg": round(cpu / n * 1e6, 1),
-            "consumer_cpu_s": round(consumer["consumer_cpu_s"], 3),
-            "consumer_us_per_msg": round(consumer["consumer_cpu_s"] / n * 1e6, 1),
-            "consume_wall_s": round(consumer["wall_s"], 2),
-            "msgs_per_s": round(n / consumer["wall_s"]),
-            "frames_received": consumer["frames"],
+            "consumer_cpu_s": round(consumer_cpu, 3),
+            "consumer_us_per_msg": round(consumer_cpu / n * 1e6, 1),
+            "consume_wall_s": round(wall, 2),
+            "msgs_per_s": round(n / wall),
+            "frames_received": frames,
         }
     finally:
         system.delete(target)
@@ -142,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=200, help="payload bytes")
     parser.add_argument("--window", type=int, default=500, help="the consumer's max_backlog")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--consumers", type=int, default=1,
+        help="consumer processes, each with its share of the messages (leases in turn)",
+    )  # fmt: skip
     parser.add_argument("--label", default="", help="a name for this build (before, after)")
     parser.add_argument(
         "--profile", action="store_true",
@@ -163,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.runs):
             last = i == args.runs - 1
             sampled = raw if args.profile and last else None
-            run = one_run(system, args.messages, args.size, args.window, sampled)
+            run = one_run(system, args.messages, args.size, args.window, sampled, args.consumers)
             runs.append(run)
             print(f"run {i + 1}/{args.runs}: {json.dumps(run)}", flush=True)
     shutil.rmtree(workdir, ignore_errors=True)
@@ -178,7 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         "git": subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
         ).stdout.strip(),
-        "settings": {k: getattr(args, k) for k in ("messages", "size", "window", "runs")},
+        "settings": {
+            k: getattr(args, k) for k in ("messages", "size", "window", "runs", "consumers")
+        },
         "loadavg": list(psutil.getloadavg()),
         "median": median,
         "runs": runs,

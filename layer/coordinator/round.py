@@ -35,6 +35,7 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from itertools import repeat
 from operator import attrgetter
 from typing import TYPE_CHECKING, Protocol
 
@@ -57,7 +58,7 @@ from layer.engine.model import (
     TopicPartition,
 )
 from layer.exceptions import BrokerError, QLayerError, StateError
-from layer.state.base import Store, StoreBatch, StoredMessage
+from layer.state.base import Store, StoreBatch, StoredMessage, message_key, run_keys
 from layer.state.changelog import ChangelogRecord, ExtraRecord
 
 if TYPE_CHECKING:
@@ -72,8 +73,8 @@ __all__ = [
     "Rounds",
     "dead_letter",
     "materialize",
+    "RunMirror",
     "mirror",
-    "mirror_run",
 ]
 
 log = logging.getLogger(__name__)
@@ -241,7 +242,13 @@ class Round:
             return
         name = rt.name
         need = [d.bookmark for d in effects.deliveries]
-        need.extend(c.bookmark for c in changes if isinstance(c, Done) and c.reason.dead_letter)
+        # (an acked message, the most common, is told apart by identity: ``dead_letter`` is a
+        # property call)
+        need.extend(
+            c.bookmark
+            for c in changes
+            if type(c) is Done and c.reason is not _ACKED and c.reason.dead_letter
+        )
         payloads = rt.payloads(self._store, need) if need else {}
         topic = rt.changelog_topic
         records = self.records
@@ -256,48 +263,73 @@ class Round:
         # to the changelog as one record: the run (first bookmark, count, value). A change whose
         # fields (all its value holds but the round's time) are those of the run before it
         # joins it without being encoded: a run costs one encoding, not one per message, and
-        # is mirrored into the store batch as a whole (``mirror_run``). Tombstones (Forget) go
-        # as one record for the run of offsets the low-water mark passed.
+        # is mirrored into the store batch as a whole (``mirror_run``). Runs that do not join
+        # (leases to consumers in turn) share the value of earlier runs with their fields: one
+        # encoding per distinct value of the round, not per run. Tombstones (Forget) go as one
+        # record for the run of offsets the low-water mark passed.
+        values: dict[tuple[object, ...], bytes] = {}
+        forgotten = _forgotten(changes)
+        # before the tombstones' deletes in the batch, as the runs are before them in changes
+        to = RunMirror(self.batch)
         run: list[Leased | Returned | Done] = []
-        run_key = run_value = b""
+        run_value = b""
         run_fields: tuple[object, ...] = ()
+        # the run's partition and the offset that would extend it
+        run_topic = ""
+        run_partition = run_next = -1
         # the tombstones at hand: the first one's bookmark and how many (each Forget is a run)
         forget_head: Bookmark | None = None
         forget_count = 0
         now_ms = self.now_ms
         for change in changes:
-            if forget_head is not None and not (
-                isinstance(change, Forget) and _follows(forget_head, forget_count, change)
-            ):
-                self._forget_run(rt, forget_head, forget_count)
-                forget_head = None
-            if isinstance(change, (Leased, Returned, Done)):
-                fields = _fields(change)
+            kind = type(change)
+            if kind is Leased or kind is Done or kind is Returned:
+                if forget_head is not None:
+                    self._forget_run(rt, forget_head, forget_count)
+                    forget_head = None
+                bm = change.bookmark  # type: ignore[union-attr]
+                fields = _fields(change)  # type: ignore[arg-type]
                 if run:
-                    if fields == run_fields and _follows(run[0].bookmark, len(run), change):
-                        run.append(change)
+                    if (
+                        bm.offset == run_next
+                        and bm.partition == run_partition
+                        and bm.topic == run_topic
+                        and fields == run_fields
+                    ):
+                        run.append(change)  # type: ignore[arg-type]
+                        run_next += 1
                         continue
-                    self._record_run(rt, run, run_key, run_value, payloads)
-                key, value = encode_change(name, change, now_ms)
-                assert value is not None
-                run, run_key, run_value, run_fields = [change], key, value, fields
+                    self._record_run(rt, run, run_value, payloads, forgotten, to)
+                value = values.get(fields)
+                if value is None:
+                    value = encode_change(name, change, now_ms)[1]
+                    assert value is not None
+                    values[fields] = value
+                run, run_value, run_fields = [change], value, fields  # type: ignore[list-item]
+                run_topic, run_partition, run_next = bm.topic, bm.partition, bm.offset + 1
                 continue
             if run:
-                self._record_run(rt, run, run_key, run_value, payloads)
+                self._record_run(rt, run, run_value, payloads, forgotten, to)
                 run = []
-            if isinstance(change, Forget):
+            if kind is Forget:
                 if forget_head is None:
-                    forget_head, forget_count = change.bookmark, change.count
+                    forget_head, forget_count = change.bookmark, change.count  # type: ignore[union-attr]
+                elif _follows(forget_head, forget_count, change):  # type: ignore[arg-type]
+                    forget_count += change.count  # type: ignore[union-attr]
                 else:
-                    forget_count += change.count
+                    self._forget_run(rt, forget_head, forget_count)
+                    forget_head, forget_count = change.bookmark, change.count  # type: ignore[union-attr]
                 continue
+            if forget_head is not None:
+                self._forget_run(rt, forget_head, forget_count)
+                forget_head = None
             key, value = encode_change(name, change, now_ms)
             records.append((topic, key, value))
             letter = mirror(rt, change, value, self.batch, payloads)
             if letter is not None:
                 self.extra.append(letter)
         if run:
-            self._record_run(rt, run, run_key, run_value, payloads)
+            self._record_run(rt, run, run_value, payloads, forgotten, to)
         if forget_head is not None:
             self._forget_run(rt, forget_head, forget_count)
         if rt.config.view_topic is not None:
@@ -318,14 +350,22 @@ class Round:
         self,
         rt: QueueRuntime,
         run: list[Leased | Returned | Done],
-        key: bytes,
         value: bytes,
         payloads: Mapping[Bookmark, StoredMessage | None],
+        forgotten: Mapping[tuple[str, int], list[list[int]]],
+        to: RunMirror,
     ) -> None:
         """One run of changes with one value: its changelog record and its store mirror."""
         first = run[0].bookmark
-        self.records.append(_run_record(rt.changelog_topic, rt.name, first, len(run), key, value))
-        self.extra.extend(mirror_run(rt, run, value, self.batch, payloads))
+        count = len(run)
+        self.records.append((rt.changelog_topic, encode_run(rt.name, first, count), value))
+        # the entries of done messages a tombstone of this round deletes again: not put (the
+        # batch is applied whole, so the store ends the same)
+        spans = forgotten.get((first.topic, first.partition)) if forgotten else None
+        entries = not (spans and _covered(spans, first.offset, first.offset + count))
+        letters = to.add(rt, run, value, payloads, entries=entries)
+        if letters:
+            self.extra.extend(letters)
 
     def _forget_run(self, rt: QueueRuntime, first: Bookmark, count: int) -> None:
         """The tombstones of a run of messages the low-water mark passed: one changelog record,
@@ -523,6 +563,38 @@ def _follows(head: Bookmark, count: int, change: Leased | Returned | Done | Forg
     )
 
 
+def _forgotten(changes: Sequence[Change]) -> dict[tuple[str, int], list[list[int]]]:
+    """The offsets the tombstones of ``changes`` (ordered by ``_ordered``: they come last,
+    before the low-water marks) delete, by partition: spans ``[first, end)``, joined where
+    they meet."""
+    spans: dict[tuple[str, int], list[list[int]]] = {}
+    for i in range(len(changes) - 1, -1, -1):
+        change = changes[i]
+        kind = type(change)
+        if kind is LowWater:
+            continue
+        if kind is not Forget:
+            break
+        bm = change.bookmark  # type: ignore[union-attr]
+        end = bm.offset + change.count  # type: ignore[union-attr]
+        found = spans.setdefault((bm.topic, bm.partition), [])
+        # walked backwards: each tombstone is before the one seen last in its partition
+        if found and found[-1][0] == end:
+            found[-1][0] = bm.offset
+        else:
+            found.append([bm.offset, end])
+    return spans
+
+
+def _covered(spans: list[list[int]], first: int, end: int) -> bool:
+    """Whether one of ``spans`` holds all of ``[first, end)``."""
+    # mostly one span: a loop, not a generator, for a check made per run
+    for lo, hi in spans:  # noqa: SIM110
+        if lo <= first and end <= hi:
+            return True
+    return False
+
+
 def _fields(change: Leased | Returned | Done) -> tuple[object, ...]:
     """What a change's changelog value holds besides the round's time: equal fields, equal
     values."""
@@ -533,6 +605,7 @@ def _fields(change: Leased | Returned | Done) -> tuple[object, ...]:
     return (2, change.deliveries, change.cancels, change.not_before, change.reason)
 
 
+_ACKED = DoneReason.ACKED
 _BOOKMARK = attrgetter("bookmark")
 _PARTITION = attrgetter("partition")
 
@@ -561,13 +634,6 @@ def _ordered(changes: list[Change]) -> list[Change]:
         marks.sort(key=_PARTITION)
         kept.extend(marks)
     return kept
-
-
-def _run_record(
-    topic: str, queue: str, first: Bookmark, count: int, key: bytes, value: bytes | None
-) -> ChangelogRecord:
-    """The record of ``count`` messages from ``first`` (``key``: the first one's own key)."""
-    return (topic, key if count == 1 else encode_run(queue, first, count), value)
 
 
 def mirror(
@@ -614,56 +680,86 @@ def mirror(
     return None
 
 
-def mirror_run(
-    rt: QueueRuntime,
-    run: Sequence[Leased | Returned | Done],
-    value: bytes,
-    batch: StoreBatch,
-    payloads: Mapping[Bookmark, StoredMessage | None],
-) -> list[ExtraRecord]:
-    """``mirror`` of a run: changes of one kind and one value at consecutive offsets of one
-    partition, written to the batch as a run (the keys' prefix made once)."""
-    head = run[0]
-    first = head.bookmark
-    tp = TopicPartition(first.topic, first.partition)
-    count = len(run)
-    name = rt.name
-    batch.put_entry_values(name, tp, first.offset, count, value)
-    if isinstance(head, Returned):
-        rt.counters.returned(head.reason, count)  # one value: one reason
-    if not isinstance(head, Done):
-        return []
-    batch.delete_messages(name, tp, first.offset, count)
-    cache = rt.payload_cache
-    if cache:
-        for change in run:
-            cache.pop(change.bookmark, None)
-    reason = head.reason  # one value: one reason
-    if reason is DoneReason.ACKED:
-        rt.counters.acked += count
-    elif reason is DoneReason.CONFLATED:
-        rt.counters.conflated += count
-    if not reason.dead_letter:
-        return []
-    if rt.exprs.dead_letter_if is not None:  # dead_letter_if decides message by message
-        run = [
-            change
+class RunMirror:
+    """``mirror`` of a queue's runs of a round (changes of one kind and one value at
+    consecutive offsets of one partition): the entries they put and the local copies they
+    delete go to the store batch as one operation each, whatever the number of runs (leases
+    to consumers in turn make runs of one message)."""
+
+    __slots__ = ("_keys", "_values", "_gone")
+
+    def __init__(self, batch: StoreBatch) -> None:
+        self._keys, self._values = batch.put_entry_values_encoded()
+        self._gone = batch.delete_messages_encoded()
+
+    def add(
+        self,
+        rt: QueueRuntime,
+        run: Sequence[Leased | Returned | Done],
+        value: bytes,
+        payloads: Mapping[Bookmark, StoredMessage | None],
+        *,
+        entries: bool = True,
+    ) -> list[ExtraRecord]:
+        """One run; its dead letters, if any. ``entries`` False: the run's entries are not
+        put (the same batch deletes them afterwards)."""
+        head = run[0]
+        first = head.bookmark
+        count = len(run)
+        name = rt.name
+        if count == 1:
+            key = message_key(name, first)
+            if entries:
+                self._keys.append(key)
+                self._values.append(value)
+            kind = type(head)
+            if kind is not Done:
+                if isinstance(head, Returned):
+                    rt.counters.returned(head.reason)
+                return []
+            self._gone.append(key)
+        else:
+            keys = run_keys(name, first, count)
+            if entries:
+                self._keys.extend(keys)
+                self._values.extend(repeat(value, count))
+            if not isinstance(head, Done):
+                if isinstance(head, Returned):
+                    rt.counters.returned(head.reason, count)  # one value: one reason
+                return []
+            self._gone.extend(keys)
+        assert isinstance(head, Done)
+        cache = rt.payload_cache
+        if cache:
+            for change in run:
+                cache.pop(change.bookmark, None)
+        reason = head.reason  # one value: one reason
+        if reason is DoneReason.ACKED:
+            rt.counters.acked += count
+            return []
+        if reason is DoneReason.CONFLATED:
+            rt.counters.conflated += count
+        if not reason.dead_letter:
+            return []
+        if rt.exprs.dead_letter_if is not None:  # dead_letter_if decides message by message
+            run = [
+                change
+                for change in run
+                if isinstance(change, Done)
+                and rt.dead_letter_eligible(change, payloads.get(change.bookmark))
+            ]
+            count = len(run)
+            if not count:
+                return []
+        rt.counters.dead_letter(reason, count)
+        topic = rt.config.dead_letter_topic
+        if not topic:
+            return []
+        return [
+            dead_letter(name, topic, change, payloads.get(change.bookmark))
             for change in run
             if isinstance(change, Done)
-            and rt.dead_letter_eligible(change, payloads.get(change.bookmark))
         ]
-        count = len(run)
-        if not count:
-            return []
-    rt.counters.dead_letter(reason, count)
-    topic = rt.config.dead_letter_topic
-    if not topic:
-        return []
-    return [
-        dead_letter(name, topic, change, payloads.get(change.bookmark))
-        for change in run
-        if isinstance(change, Done)
-    ]
 
 
 def dead_letter(queue: str, topic: str, change: Done, stored: StoredMessage | None) -> ExtraRecord:

@@ -57,6 +57,8 @@ class EngineBase:
     _ages: AgeIndex
     _leases: LeaseIndex
     _picker: Any
+    # while an ack batch runs: the subscriptions whose picker update waits for its end
+    _deferred: dict[int, Subscriber] | None
     _subs: dict[str, Subscriber]
     _router: Router
     _delays: DelayIndex
@@ -85,7 +87,9 @@ class EngineBase:
     def _deliver(self, entry: Entry, sub: Subscriber, now: float) -> None:
         raise NotImplementedError
 
-    def _finish(self, entry: Entry, reason: DoneReason, now: float) -> None:
+    def _finish(
+        self, entry: Entry, reason: DoneReason, now: float, part: PartitionState | None = None
+    ) -> None:
         raise NotImplementedError
 
     def _emit_done(

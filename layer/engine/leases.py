@@ -28,7 +28,11 @@ class Leases(EngineBase):
         del sub.leases[entry]
         sub.outstanding -= 1
         if sub.name in self._subs:
-            self._picker.update(sub)
+            deferred = self._deferred
+            if deferred is None:
+                self._picker.update(sub)
+            else:
+                deferred[sub.index] = sub
             self._router.returned(sub, entry.group)
         self._leased -= 1
         entry.holder = None
@@ -114,7 +118,7 @@ class Leases(EngineBase):
             if self._strict and holder is not sub and (sub is not None or holder is not None):
                 return _NOT_HOLDER
             reason = DoneReason.ACKED if op is AckOp.ACK else DoneReason.CONSUMER_EXPIRE
-            self._finish(entry, reason, now)
+            self._finish(entry, reason, now, part)
             return None
         if holder is None:
             return _NOT_LEASED

@@ -102,6 +102,7 @@ class QueueEngine(Queries, Holding, Leases, Intake):
         self._ages = AgeIndex()
         self._leases = LeaseIndex()
         self._picker = make_picker(settings.fairness)
+        self._deferred: dict[int, Subscriber] | None = None
         self._subs: dict[str, Subscriber] = {}
         self._router = Router(self._subs, self._requeue, settings.exclusive, settings.groups)
         self._delays = DelayIndex()
@@ -471,15 +472,26 @@ class QueueEngine(Queries, Holding, Leases, Intake):
             return failures
         by_partition = self._topics.get(topic)
         part = None if by_partition is None else by_partition.get(number)
-        ack_at = self._ack_at
-        for i in range(0, len(runs), 2):
-            if part is None:
+        if part is None:
+            for i in range(0, len(runs), 2):
                 failures.extend((o, _UNKNOWN) for o in range(runs[i], runs[i + 1] + 1))
-                continue
-            for offset in range(runs[i], runs[i + 1] + 1):
-                error = ack_at(sub, part, offset, op, now, seconds)
-                if error is not None:
-                    failures.append((offset, error))
+            return failures
+        ack_at = self._ack_at
+        # The picker hears of the freed slots once per subscription, when the batch is
+        # through, not once per message: nothing picks while acks are taken.
+        deferred: dict[int, Subscriber] = {}
+        self._deferred = deferred
+        try:
+            for i in range(0, len(runs), 2):
+                for offset in range(runs[i], runs[i + 1] + 1):
+                    error = ack_at(sub, part, offset, op, now, seconds)
+                    if error is not None:
+                        failures.append((offset, error))
+        finally:
+            self._deferred = None
+            for freed in deferred.values():
+                if freed.name in self._subs:
+                    self._picker.update(freed)
         return failures
 
     def tick(self, now: float) -> None:
@@ -670,8 +682,10 @@ class QueueEngine(Queries, Holding, Leases, Intake):
         if reason.dead_letter:
             self._dead_total += 1
 
-    def _finish(self, entry: Entry, reason: DoneReason, now: float) -> None:
-        """The message leaves the queue."""
+    def _finish(
+        self, entry: Entry, reason: DoneReason, now: float, part: PartitionState | None = None
+    ) -> None:
+        """The message leaves the queue (``part``: its partition, when the caller has it)."""
         state = entry.state
         if self._view is not None and state in (AVAILABLE, HELD):
             self._viewed(entry, -1)
@@ -693,7 +707,8 @@ class QueueEngine(Queries, Holding, Leases, Intake):
         if entry.ckey is not None and self._latest.get(entry.ckey) is entry:
             del self._latest[entry.ckey]
         bm = entry.bookmark
-        part = self._require(bm)
+        if part is None:
+            part = self._require(bm)
         part.done(bm)
         self._touch(part)
         self._emit_done(bm, reason, entry.deliveries, entry.cancels, now)

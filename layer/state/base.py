@@ -51,6 +51,8 @@ __all__ = [
     "Store",
     "StoreBatch",
     "StoredMessage",
+    "message_key",
+    "run_keys",
 ]
 
 # Column families.
@@ -223,6 +225,15 @@ def _run_keys(queue: str, partition: TopicPartition, first: int, count: int) -> 
     return [prefix + key for key in map(_OFFSET.pack, range(first, first + count))]
 
 
+def run_keys(queue: str, bookmark: Bookmark, count: int) -> list[bytes]:
+    """The keys (``message_key``) of ``count`` messages from ``bookmark`` on."""
+    if bookmark.offset < 0 or bookmark.partition < 0:
+        raise StateError(f"bookmark {bookmark} has a negative partition or offset")
+    prefix = partition_prefix(queue, bookmark.topic, bookmark.partition)
+    first = bookmark.offset
+    return [prefix + key for key in map(_OFFSET.pack, range(first, first + count))]
+
+
 def parse_message_key(key: bytes, prefix_len: int) -> Bookmark:
     """The bookmark of a key whose first ``prefix_len`` bytes are the queue prefix."""
     end = key.index(b"\x00", prefix_len)
@@ -320,6 +331,22 @@ class StoreBatch:
         """``put_entry_value`` of one value for the offsets ``first .. first + count - 1`` (a
         run of changes with one changelog record): the key prefix is made once."""
         self.ops.append((ENTRIES, b"", _Each(_run_keys(queue, partition, first, count), value)))
+
+    def put_entry_values_encoded(self) -> tuple[list[bytes], list[bytes]]:
+        """Two lists to fill with entry keys (``message_key``, ``run_keys``) and their values
+        (changelog value bytes) in step: they are put where this operation stands in the
+        batch. For a round's changes (``layer.coordinator.round``): one operation for all of
+        them, not one per run."""
+        many = _Many([], [])
+        self.ops.append((ENTRIES, b"", many))
+        return many
+
+    def delete_messages_encoded(self) -> list[bytes]:
+        """A list to fill with message keys (``message_key``, ``run_keys``): each deleted where
+        this operation stands in the batch."""
+        each = _Each([], None)
+        self.ops.append((MESSAGES, b"", each))
+        return each.keys
 
     def delete_messages(
         self, queue: str, partition: TopicPartition, first: int, count: int

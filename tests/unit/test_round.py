@@ -30,7 +30,7 @@ from layer.coordinator.runtime import QueueRuntime
 from layer.coordinator.subscriptions import SubscriptionHandle
 from layer.engine.model import AckOp, Bookmark, Delivery, Done, DoneReason
 from layer.exceptions import QLayerError, StateError
-from layer.state.base import StoredMessage
+from layer.state.base import ENTRIES, StoreBatch, StoredMessage, _Each, _Many, _Range
 from layer.state.memory import MemoryStore
 from layer.state.recovery import replay
 from tests.unit.ports import (
@@ -48,9 +48,9 @@ from tests.unit.ports import (
 class Bench:
     """One queue, its subscriptions and the rounds, wired as the coordinator wires them."""
 
-    def __init__(self, **options: object) -> None:
+    def __init__(self, store: MemoryStore | None = None, **options: object) -> None:
         self.clock = Clock()
-        self.store = MemoryStore()
+        self.store = MemoryStore() if store is None else store
         self.changelog = MemoryChangelog()
         self.signal = RoundSignal()
         self.q = queue_config(**options)
@@ -437,5 +437,98 @@ def test_a_failure_found_outside_a_round_fails_the_rounds_and_their_waiters() ->
         with pytest.raises(QLayerError, match="retry"):
             await ack  # a failed coordinator answers nothing as durable
         assert b.entries()[Bookmark(TOPIC, 0, 0)] != ChangeKind.DONE
+
+    run(scenario())
+
+
+class _WriteLog(MemoryStore):
+    """A memory store that keeps every batch it writes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[StoreBatch] = []
+
+    def write(self, batch: StoreBatch) -> None:
+        self.batches.append(batch)
+        super().write(batch)
+
+
+def _entry_puts(batch: StoreBatch) -> list[bytes]:
+    """The keys a batch puts into the entries."""
+    keys: list[bytes] = []
+    for cf, key, value in batch.ops:
+        if cf != ENTRIES or value is None or isinstance(value, _Range):
+            continue
+        if isinstance(value, _Many):
+            keys.extend(value.keys)
+        elif isinstance(value, _Each):
+            keys.extend(value.keys if value.value is not None else [])
+        else:
+            keys.append(key)
+    return keys
+
+
+def test_entries_a_tombstone_of_the_same_round_deletes_are_not_put_first() -> None:
+    """Acks the low-water mark passes at once: their done entries would be put and deleted
+    in one batch, so only the deletes are written; the store ends as it would have."""
+
+    async def scenario() -> None:
+        store = _WriteLog()
+        b = Bench(store)
+        handle, _ = await b.subscribe(backlog=10)
+        fetch(b.rt, [b'{"n": %d}' % n for n in range(10)])
+        await b.rounds.one()
+        assert b.entries() == dict.fromkeys(bookmarks(10), ChangeKind.LEASED)
+        ack = asyncio.ensure_future(handle.ack(AckOp.ACK, [OffsetRuns(TOPIC, 0, [0, 5, 8, 9])]))
+        await asyncio.sleep(0)
+        store.batches.clear()
+        await b.rounds.one()
+        assert await ack == []
+        # 0..5 are forgotten in the round that acks them; 8 and 9 stay above the mark
+        puts = [key for batch in store.batches for key in _entry_puts(batch)]
+        assert len(puts) == 2
+        assert b.entries() == {
+            Bookmark(TOPIC, 0, 6): ChangeKind.LEASED,
+            Bookmark(TOPIC, 0, 7): ChangeKind.LEASED,
+            Bookmark(TOPIC, 0, 8): ChangeKind.DONE,
+            Bookmark(TOPIC, 0, 9): ChangeKind.DONE,
+        }
+        # the changelog still says each of them: done records, then the run's tombstone
+        [tx] = b.changelog.transactions[1:]
+        done = [key.offset for key, value in tx.changes() if value and value["kind"] == "DONE"]
+        assert done == [0, 1, 2, 3, 4, 5, 8, 9]
+
+    run(scenario())
+
+
+def test_leases_to_subscriptions_in_turn_each_carry_their_holder() -> None:
+    """Two subscriptions take turns, so no two leases of a round form a run: each record is
+    its own, its value (shared by the leases with the same fields) names its holder."""
+
+    async def scenario() -> None:
+        b = Bench()
+        first, sink_a = await b.subscribe(backlog=3)
+        second, sink_b = await b.subscribe(backlog=3)
+        fetch(b.rt, [b'{"n": %d}' % n for n in range(6)])
+        await b.rounds.one()
+        [tx] = b.changelog.transactions
+        holders = {
+            key.offset: value["holder"]
+            for key, value in tx.changes()
+            if value and value["kind"] == "LEASED"
+        }
+        assert holders == {
+            **{m.bookmark.offset: first.id for m in sink_a.messages},
+            **{m.bookmark.offset: second.id for m in sink_b.messages},
+        }
+        assert len(set(holders.values())) == 2
+        assert len(sink_a.messages) == len(sink_b.messages) == 3
+        # the store mirrors the record of each message
+        stored = dict(b.store.entry_values("q"))
+        for _topic, key, value in tx.records:
+            ck = decode_key(key)
+            if ck.offset >= 0 and value is not None:
+                for i in range(ck.length):
+                    assert stored[Bookmark(TOPIC, 0, ck.offset + i)] == value
 
     run(scenario())

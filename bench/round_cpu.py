@@ -1,0 +1,225 @@
+"""CPU per message of the coordinator's rounds and acks, in process: no gRPC, no Kafka.
+
+One plain JSON queue (at-least-once) over a RocksDB store, its changelog a port that answers
+each commit at once. ``--messages`` messages (``--size`` bytes, over ``--partitions``
+partitions) are admitted first, as the coordinator ingests a backlog; then ``--consumers``
+subscriptions (``max_backlog=--window`` each) take them: rounds lease and record, and after
+each round every message handed out is acked, as offset runs, through the subscriptions (as
+the API hands acks over), until all are done. The figure is process CPU time (user + system,
+``time.process_time``, the collector tuned as the coordinator tunes it) of that phase per
+message: what leasing, recording, the store batch and acks cost, without the wire. Each run
+gets a fresh queue and store; the best and the median of ``--runs`` go to
+``bench/results/round-cpu-<label>-<time>.json``.
+
+    .venv/bin/python -m bench.round_cpu --consumers 4 --label after
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import psutil
+from confluent_kafka import Message
+
+from layer.api.service import DeliveredMessage, OffsetRuns
+from layer.config import QueueConfig
+from layer.coordinator.app import tune_gc
+from layer.coordinator.ingest import Fetched, PartitionStarted
+from layer.coordinator.round import Offsets, Rounds, RoundSignal
+from layer.coordinator.runtime import QueueRuntime
+from layer.coordinator.subscriptions import Subscriptions
+from layer.engine.model import AckOp, TopicPartition
+from layer.engine.queue import QueueEngine
+from layer.exceptions import QLayerError
+from layer.state.changelog import ChangelogRecord, ExtraRecord
+from layer.state.rocksdb import RocksDBStore
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TOPIC = "orders"
+
+
+class _Changelog:
+    """Commits at once, numbering the records per changelog topic as Kafka would."""
+
+    def __init__(self) -> None:
+        self.next: dict[str, int] = {}
+        self.records = 0
+
+    def commit(
+        self,
+        records: Sequence[ChangelogRecord],
+        extra: Sequence[ExtraRecord] = (),
+        views: Sequence[ExtraRecord] = (),
+    ) -> asyncio.Future[Offsets]:
+        fut: asyncio.Future[Offsets] = asyncio.get_running_loop().create_future()
+        offsets: Offsets = {}
+        for topic, _key, _value in records:
+            n = self.next.get(topic, 0)
+            offsets[(topic, 0)] = n
+            self.next[topic] = n + 1
+        self.records += len(records)
+        fut.set_result(offsets)
+        return fut
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.messages: list[DeliveredMessage] = []
+
+    def deliver(self, messages: Sequence[DeliveredMessage]) -> None:
+        self.messages.extend(messages)
+
+    @property
+    def unsent(self) -> int:
+        return 0
+
+    def close(self, reason: str, error: QLayerError | None = None) -> None:
+        pass
+
+
+def _runs(messages: Sequence[DeliveredMessage]) -> list[OffsetRuns]:
+    """The acks of ``messages`` as the client sends them: inclusive offset runs per partition."""
+    by_partition: dict[int, list[int]] = {}
+    for m in sorted(messages, key=lambda m: (m.bookmark.partition, m.bookmark.offset)):
+        runs = by_partition.setdefault(m.bookmark.partition, [])
+        offset = m.bookmark.offset
+        if runs and runs[-1] == offset - 1:
+            runs[-1] = offset
+        else:
+            runs.extend((offset, offset))
+    return [OffsetRuns(TOPIC, p, runs) for p, runs in by_partition.items()]
+
+
+async def one_run(n: int, size: int, partitions: int, consumers: int, window: int) -> dict:
+    q = QueueConfig(name="q", underlying_topic=TOPIC)
+    rt = QueueRuntime(q, QueueEngine(q.name, q.engine_settings()), "q-changelog")
+    runtimes = {q.name: rt}
+    per = n // partitions
+    pad = b"x" * max(0, size - 40)
+    messages = [
+        Message(
+            topic=TOPIC,
+            partition=p,
+            offset=o,
+            value=b'{"i": %d, "pad": "%s"}' % (p * per + o, pad),
+            timestamp=(1, 1_700_000_000_000 + o // 100),
+        )
+        for p in range(partitions)
+        for o in range(per)
+    ]
+    tps = [TopicPartition(TOPIC, p) for p in range(partitions)]
+    rt.take_fetched(
+        Fetched(messages, dict.fromkeys(tps, per), [PartitionStarted(tp, 0) for tp in tps])
+    )
+    workdir = tempfile.mkdtemp(prefix="qlayer-round-cpu-")
+    store = RocksDBStore(Path(workdir))
+    signal = RoundSignal()
+    clock = time.time
+    changelog = _Changelog()
+    subs = Subscriptions(
+        runtimes,
+        store,
+        clock=clock,
+        wake=signal.wake,
+        next_commit=signal.next_commit,
+        check_alive=lambda: None,
+        instance="bench",
+    )
+    rounds = Rounds(
+        runtimes,
+        store,
+        changelog,
+        signal,
+        clock=clock,
+        before_dispatch=subs.apply_backlogs,
+        readers=list,
+        commit_interval=0.0,
+        interrupt=threading.Event(),
+    )
+    try:
+        while rt.inbox:  # the backlog, admitted before anything is measured
+            await rounds.one()
+        total = per * partitions
+        del messages
+        tune_gc()  # as the coordinator does before it serves
+        sinks = [_Sink() for _ in range(consumers)]
+        handles = [await subs.subscribe(q.name, window, sink) for sink in sinks]
+        acked = count = 0
+        began = time.process_time()
+        while acked < total:
+            await rounds.one()
+            count += 1
+            acks = []
+            for handle, sink in zip(handles, sinks, strict=True):
+                if sink.messages:
+                    taken, sink.messages = sink.messages, []
+                    acked += len(taken)
+                    acks.append(asyncio.ensure_future(handle.ack(AckOp.ACK, _runs(taken))))
+            await asyncio.sleep(0)  # the acks are taken; they wait on the next commit
+            await rounds.one()
+            count += 1
+            for ack in acks:
+                if await ack:
+                    raise RuntimeError("an ack was refused")
+        cpu = time.process_time() - began
+        return {"cpu_s": round(cpu, 4), "us_per_msg": round(cpu / total * 1e6, 2), "rounds": count}
+    finally:
+        store.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=50_000)
+    parser.add_argument("--size", type=int, default=200, help="payload bytes")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--consumers", type=int, default=1)
+    parser.add_argument("--window", type=int, default=500, help="each consumer's max_backlog")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--label", default="", help="a name for this build (before, after)")
+    args = parser.parse_args(argv)
+    runs = []
+    for i in range(args.runs):
+        run = asyncio.run(
+            one_run(args.messages, args.size, args.partitions, args.consumers, args.window)
+        )
+        runs.append(run)
+        print(f"run {i + 1}/{args.runs}: {json.dumps(run)}", flush=True)
+    figures = [r["us_per_msg"] for r in runs]
+    result = {
+        "benchmark": "round-cpu",
+        "label": args.label,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "git": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip(),
+        "settings": {
+            k: getattr(args, k)
+            for k in ("messages", "size", "partitions", "consumers", "window", "runs")
+        },
+        "loadavg": list(psutil.getloadavg()),
+        "best_us_per_msg": min(figures),
+        "median_us_per_msg": statistics.median(figures),
+        "runs": runs,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = RESULTS / f"round-cpu-{args.label or 'run'}-{stamp}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"best {min(figures)} µs, median {statistics.median(figures)} µs\nwritten: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

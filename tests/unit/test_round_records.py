@@ -1,0 +1,129 @@
+"""Property: what ``Round.record`` writes (changelog records, one store batch) says exactly
+what the changes say one by one: runs, shared values, the store batch's operations per round
+and the entries a tombstone of the same round deletes change how it is written, not what."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from layer.codec import decode_key, encode_change
+from layer.coordinator.round import Round, _ordered, mirror
+from layer.engine.model import (
+    Bookmark,
+    Change,
+    Done,
+    DoneReason,
+    Effects,
+    Forget,
+    Leased,
+    LowWater,
+    Returned,
+    ReturnReason,
+    TopicPartition,
+)
+from layer.state.base import StoreBatch, StoredMessage
+from layer.state.memory import MemoryStore
+from tests.unit.ports import TOPIC, Clock, MemoryChangelog, new_runtime, queue_config
+
+NOW = 1_700_000_000.0
+PARTITIONS = 2
+OFFSETS = 12
+
+
+@st.composite
+def round_changes(draw: st.DrawFn) -> list[Change]:
+    """The changes of one round, as an engine drains them: per message its changes in order,
+    messages of partitions interleaved; tombstones for runs of done messages; a mark."""
+    changes: list[Change] = []
+    done: dict[int, set[int]] = {p: set() for p in range(PARTITIONS)}
+    holders = ["s1", "s2"]
+    for _ in range(draw(st.integers(0, 30))):
+        p = draw(st.integers(0, PARTITIONS - 1))
+        offset = draw(st.integers(0, OFFSETS - 1))
+        if offset in done[p]:
+            continue
+        bm = Bookmark(TOPIC, p, offset)
+        deliveries = draw(st.integers(1, 2))
+        kind = draw(st.sampled_from(["leased", "returned", "done"]))
+        if kind == "leased":
+            holder = draw(st.sampled_from(holders))
+            deadline = NOW + draw(st.sampled_from([30.0, 60.0]))
+            changes.append(Leased(bm, holder, deadline, deliveries, 0))
+        elif kind == "returned":
+            returned = draw(st.sampled_from(list(ReturnReason)))
+            changes.append(Returned(bm, returned, deliveries, 0))
+        else:
+            left = draw(st.sampled_from([DoneReason.ACKED, DoneReason.MAX_DELIVERIES]))
+            changes.append(Done(bm, left, deliveries, 0, NOW))
+            done[p].add(offset)
+    for p in range(PARTITIONS):
+        # the low-water mark passes a prefix of the done offsets: one Forget per run of them
+        mark = 0
+        while mark in done[p] and draw(st.booleans()):
+            mark += 1
+        start = 0
+        while start < mark:
+            end = start + draw(st.integers(1, mark - start))
+            changes.append(Forget(Bookmark(TOPIC, p, start), end - start))
+            start = end
+        if mark:
+            changes.append(LowWater(TopicPartition(TOPIC, p), mark))
+    return changes
+
+
+def _seeded() -> MemoryStore:
+    store = MemoryStore()
+    batch = StoreBatch()
+    for p in range(PARTITIONS):
+        for offset in range(OFFSETS):
+            message = StoredMessage(None, b"{}", (), 1, None, None)
+            batch.put_message("q", Bookmark(TOPIC, p, offset), message)
+    store.write(batch)
+    return store
+
+
+def _dump(store: MemoryStore) -> tuple[object, ...]:
+    return (
+        dict(store.entry_values("q")),
+        [bm for bm, _ in store.messages("q")],
+        store.positions("q"),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(round_changes())
+def test_a_rounds_records_and_batch_say_what_its_changes_say_one_by_one(
+    changes: list[Change],
+) -> None:
+    q = queue_config()
+    now_ms = int(NOW * 1000)
+
+    # the round, as it writes them
+    store = _seeded()
+    rt = new_runtime(q)
+    r = Round(store, MemoryChangelog(), Clock(NOW))
+    r.record(rt, Effects(list(changes), []))
+    store.write(r.batch)
+
+    # one change at a time, in the order the round writes them: a record and a mirror each
+    expected = _seeded()
+    reference = new_runtime(q)
+    batch = StoreBatch()
+    records: list[tuple[int, int, bytes | None]] = []
+    for change in _ordered(list(changes)) if len(changes) > 1 else changes:
+        key, value = encode_change("q", change, now_ms)
+        mirror(reference, change, value, batch, {})
+        ck = decode_key(key)
+        if ck.offset >= 0:
+            records.extend((ck.partition, ck.offset + i, value) for i in range(ck.length))
+    expected.write(batch)
+
+    assert _dump(store) == _dump(expected)
+    written: list[tuple[int, int, bytes | None]] = []
+    for _topic, key, value in r.records:
+        ck = decode_key(key)
+        if ck.offset >= 0:
+            written.extend((ck.partition, ck.offset + i, value) for i in range(ck.length))
+    assert written == records
+    assert rt.counters.acked == reference.counters.acked
