@@ -17,6 +17,7 @@ again from the new one (at-least-once). The consumers ack with ``wait=True`` and
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,8 +26,8 @@ from typing import Any
 import pytest
 
 from layer.client import AsyncQueueClient, QueueClient
-from layer.exceptions import LeaseLost
-from tests.harness import CoordinatorProcess, serving
+from layer.exceptions import LeaseLost, UnknownQueue
+from tests.harness import CoordinatorProcess, qlayer, serving
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
@@ -111,6 +112,10 @@ def test_a_subscription_follows_its_queue_to_the_new_owner(
     given = c.other if how == "term" else c.owner
     consumed = Consumed()
     stopped = False
+    if how == "term":  # the CLI's consume follows too (it uses the client): one, cancelled
+        r = qlayer("consume", c.queue, "--server", str(given.address), "--count", "1", "--cancel")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["bookmark"] in c.published
     with QueueClient(str(given.address)) as client, client.subscribe(c.queue, 5) as sub:
         assert sub.address == c.owner.address  # opened on the owner
         assert set(client._addresses.all) == {c.owner.address, c.other.address}
@@ -131,6 +136,10 @@ def test_a_subscription_follows_its_queue_to_the_new_owner(
                 consumed.unconfirmed.append(msg.bookmark)
         assert stopped
         assert sub.reconnects >= 1 and not sub.closed
+        # a queue deleted from the cluster is not followed: the subscription ends
+        client.delete_queue(c.queue)
+        with pytest.raises(UnknownQueue):
+            sub.next(timeout=60)
     check(c, consumed, how)
 
 
@@ -167,6 +176,9 @@ def test_an_async_subscription_follows_its_queue_to_the_new_owner(
                     consumed.unconfirmed.append(msg.bookmark)
             assert stopped
             assert sub.reconnects >= 1 and not sub.closed
+            await client.delete_queue(c.queue)  # not followed: the subscription ends
+            with pytest.raises(UnknownQueue):
+                await sub.next(timeout=60)
 
     asyncio.run(scenario())
     check(c, consumed, how)
