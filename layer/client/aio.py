@@ -397,7 +397,8 @@ class AsyncSubscription(SubscriptionFields):
                     self._send_pending()  # acks by bookmark queued while reconnecting
                     self._changed.set()
                     if not self._opened.done():
-                        if not self._client._view.asked:  # learn the cluster's members
+                        # learn the cluster's members (nothing to follow without reconnects)
+                        if self._core.policy.enabled and not self._client._view.asked:
                             await self._client._locate(self._core.queue, address, only=True)
                         self._opened.set_result(None)
                     await self._on_reconnect(event)

@@ -446,7 +446,8 @@ class Subscription(SubscriptionFields):
                         self._send_locked()  # acks by bookmark queued while reconnecting
                         self._cond.notify_all()
                     if not self._opened.done():
-                        if not self._client._view.asked:  # learn the cluster's members
+                        # learn the cluster's members (nothing to follow without reconnects)
+                        if self._core.policy.enabled and not self._client._view.asked:
                             self._client._locate(self._core.queue, address, only=True)
                         self._opened.set_result(None)
                     self._on_reconnect(event)
