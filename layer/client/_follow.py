@@ -15,14 +15,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from layer.api.service import ClusterInfo
-from layer.client._core import Addresses
+from layer.client._core import Addresses, ReconnectPolicy
 from layer.exceptions import NotOwner, QLayerError, QueueRemoved
 
-__all__ = ["FOLLOW_FIRST_S", "ClusterView", "Located", "is_cluster", "may_have_moved"]
+__all__ = [
+    "FOLLOW_FIRST_S",
+    "ClusterView",
+    "Located",
+    "is_cluster",
+    "locate_timeout",
+    "may_have_moved",
+]
 
 # How long a first subscribe follows a queue that is moving (no owner yet, or the owner
 # named is not serving it yet) when the client has no timeout: then it fails with NotOwner.
 FOLLOW_FIRST_S = 30.0
+
+
+def locate_timeout(policy: ReconnectPolicy, call_timeout: float | None) -> float:
+    """How long one ``Cluster`` call asking where a queue is may take: it is answered from
+    memory, so a member that does not answer within two connection attempts' time is left for
+    the next (a call on a connection to a stopped process would wait the whole call timeout)."""
+    limit = 2 * policy.connect_timeout
+    return limit if call_timeout is None else min(limit, call_timeout)
 
 
 def is_cluster(info: ClusterInfo) -> bool:

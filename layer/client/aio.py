@@ -91,7 +91,13 @@ from layer.client._core import (
     is_connection_error,
     unary_failure,
 )
-from layer.client._follow import FOLLOW_FIRST_S, ClusterView, Located, may_have_moved
+from layer.client._follow import (
+    FOLLOW_FIRST_S,
+    ClusterView,
+    Located,
+    locate_timeout,
+    may_have_moved,
+)
 from layer.definitions import toml_literal
 from layer.engine.model import AckOp, Bookmark
 from layer.exceptions import ClientError, ConnectionLost, NotOwner, QLayerError
@@ -344,11 +350,12 @@ class AsyncSubscription(SubscriptionFields):
                 if not isinstance(decision, Retry):
                     break
                 await asyncio.sleep(decision.delay)
-                address = decision.address
+                target = decision.address
                 if client._view.clustered or moved:
                     located = await client._locate(core.queue, address if moved else None)
                     if located is not None and located.address is not None:
-                        address = located.address
+                        target = located.address
+                address = target
         finally:
             self._buffer.put_nowait(_END)
 
@@ -548,6 +555,7 @@ class AsyncQueueClient:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._subscriptions: list[AsyncSubscription] = []
         self._view = ClusterView(self._addresses)
+        self._locate_timeout = locate_timeout(self._policy, timeout)
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
@@ -707,7 +715,7 @@ class AsyncQueueClient:
             )
             try:
                 info = await method(
-                    ClusterRequest(), metadata=self._metadata, timeout=self._timeout
+                    ClusterRequest(), metadata=self._metadata, timeout=self._locate_timeout
                 )
             except grpc.RpcError as exc:
                 log.debug("cluster call to %s failed: %s", address, error_from_rpc(exc))

@@ -91,7 +91,13 @@ from layer.client._core import (
     is_connection_error,
     unary_failure,
 )
-from layer.client._follow import FOLLOW_FIRST_S, ClusterView, Located, may_have_moved
+from layer.client._follow import (
+    FOLLOW_FIRST_S,
+    ClusterView,
+    Located,
+    locate_timeout,
+    may_have_moved,
+)
 from layer.definitions import toml_literal
 from layer.engine.model import AckOp, Bookmark
 from layer.exceptions import ClientError, ConnectionLost, NotOwner, QLayerError
@@ -569,6 +575,7 @@ class QueueClient:
         self._subscriptions: list[Subscription] = []
         self._lock = threading.Lock()
         self._view = ClusterView(self._addresses)
+        self._locate_timeout = locate_timeout(self._policy, timeout)
 
     def _channel(self, address: str) -> grpc.Channel:
         with self._lock:
@@ -775,7 +782,9 @@ class QueueClient:
                 method_name, request_serializer=encode.encode, response_deserializer=decode.decode
             )
             try:
-                info = method(ClusterRequest(), metadata=self._metadata, timeout=self._timeout)
+                info = method(
+                    ClusterRequest(), metadata=self._metadata, timeout=self._locate_timeout
+                )
             except grpc.RpcError as exc:
                 log.debug("cluster call to %s failed: %s", address, error_from_rpc(exc))
                 continue

@@ -6,7 +6,7 @@ from __future__ import annotations
 from layer.api.frames import Subscribed
 from layer.api.service import ClusterInfo, ClusterMember, QueueOwner
 from layer.client._core import Addresses, End, ReconnectPolicy, Retry, SubscriptionCore
-from layer.client._follow import ClusterView, is_cluster, may_have_moved
+from layer.client._follow import ClusterView, is_cluster, locate_timeout, may_have_moved
 from layer.engine.model import AckOp
 from layer.exceptions import (
     ConnectionLost,
@@ -94,3 +94,9 @@ def test_a_moved_queue_reconnects_and_says_why_its_acks_are_unconfirmed() -> Non
         "q", 5, None, "me", Addresses("a:1"), ReconnectPolicy(enabled=False)
     )
     assert isinstance(off.lost(NotOwner("m2"), now=1.0, moved=True)[1], End)
+
+
+def test_a_cluster_call_to_locate_a_queue_waits_two_connection_attempts_at_most() -> None:
+    assert locate_timeout(ReconnectPolicy(connect_timeout=5.0), 30.0) == 10.0
+    assert locate_timeout(ReconnectPolicy(connect_timeout=5.0), 4.0) == 4.0
+    assert locate_timeout(ReconnectPolicy(connect_timeout=2.0), None) == 4.0
