@@ -547,7 +547,8 @@ class SubscriptionCore(Generic[W]):
         if lost:
             return LeaseLost(
                 f"{lost} operations on {self.queue!r} were not confirmed before the connection "
-                f"dropped; their messages will be delivered again"
+                f"dropped (or the queue moved to another member of the cluster); their messages "
+                f"will be delivered again"
             )
         if self.ended and self.error is not None:
             return ClientError(f"subscription ended: {self.error}")

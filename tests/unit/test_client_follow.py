@@ -78,6 +78,7 @@ def test_a_moved_queue_reconnects_and_says_why_its_acks_are_unconfirmed() -> Non
     c.on_subscribed(Subscribed("s1", 5, 60.0), "a:1", now=0.0)
     c.operate(AckOp.ACK, "t/0/1", 0.0, "w", c.epoch)
     c.take()
+    mark = c.flush_mark()
     moved = QueueRemoved("queue 'q' was moved to another member of the cluster")
     out, decision = c.lost(moved, now=1.0, moved=True)
     # the member that handed the queue over is not down: the addresses do not move on
@@ -85,6 +86,7 @@ def test_a_moved_queue_reconnects_and_says_why_its_acks_are_unconfirmed() -> Non
     ((waiter, _, error),) = out.done
     assert waiter == "w" and isinstance(error, LeaseLost)
     assert "moved to another member" in str(error) and "new owner" in str(error)
+    assert "queue moved" in str(c.flush_error(mark))
     # without the face's check it is a refusal, as before; and never with reconnect off
     plain: SubscriptionCore[str] = SubscriptionCore(
         "q", 5, None, "me", Addresses("a:1"), ReconnectPolicy()
