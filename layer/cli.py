@@ -139,7 +139,12 @@ def _parser() -> argparse.ArgumentParser:
 
     def client_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument(
-            "--server", default=DEFAULT_SERVER, help=f"coordinator (default {DEFAULT_SERVER})"
+            "--server",
+            default=DEFAULT_SERVER,
+            help=(
+                f"coordinator HOST:PORT, several as H1:P1,H2:P2; of a cluster any member will do "
+                f"(subscriptions follow their queue's owner) (default {DEFAULT_SERVER})"
+            ),
         )
         sp.add_argument("--token", help="bearer token, if the coordinator requires one")
         sp.add_argument("--tls-ca", metavar="PEM", help="CA certificate: connect with TLS")

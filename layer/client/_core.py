@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -101,6 +101,14 @@ class Addresses:
         if self.all[self._current] == address:
             self._current = (self._current + 1) % len(self.all)
         return self.current
+
+    def learn(self, addresses: Iterable[str]) -> None:
+        """Add addresses learned from a cluster's members (after those given), so a client
+        given one member still has the others when that one is gone."""
+        new = [a for a in dict.fromkeys(addresses) if a and a not in self.all]
+        if new:
+            self.all = (*self.all, *new)
+            log.info("learned cluster member addresses %s", ",".join(new))
 
     def rotation(self) -> list[str]:
         """Every address once, the current one first."""
@@ -282,18 +290,22 @@ class SubscriptionCore(Generic[W]):
         )
         return event
 
-    def lost(self, error: QLayerError | None, now: float) -> tuple[Outcome[W], Retry | End]:
-        """The stream ended (or a reconnect attempt failed) with ``error``: reconnect, or end."""
+    def lost(
+        self, error: QLayerError | None, now: float, moved: bool = False
+    ) -> tuple[Outcome[W], Retry | End]:
+        """The stream ended (or a reconnect attempt failed) with ``error``: reconnect, or end.
+        ``moved``: the error says the queue is served by another member of the cluster now
+        (the face checked): reconnect as for a dropped connection, to its new owner."""
         self.connected = False
         if self.closing or self.ended:
             return self.end(None), End(None)
         if error is None and self.policy.enabled:
             error = ConnectionLost("the server ended the stream")
-        if not (self.policy.enabled and is_connection_error(error)):
+        if not (self.policy.enabled and (moved or is_connection_error(error))):
             return self.end(error), End(error)
         out: Outcome[W] = Outcome()
         if self._lost_at is None:
-            self._drop_connection(error, now, out)
+            self._drop_connection(error, now, out, moved)
         assert self._lost_at is not None
         waited = now - self._lost_at
         give_up = self.policy.give_up_after
@@ -305,7 +317,9 @@ class SubscriptionCore(Generic[W]):
             ended = self.end(gave_up)
             ended.done[:0] = out.done
             return ended, End(gave_up)
-        address = self.addresses.failed(self.address)
+        # a member that refused or handed the queue over is not down: only a failed one is
+        # left for the next address
+        address = self.addresses.current if moved else self.addresses.failed(self.address)
         self.address = address
         delay = self._backoff.next_delay()
         if give_up is not None:
@@ -320,15 +334,24 @@ class SubscriptionCore(Generic[W]):
         )
         return out, Retry(delay, address)
 
-    def _drop_connection(self, error: QLayerError | None, now: float, out: Outcome[W]) -> None:
+    def _drop_connection(
+        self, error: QLayerError | None, now: float, out: Outcome[W], moved: bool = False
+    ) -> None:
         """A connection that served ended: its leases are gone, so are its acks' answers."""
         self._lost_at, self._lost_error = now, error
         self.epoch += 1
         waiters, unwaited = self._acks.abandon()
-        lost = LeaseLost(
-            f"the connection to {self.address} dropped before the server confirmed the "
-            f"operation ({error}); the message will be delivered again"
-        )
+        if moved:
+            lost = LeaseLost(
+                f"queue {self.queue!r} moved to another member of the cluster before "
+                f"{self.address} confirmed the operation ({error}); its new owner will "
+                f"deliver the message again"
+            )
+        else:
+            lost = LeaseLost(
+                f"the connection to {self.address} dropped before the server confirmed the "
+                f"operation ({error}); the message will be delivered again"
+            )
         out.done.extend((w, None, lost) for w in waiters)
         self.unconfirmed_acks += unwaited
         self._lost_ops += unwaited + len(waiters)
@@ -474,9 +497,9 @@ class SubscriptionCore(Generic[W]):
 
     def _stale(self, op: AckOp, bookmark: Bookmark | str) -> LeaseLost:
         return LeaseLost(
-            f"{bookmark}: delivered on an earlier connection; its lease ended when that "
-            f"connection dropped, so the {op} was not sent and the message will be delivered "
-            f"again"
+            f"{bookmark}: delivered on an earlier connection; its lease ended with that "
+            f"connection (dropped, or its queue moved to another member of the cluster), so "
+            f"the {op} was not sent and the message will be delivered again"
         )
 
     @property
@@ -524,7 +547,8 @@ class SubscriptionCore(Generic[W]):
         if lost:
             return LeaseLost(
                 f"{lost} operations on {self.queue!r} were not confirmed before the connection "
-                f"dropped; their messages will be delivered again"
+                f"dropped (or the queue moved to another member of the cluster); their messages "
+                f"will be delivered again"
             )
         if self.ended and self.error is not None:
             return ClientError(f"subscription ended: {self.error}")

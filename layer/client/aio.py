@@ -80,6 +80,7 @@ from layer.client._common import (
 from layer.client._core import (
     CONNECT_TIMEOUT,
     Addresses,
+    Backoff,
     Outcome,
     Reconnected,
     ReconnectPolicy,
@@ -91,9 +92,16 @@ from layer.client._core import (
     is_connection_error,
     unary_failure,
 )
+from layer.client._follow import (
+    FOLLOW_FIRST_S,
+    ClusterView,
+    Located,
+    locate_timeout,
+    may_have_moved,
+)
 from layer.definitions import toml_literal
 from layer.engine.model import AckOp, Bookmark
-from layer.exceptions import ClientError, ConnectionLost, QLayerError
+from layer.exceptions import ClientError, ConnectionLost, NotOwner, QLayerError
 
 __all__ = ["AsyncMessage", "AsyncQueueClient", "AsyncSubscription"]
 
@@ -311,28 +319,60 @@ class AsyncSubscription(SubscriptionFields):
         self._changed.set()
 
     async def _run(self) -> None:
-        """Connect, serve, and on a dropped connection wait and re-connect, until the end."""
-        untried = self._core.addresses.rotation()
-        address = untried.pop(0)
+        """Connect, serve, and on a dropped connection wait and re-connect, until the end. In
+        a cluster each connection goes to the owner of the queue, as the members say."""
+        client, core = self._client, self._core
+        untried = core.addresses.rotation()
+        address = client._view.owner(core.queue) or untried[0]
+        untried = [a for a in untried if a != address]
+        hops = Backoff(core.policy)  # the first subscribe's waits for a queue that is moving
+        follow_until = time.monotonic() + (self._timeout or FOLLOW_FIRST_S)
         try:
             while True:
                 error = await self._serve(address)
+                moved = await self._moved(error, address)
                 if not self._opened.done():  # the first subscribe: every address once
+                    if moved and time.monotonic() < follow_until:
+                        located = await client._locate(core.queue, address)
+                        target = located.address if located is not None else None
+                        if target is None or target == address:
+                            await asyncio.sleep(hops.next_delay())
+                        address = target or core.addresses.current
+                        continue
                     if error is not None and is_connection_error(error) and untried:
-                        self._core.addresses.failed(address)
+                        core.addresses.failed(address)
                         address = untried.pop(0)
                         continue
-                    self._apply(self._core.end(None))
+                    self._apply(core.end(None))
                     self._opened.set_exception(error or ClientError("subscription ended"))
                     break
-                out, decision = self._core.lost(error, time.monotonic())
+                out, decision = core.lost(error, time.monotonic(), moved)
                 self._apply(out)
                 if not isinstance(decision, Retry):
                     break
                 await asyncio.sleep(decision.delay)
-                address = decision.address
+                target = decision.address
+                if client._view.clustered or moved:
+                    located = await client._locate(core.queue, address if moved else None)
+                    if located is not None and located.address is not None:
+                        target = located.address
+                address = target
         finally:
             self._buffer.put_nowait(_END)
+
+    async def _moved(self, error: QLayerError | None, address: str) -> bool:
+        """As ``Subscription._moved``: is the queue served by another member now?"""
+        core = self._core
+        if core.closing or not core.policy.enabled or core.queue.startswith("^"):
+            return False
+        if not may_have_moved(error):
+            return False
+        if isinstance(error, NotOwner):
+            return True
+        if not self._client._view.clustered:
+            return False  # a coordinator alone: a removed queue is gone
+        located = await self._client._locate(core.queue, address)
+        return located is None or located.defined  # no member answered: look again later
 
     async def _serve(self, address: str) -> QLayerError | None:
         """One connection to ``address``: subscribe, then move frames until it ends."""
@@ -365,6 +405,9 @@ class AsyncSubscription(SubscriptionFields):
                     self._send_pending()  # acks by bookmark queued while reconnecting
                     self._changed.set()
                     if not self._opened.done():
+                        # learn the cluster's members (nothing to follow without reconnects)
+                        if self._core.policy.enabled and not self._client._view.asked:
+                            await self._client._locate(self._core.queue, address, only=True)
                         self._opened.set_result(None)
                     await self._on_reconnect(event)
                     continue
@@ -512,6 +555,8 @@ class AsyncQueueClient:
         self._tls = tls_root_cert is not None or tls_client_cert is not None
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._subscriptions: list[AsyncSubscription] = []
+        self._view = ClusterView(self._addresses)
+        self._locate_timeout = locate_timeout(self._policy, timeout)
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
@@ -653,6 +698,32 @@ class AsyncQueueClient:
     async def cluster(self) -> ClusterInfo:
         """As ``QueueClient.cluster``."""
         return cast(ClusterInfo, await self._call("Cluster", ClusterRequest()))
+
+    async def _locate(
+        self, queue: str, first: str | None = None, only: bool = False
+    ) -> Located | None:
+        """As ``QueueClient._locate``: where ``queue`` is served, as the first member that
+        answers says (``first`` first; ``only``: that one alone)."""
+        order = self._addresses.rotation()
+        if first is not None:
+            order = [first] if only else [first, *(a for a in order if a != first)]
+        encode, decode = UNARY_METHODS["Cluster"]
+        for address in order:
+            method = self._channel(address).unary_unary(
+                SERVICE + "Cluster",
+                request_serializer=encode.encode,
+                response_deserializer=decode.decode,
+            )
+            try:
+                info = await method(
+                    ClusterRequest(), metadata=self._metadata, timeout=self._locate_timeout
+                )
+            except grpc.RpcError as exc:
+                log.debug("cluster call to %s failed: %s", address, error_from_rpc(exc))
+                continue
+            return self._view.locate(cast(ClusterInfo, info), address, queue)
+        self._view.asked = True
+        return None
 
     async def stats(self, queue: str | None = None) -> list[QueueStats]:
         return list((await self._call("Stats", Stats(queue))).queues)

@@ -80,6 +80,7 @@ from layer.client._common import (
 from layer.client._core import (
     CONNECT_TIMEOUT,
     Addresses,
+    Backoff,
     Outcome,
     Reconnected,
     ReconnectPolicy,
@@ -91,9 +92,16 @@ from layer.client._core import (
     is_connection_error,
     unary_failure,
 )
+from layer.client._follow import (
+    FOLLOW_FIRST_S,
+    ClusterView,
+    Located,
+    locate_timeout,
+    may_have_moved,
+)
 from layer.definitions import toml_literal
 from layer.engine.model import AckOp, Bookmark
-from layer.exceptions import ClientError, ConnectionLost, QLayerError
+from layer.exceptions import ClientError, ConnectionLost, NotOwner, QLayerError
 
 __all__ = ["Message", "QueueClient", "Subscription"]
 
@@ -350,31 +358,70 @@ class Subscription(SubscriptionFields):
                 waiter.set_exception(error)
 
     def _run(self) -> None:
-        """Connect, serve, and on a dropped connection wait and re-connect, until the end."""
-        untried = self._core.addresses.rotation()
-        address = untried.pop(0)
+        """Connect, serve, and on a dropped connection wait and re-connect, until the end. In
+        a cluster each connection goes to the owner of the queue, as the members say."""
+        client, core = self._client, self._core
+        untried = core.addresses.rotation()
+        address = client._view.owner(core.queue) or untried[0]
+        untried = [a for a in untried if a != address]
+        hops = Backoff(core.policy)  # the first subscribe's waits for a queue that is moving
+        follow_until = time.monotonic() + (self._timeout or FOLLOW_FIRST_S)
         while True:
             error = self._serve(address)
+            moved = self._moved(error, address)
             if not self._opened.done():  # the first subscribe: every address once, at once
+                if moved and time.monotonic() < follow_until:
+                    located = client._locate(core.queue, address)
+                    target = located.address if located is not None else None
+                    if (target is None or target == address) and self._pause(hops.next_delay()):
+                        target = None
+                    address = target or core.addresses.current
+                    continue
                 if error is not None and is_connection_error(error) and untried:
-                    self._core.addresses.failed(address)
+                    core.addresses.failed(address)
                     address = untried.pop(0)
                     continue
                 with self._cond:
-                    self._core.end(None)
+                    core.end(None)
                     self._cond.notify_all()
                 self._opened.set_exception(error or ClientError("subscription ended"))
                 break
             with self._cond:
-                out, decision = self._core.lost(error, time.monotonic())
+                out, decision = core.lost(error, time.monotonic(), moved)
                 self._cond.notify_all()
             self._apply(out)
             if not isinstance(decision, Retry):
                 break
-            with self._cond:
-                self._cond.wait_for(lambda: self._core.closing, decision.delay)
+            if self._pause(decision.delay):
+                address = decision.address
+                continue  # closing: the next serve returns at once and lost() ends it
+            if client._view.clustered or moved:
+                located = client._locate(core.queue, address if moved else None)
+                if located is not None and located.address is not None:
+                    decision = Retry(decision.delay, located.address)
             address = decision.address
         self._buffer.put(_END)
+
+    def _pause(self, delay: float) -> bool:
+        """Wait ``delay`` seconds, or less if the subscription is closed; True if closed."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._core.closing, delay)
+
+    def _moved(self, error: QLayerError | None, address: str) -> bool:
+        """Did the stream to ``address`` end because the queue is served by another member of
+        the cluster now? ``NotOwner`` says so; a ``QueueRemoved`` (moved, or deleted) is
+        checked with a ``Cluster`` call: moved if the cluster still has the queue."""
+        core = self._core
+        if core.closing or not core.policy.enabled or core.queue.startswith("^"):
+            return False
+        if not may_have_moved(error):
+            return False
+        if isinstance(error, NotOwner):
+            return True
+        if not self._client._view.clustered:
+            return False  # a coordinator alone: a removed queue is gone
+        located = self._client._locate(core.queue, address)
+        return located is None or located.defined  # no member answered: look again later
 
     def _serve(self, address: str) -> QLayerError | None:
         """One connection to ``address``: subscribe, then move frames until it ends."""
@@ -406,6 +453,9 @@ class Subscription(SubscriptionFields):
                         self._send_locked()  # acks by bookmark queued while reconnecting
                         self._cond.notify_all()
                     if not self._opened.done():
+                        # learn the cluster's members (nothing to follow without reconnects)
+                        if self._core.policy.enabled and not self._client._view.asked:
+                            self._client._locate(self._core.queue, address, only=True)
                         self._opened.set_result(None)
                     self._on_reconnect(event)
                     continue
@@ -525,6 +575,8 @@ class QueueClient:
         self._channels: dict[str, grpc.Channel] = {}
         self._subscriptions: list[Subscription] = []
         self._lock = threading.Lock()
+        self._view = ClusterView(self._addresses)
+        self._locate_timeout = locate_timeout(self._policy, timeout)
 
     def _channel(self, address: str) -> grpc.Channel:
         with self._lock:
@@ -717,6 +769,29 @@ class QueueClient:
         """The cluster: its members with their addresses and the member serving each queue
         (a coordinator alone: itself, serving every queue)."""
         return cast(ClusterInfo, self._call("Cluster", ClusterRequest()))
+
+    def _locate(self, queue: str, first: str | None = None, only: bool = False) -> Located | None:
+        """Ask the members (``first`` first; ``only``: that one alone) where ``queue`` is
+        served; the first answer is learned and returned (None: no member answered)."""
+        order = self._addresses.rotation()
+        if first is not None:
+            order = [first] if only else [first, *(a for a in order if a != first)]
+        method_name = SERVICE + "Cluster"
+        encode, decode = UNARY_METHODS["Cluster"]
+        for address in order:
+            method = self._channel(address).unary_unary(
+                method_name, request_serializer=encode.encode, response_deserializer=decode.decode
+            )
+            try:
+                info = method(
+                    ClusterRequest(), metadata=self._metadata, timeout=self._locate_timeout
+                )
+            except grpc.RpcError as exc:
+                log.debug("cluster call to %s failed: %s", address, error_from_rpc(exc))
+                continue
+            return self._view.locate(cast(ClusterInfo, info), address, queue)
+        self._view.asked = True
+        return None
 
     def stats(self, queue: str | None = None) -> list[QueueStats]:
         """Stats of one queue, or of every queue (a cluster member: of the cluster, without

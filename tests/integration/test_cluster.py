@@ -68,10 +68,18 @@ def test_two_members_split_the_queues_and_a_stopped_one_hands_them_over(
         assert members[ida].address == first.address
         assert members[idb].address == second.address
         assert len(members[ida].partitions) == len(members[idb].partitions) == 6
-        # a non-owner names the owner and its address
+        # a non-owner names the owner and its address (to a client that does not follow
+        # owners: with reconnect=False the refusal reaches the caller)
         q = sorted(on_second)[0]
-        with pytest.raises(NotOwner, match=re.escape(str(second.address))), a.subscribe(q) as sub:
+        with (
+            QueueClient(str(first.address), reconnect=False) as plain,
+            pytest.raises(NotOwner, match=re.escape(str(second.address))),
+            plain.subscribe(q) as sub,
+        ):
             sub.next(timeout=5)
+        # a client that does (the default) opens the subscription on the owner
+        with a.subscribe(q) as sub:
+            assert sub.address == second.address
         # stats, publish and browse work against either member (forwarded to the owner)
         for name in queues:
             other = b if name in on_first else a

@@ -1,0 +1,104 @@
+"""The client's cluster bookkeeping (``layer.client._follow``) and the core's handling of a
+queue that moved to another member: no sockets, no threads."""
+
+from __future__ import annotations
+
+from layer.api.frames import Subscribed
+from layer.api.service import ClusterInfo, ClusterMember, QueueOwner
+from layer.client._core import Addresses, End, ReconnectPolicy, Retry, SubscriptionCore
+from layer.client._follow import ClusterView, is_cluster, locate_timeout, may_have_moved
+from layer.engine.model import AckOp
+from layer.exceptions import (
+    ConnectionLost,
+    LeaseLost,
+    NotOwner,
+    QueueRemoved,
+    UnknownQueue,
+)
+
+
+def two_members() -> ClusterInfo:
+    return ClusterInfo(
+        "c",
+        "m1",
+        [ClusterMember("m1", "10.0.0.1:7070", [0, 1]), ClusterMember("m2", "10.0.0.2:7070", [2])],
+        [
+            QueueOwner("q1", 0, "m1", "10.0.0.1:7070"),
+            QueueOwner("q2", 2, "m2", "10.0.0.2:7070"),
+            QueueOwner("q3", 5),  # moving: no owner
+        ],
+    )
+
+
+def alone() -> ClusterInfo:
+    return ClusterInfo(
+        "c1", "c1", [ClusterMember("c1", "0.0.0.0:7070")], [QueueOwner("q1", 0, "c1")]
+    )
+
+
+def test_a_cluster_answer_teaches_owners_and_member_addresses() -> None:
+    ring = Addresses("localhost:7070")
+    view = ClusterView(ring)
+    located = view.locate(two_members(), "localhost:7070", "q2")
+    assert view.clustered and view.asked
+    assert located.defined and located.address == "10.0.0.2:7070"
+    # the member asked is reached as the client reaches it, not by its advertised address
+    assert view.owner("q1") == "localhost:7070"
+    assert view.owner("q3") is None and view.locate(two_members(), "x:1", "q3").address is None
+    assert ring.all == ("localhost:7070", "10.0.0.2:7070")  # the other member, after the given
+    assert not view.locate(two_members(), "localhost:7070", "gone").defined
+
+
+def test_a_coordinator_alone_teaches_nothing() -> None:
+    ring = Addresses("localhost:7070")
+    view = ClusterView(ring)
+    assert not is_cluster(alone()) and is_cluster(two_members())
+    view.learn(alone(), "localhost:7070")
+    assert view.asked and not view.clustered
+    assert ring.all == ("localhost:7070",) and view.owner("q1") is None
+
+
+def test_addresses_learn_once_and_keep_the_given_first() -> None:
+    ring = Addresses("a:1,b:2")
+    ring.failed("a:1")
+    ring.learn(["c:3", "a:1", "c:3", ""])
+    assert ring.all == ("a:1", "b:2", "c:3") and ring.current == "b:2"
+
+
+def test_which_errors_may_mean_a_move() -> None:
+    assert may_have_moved(NotOwner("served by m2")) and may_have_moved(QueueRemoved("moved"))
+    assert not may_have_moved(UnknownQueue("no such queue"))
+    assert not may_have_moved(ConnectionLost("gone")) and not may_have_moved(None)
+
+
+def test_a_moved_queue_reconnects_and_says_why_its_acks_are_unconfirmed() -> None:
+    c: SubscriptionCore[str] = SubscriptionCore(
+        "q", 5, None, "me", Addresses("a:1,b:2"), ReconnectPolicy()
+    )
+    c.on_subscribed(Subscribed("s1", 5, 60.0), "a:1", now=0.0)
+    c.operate(AckOp.ACK, "t/0/1", 0.0, "w", c.epoch)
+    c.take()
+    mark = c.flush_mark()
+    moved = QueueRemoved("queue 'q' was moved to another member of the cluster")
+    out, decision = c.lost(moved, now=1.0, moved=True)
+    # the member that handed the queue over is not down: the addresses do not move on
+    assert isinstance(decision, Retry) and decision.address == "a:1"
+    ((waiter, _, error),) = out.done
+    assert waiter == "w" and isinstance(error, LeaseLost)
+    assert "moved to another member" in str(error) and "new owner" in str(error)
+    assert "queue moved" in str(c.flush_error(mark))
+    # without the face's check it is a refusal, as before; and never with reconnect off
+    plain: SubscriptionCore[str] = SubscriptionCore(
+        "q", 5, None, "me", Addresses("a:1"), ReconnectPolicy()
+    )
+    assert isinstance(plain.lost(moved, now=1.0)[1], End)
+    off: SubscriptionCore[str] = SubscriptionCore(
+        "q", 5, None, "me", Addresses("a:1"), ReconnectPolicy(enabled=False)
+    )
+    assert isinstance(off.lost(NotOwner("m2"), now=1.0, moved=True)[1], End)
+
+
+def test_a_cluster_call_to_locate_a_queue_waits_two_connection_attempts_at_most() -> None:
+    assert locate_timeout(ReconnectPolicy(connect_timeout=5.0), 30.0) == 10.0
+    assert locate_timeout(ReconnectPolicy(connect_timeout=5.0), 4.0) == 4.0
+    assert locate_timeout(ReconnectPolicy(connect_timeout=2.0), None) == 4.0
