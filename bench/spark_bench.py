@@ -49,6 +49,8 @@ from connectors.embedded import EmbeddedBroker  # noqa: E402
 from connectors.kafka import read_watermarks  # noqa: E402
 from layer.client import QueueClient  # noqa: E402
 
+#: the first seconds of the offered load, apart in ``ack_to_update_steady``
+WARMUP_S = 10.0
 SCHEMA = "id INT, sym STRING, qty INT, price DOUBLE, probe BOOLEAN"
 SYMBOLS = ("ACME", "INIT", "TECH", "QLAY", "KAFK")
 _PAD = "x" * 120
@@ -498,6 +500,8 @@ def freshness(
     counts = {"published": 0, "acked": 0}
     try:
         while query.lastProgress is None:
+            if not query.isActive:  # failed before its first micro-batch: say why, not hang
+                raise RuntimeError(f"the streaming query failed: {query.exception()}")
             time.sleep(0.2)
         ctx = mp.get_context("spawn")
         out = ctx.Queue()
@@ -525,7 +529,7 @@ def freshness(
                         counts["acked"] += 1
 
             prober = threading.Thread(target=consume_probes, daemon=True)
-            started = time.monotonic()
+            started, load_began = time.monotonic(), time.time()
             loads = LoadSampler().start()
             worker.start()
             prober.start()
@@ -577,6 +581,20 @@ def freshness(
         "probes_acked": len(acked),
         "probes_never_seen_leaving": len(missing),
         "ack_to_update": percentiles([updated[p] - acked[p] for p in done]),
+        # the same without the probes acked in the first WARMUP_S of the load (the load
+        # process starting, the queue's first backlog, the first micro-batches' Python workers)
+        "ack_to_update_steady": percentiles(
+            [updated[p] - acked[p] for p in done if acked[p] - load_began >= WARMUP_S]
+        ),
+        # per probe: seconds since the load began at its ack, ack -> update, change -> update
+        "probes": [
+            [
+                round(acked[p] - load_began, 2),
+                round(updated[p] - acked[p], 3),
+                round(updated[p] - left_at[p], 3),
+            ]
+            for p in sorted(done, key=acked.__getitem__)
+        ],
         "change_to_update": percentiles([updated[p] - left_at[p] for p in done]),
         "change_to_update_stages": {
             "change_to_batch_start": percentiles([began[left_in[p]] - left_at[p] for p in placed]),
@@ -599,8 +617,18 @@ def freshness(
         "micro_batch_duration": percentiles(batch_ms),
         "micro_batch_phases_median_ms": phases,
         "micro_batches_with_data": len(progress),
+        # each micro-batch with data: rows and phases, to tell a stall's cause (the first
+        # micro-batches, a large range, the state store's maintenance...) from the machine
+        "micro_batches": [
+            {"id": p.batchId, "start": p.timestamp, "rows": p.numInputRows, **p.durationMs}
+            for p in progress
+        ],
     }
     say(f"freshness ack -> aggregate update: {result['ack_to_update']}")
+    say(
+        f"  steady (probes acked {WARMUP_S:.0f} s or more after the load began): "
+        f"{result['ack_to_update_steady']}"
+    )
     say(f"freshness change (the lease's round) -> aggregate update: {result['change_to_update']}")
     say(f"  of which: {result['change_to_update_stages']}")
     say(f"load average (1 min) during the run: {result['load_average_1m_during']}")
