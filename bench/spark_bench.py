@@ -235,6 +235,24 @@ def patient_stats(client: QueueClient, queue: str) -> Any:
     return client.stats(queue)[0]
 
 
+def spark_cpu_s(spark: Any) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by Spark's JVM (``jvm``) and the Python
+    processes it started (``python``: the data source's driver-side process, the workers):
+    less at the mercy of the shared machine's load than wall time, to compare settings by."""
+    import psutil
+
+    root = psutil.Process(spark.sparkContext._gateway.proc.pid)
+    total = {"jvm": 0.0, "python": 0.0}
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+            kind = "jvm" if "java" in proc.name() else "python"
+        except psutil.Error:
+            continue  # a worker that ended: its time is lost to both ends of a difference
+        total[kind] += times.user + times.system
+    return total
+
+
 class PeakMemory:
     """The peak resident memory of Spark's processes while running: the JVM (driver and, on
     local[N], the executor) and its Python workers, sampled every 0.2 s."""
@@ -530,11 +548,14 @@ def freshness(
 
             prober = threading.Thread(target=consume_probes, daemon=True)
             started, load_began = time.monotonic(), time.time()
+            cpu_began, batch_began = spark_cpu_s(spark), query.lastProgress.batchId
             loads = LoadSampler().start()
             worker.start()
             prober.start()
             time.sleep(duration)
             loads.stop()
+            cpu_ended, batches = spark_cpu_s(spark), query.lastProgress.batchId - batch_began
+            cpu = {kind: cpu_ended[kind] - cpu_began[kind] for kind in cpu_ended}
             stop.set()
             stop_load.set()
             load = out.get(timeout=60)
@@ -616,6 +637,12 @@ def freshness(
         ),
         "micro_batch_duration": percentiles(batch_ms),
         "micro_batch_phases_median_ms": phases,
+        # Spark's CPU (JVM and its Python processes) while the load ran, per micro-batch
+        "spark_cpu_s": {kind: round(seconds, 1) for kind, seconds in cpu.items()},
+        "spark_cpu_ms_per_micro_batch": {
+            kind: round(1000 * seconds / max(batches, 1)) for kind, seconds in cpu.items()
+        },
+        "micro_batches_during_load": batches,
         "micro_batches_with_data": len(progress),
         # each micro-batch with data: rows and phases, to tell a stall's cause (the first
         # micro-batches, a large range, the state store's maintenance...) from the machine
@@ -636,6 +663,10 @@ def freshness(
     say(f"freshness publish -> aggregate update: {result['publish_to_update']}")
     say(f"micro-batch durations: {result['micro_batch_duration']}")
     say(f"micro-batch phases (median ms): {phases}")
+    say(
+        f"Spark's CPU during the load: {result['spark_cpu_s']} s,"
+        f" {result['spark_cpu_ms_per_micro_batch']} ms a micro-batch ({batches} micro-batches)"
+    )
     return result
 
 
