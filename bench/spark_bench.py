@@ -49,6 +49,8 @@ from connectors.embedded import EmbeddedBroker  # noqa: E402
 from connectors.kafka import read_watermarks  # noqa: E402
 from layer.client import QueueClient  # noqa: E402
 
+#: the first seconds of the offered load, apart in ``ack_to_update_steady``
+WARMUP_S = 10.0
 SCHEMA = "id INT, sym STRING, qty INT, price DOUBLE, probe BOOLEAN"
 SYMBOLS = ("ACME", "INIT", "TECH", "QLAY", "KAFK")
 _PAD = "x" * 120
@@ -231,6 +233,24 @@ def patient_stats(client: QueueClient, queue: str) -> Any:
             say(f"  stats: {exc}; asking again")
             time.sleep(2)
     return client.stats(queue)[0]
+
+
+def spark_cpu_s(spark: Any) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by Spark's JVM (``jvm``) and the Python
+    processes it started (``python``: the data source's driver-side process, the workers):
+    less at the mercy of the shared machine's load than wall time, to compare settings by."""
+    import psutil
+
+    root = psutil.Process(spark.sparkContext._gateway.proc.pid)
+    total = {"jvm": 0.0, "python": 0.0}
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+            kind = "jvm" if "java" in proc.name() else "python"
+        except psutil.Error:
+            continue  # a worker that ended: its time is lost to both ends of a difference
+        total[kind] += times.user + times.system
+    return total
 
 
 class PeakMemory:
@@ -498,6 +518,8 @@ def freshness(
     counts = {"published": 0, "acked": 0}
     try:
         while query.lastProgress is None:
+            if not query.isActive:  # failed before its first micro-batch: say why, not hang
+                raise RuntimeError(f"the streaming query failed: {query.exception()}")
             time.sleep(0.2)
         ctx = mp.get_context("spawn")
         out = ctx.Queue()
@@ -525,12 +547,15 @@ def freshness(
                         counts["acked"] += 1
 
             prober = threading.Thread(target=consume_probes, daemon=True)
-            started = time.monotonic()
+            started, load_began = time.monotonic(), time.time()
+            cpu_began, batch_began = spark_cpu_s(spark), query.lastProgress.batchId
             loads = LoadSampler().start()
             worker.start()
             prober.start()
             time.sleep(duration)
             loads.stop()
+            cpu_ended, batches = spark_cpu_s(spark), query.lastProgress.batchId - batch_began
+            cpu = {kind: cpu_ended[kind] - cpu_began[kind] for kind in cpu_ended}
             stop.set()
             stop_load.set()
             load = out.get(timeout=60)
@@ -577,6 +602,20 @@ def freshness(
         "probes_acked": len(acked),
         "probes_never_seen_leaving": len(missing),
         "ack_to_update": percentiles([updated[p] - acked[p] for p in done]),
+        # the same without the probes acked in the first WARMUP_S of the load (the load
+        # process starting, the queue's first backlog, the first micro-batches' Python workers)
+        "ack_to_update_steady": percentiles(
+            [updated[p] - acked[p] for p in done if acked[p] - load_began >= WARMUP_S]
+        ),
+        # per probe: seconds since the load began at its ack, ack -> update, change -> update
+        "probes": [
+            [
+                round(acked[p] - load_began, 2),
+                round(updated[p] - acked[p], 3),
+                round(updated[p] - left_at[p], 3),
+            ]
+            for p in sorted(done, key=acked.__getitem__)
+        ],
         "change_to_update": percentiles([updated[p] - left_at[p] for p in done]),
         "change_to_update_stages": {
             "change_to_batch_start": percentiles([began[left_in[p]] - left_at[p] for p in placed]),
@@ -598,9 +637,25 @@ def freshness(
         ),
         "micro_batch_duration": percentiles(batch_ms),
         "micro_batch_phases_median_ms": phases,
+        # Spark's CPU (JVM and its Python processes) while the load ran, per micro-batch
+        "spark_cpu_s": {kind: round(seconds, 1) for kind, seconds in cpu.items()},
+        "spark_cpu_ms_per_micro_batch": {
+            kind: round(1000 * seconds / max(batches, 1)) for kind, seconds in cpu.items()
+        },
+        "micro_batches_during_load": batches,
         "micro_batches_with_data": len(progress),
+        # each micro-batch with data: rows and phases, to tell a stall's cause (the first
+        # micro-batches, a large range, the state store's maintenance...) from the machine
+        "micro_batches": [
+            {"id": p.batchId, "start": p.timestamp, "rows": p.numInputRows, **p.durationMs}
+            for p in progress
+        ],
     }
     say(f"freshness ack -> aggregate update: {result['ack_to_update']}")
+    say(
+        f"  steady (probes acked {WARMUP_S:.0f} s or more after the load began): "
+        f"{result['ack_to_update_steady']}"
+    )
     say(f"freshness change (the lease's round) -> aggregate update: {result['change_to_update']}")
     say(f"  of which: {result['change_to_update_stages']}")
     say(f"load average (1 min) during the run: {result['load_average_1m_during']}")
@@ -608,6 +663,10 @@ def freshness(
     say(f"freshness publish -> aggregate update: {result['publish_to_update']}")
     say(f"micro-batch durations: {result['micro_batch_duration']}")
     say(f"micro-batch phases (median ms): {phases}")
+    say(
+        f"Spark's CPU during the load: {result['spark_cpu_s']} s,"
+        f" {result['spark_cpu_ms_per_micro_batch']} ms a micro-batch ({batches} micro-batches)"
+    )
     return result
 
 

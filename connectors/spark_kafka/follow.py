@@ -31,6 +31,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from connectors.kafka import FetchWait, cached_high_watermark
+from connectors.spark_kafka import reading
 from connectors.spark_kafka.options import KafkaSourceOptions
 from connectors.spark_kafka.reading import CONSUME_BATCH, message_offset, take
 from layer.engine.model import Bookmark
@@ -78,9 +80,22 @@ class Tail:
 
     def __init__(self, config: dict[str, Any], topic: str, partition: int, start: int) -> None:
         self.topic, self.partition = topic, partition
-        self._consumer = Consumer(
-            {**config, "queued.max.messages.kbytes": TAIL_QUEUE_KB, "enable.partition.eof": True}
-        )
+        self._config = {
+            **config,
+            "queued.max.messages.kbytes": TAIL_QUEUE_KB,
+            "enable.partition.eof": True,
+        }
+        # Tansu answers a fetch empty when it cannot serve it within the wait, and its fetch
+        # time grows with the partition's record batches: at 1,000 one-message batches a
+        # second a tail at 10 ms made no progress after ~25,000 of them (follow() then waited
+        # out TAIL_TIMEOUT_S, 16-24 s, where a fetch by offset at the grown wait took 0.4 s).
+        # So the wait grows as consume_range's does, from what this process learned already.
+        self._where = (str(config.get("bootstrap.servers")), topic, partition)
+        self._wait = FetchWait(int(self._config.get("fetch.wait.max.ms", 500)))
+        learned = reading._LEARNED_WAIT.get(self._where)
+        if learned is not None:
+            self._config["fetch.wait.max.ms"] = self._wait.wait_ms = learned
+        self._consumer = Consumer(self._config)
         self._consumer.assign([TopicPartition(topic, partition, start)])
         self.low = start  # offsets below it are not held any more
         self._next = start  # the next offset the consumer hands over
@@ -133,6 +148,10 @@ class Tail:
                 position = self._consumer.position([TopicPartition(self.topic, self.partition)])
                 if position and position[0].offset > self._next:
                     self._next, moved = position[0].offset, True
+                elif (wait_ms := self._wait.empty(time.monotonic(), self._lagging)) is not None:
+                    self._refetch(wait_ms)
+            else:
+                self._wait.fetched(time.monotonic(), lambda: False)  # never steps back
             if moved:
                 deadline = time.monotonic() + timeout
             elif time.monotonic() > deadline:
@@ -144,6 +163,20 @@ class Tail:
         for offset in [o for o in ahead if o < stop]:
             del ahead[offset]
         return found
+
+    def _lagging(self) -> bool:
+        """Whether the broker holds records past the tail's position (its fetches came back
+        empty behind the high watermark, not at the partition's end)."""
+        high = cached_high_watermark(self._consumer, self.topic, self.partition)
+        return high is None or high > self._next
+
+    def _refetch(self, wait_ms: int) -> None:
+        """Go on from the next offset with a consumer whose fetches wait ``wait_ms``."""
+        self._consumer.close()
+        self._config["fetch.wait.max.ms"] = wait_ms
+        reading._LEARNED_WAIT[self._where] = wait_ms
+        self._consumer = Consumer(self._config)
+        self._consumer.assign([TopicPartition(self.topic, self.partition, self._next)])
 
 
 _CACHE = MessageCache()

@@ -63,3 +63,35 @@ def test_follow_reads_forward_caches_and_hands_back_the_rest(
     monkeypatch.setattr(following, "TAIL_TIMEOUT_S", 1.0)
     found, rest = following.follow(kafka, [Bookmark(topic, 1, 25)])
     assert (found, rest) == ({}, [Bookmark(topic, 1, 25)])
+
+
+def test_a_tail_starts_at_the_fetch_wait_the_process_learned_and_reads_on(
+    broker, topic_factory, producer_factory, monkeypatch
+) -> None:
+    """A partition whose fetches needed a longer wait (Tansu's fetch time grows with its
+    batches) is followed at that wait, not at the default 10 ms that made no progress."""
+    from connectors.spark_kafka import reading
+
+    monkeypatch.setattr(following, "_CACHE", following.MessageCache())
+    monkeypatch.setattr(following, "_TAILS", {})
+    topic = topic_factory(partitions=1, prefix="follow-wait")
+    producer = producer_factory()
+    for i in range(10):
+        producer.produce(topic, f"m{i}".encode(), partition=0)
+    assert producer.flush(10) == 0
+    kafka = KafkaSourceOptions.parse(
+        {"kafka.bootstrap.servers": broker.bootstrap_servers, "subscribe": topic}
+    )
+    where = (broker.bootstrap_servers, topic, 0)
+    monkeypatch.setitem(reading._LEARNED_WAIT, where, 50)
+    found, rest = following.follow(kafka, [Bookmark(topic, 0, 2), Bookmark(topic, 0, 7)])
+    assert rest == []
+    assert {bm.offset: m.value() for bm, m in found.items()} == {2: b"m2", 7: b"m7"}
+    (tail,) = following._TAILS.values()
+    assert tail._config["fetch.wait.max.ms"] == 50
+    # a wait that grows is remembered for the next reads of the partition, and the tail goes
+    # on from where it was
+    tail._refetch(250)
+    assert reading._LEARNED_WAIT[where] == 250
+    found, rest = following.follow(kafka, [Bookmark(topic, 0, 9)])
+    assert rest == [] and found[Bookmark(topic, 0, 9)].value() == b"m9"

@@ -91,3 +91,20 @@ def test_a_local_session_without_java_fails_in_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1, done.stdout
     assert lines[0].startswith("ConfigError: Spark needs Java 17 or newer"), lines[0]
     assert "no-jdk" in lines[0]
+
+
+def test_a_local_session_starts_its_jvm_with_the_streaming_settings() -> None:
+    script = """
+        from spark.session import local_session
+        spark = local_session("local[1]", "jvm-options")
+        bean = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+        print(" ".join(str(a) for a in bean.getInputArguments()))
+        print(spark.conf.get("spark.sql.shuffle.partitions"))
+        spark.stop()
+    """
+    done = _run(script, _new_user_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    arguments, partitions = done.stdout.strip().splitlines()[-2:]
+    assert "-XX:TieredStopAtLevel=1" in arguments.split(), arguments
+    assert "-XX:+UseSerialGC" in arguments.split(), arguments
+    assert partitions == "1"
