@@ -31,6 +31,7 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check layer connectors spark tests bench
+	$(BIN)/ruff format --check layer connectors spark tests bench
 	$(BIN)/mypy layer connectors
 
 # the API's stubs from layer/api/proto/qlayer/v1/queue.proto (commit them with the .proto)

@@ -95,7 +95,13 @@ RECORD_CASES: list[tuple[str, str, str, object, bool]] = [
     ("HEADER() group key", "HEADER('JMSXGroupID')", "key", "customer-42", False),
     ("TIMESTAMP() > constant", "TIMESTAMP() > 1763799999", "matches", True, False),
     ("TOPIC() AND PARTITION()", "TOPIC() = 'orders' AND PARTITION() = 3", "matches", True, False),
-    ("header AND payload field", "HEADER('region') = 'EMEA' AND /qty > 100", "matches", True, False),
+    (
+        "header AND payload field",
+        "HEADER('region') = 'EMEA' AND /qty > 100",
+        "matches",
+        True,
+        False,
+    ),
     (
         "HEADER() equality, with Record built",
         "HEADER('region') = 'EMEA'",

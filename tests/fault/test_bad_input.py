@@ -317,9 +317,7 @@ def test_one_percent_malformed_json_is_dead_lettered_and_the_rest_acked(
     letters = dead_letters(consume_all, dlq)
     assert_nothing_lost(c, consumer, q, good, bad, letters, bad - null_values)
     # the parse error travels with the dead letter
-    undetailed = [
-        b for b in bad - null_values if "unparseable" not in (letters[b]["detail"] or "")
-    ]
+    undetailed = [b for b in bad - null_values if "unparseable" not in (letters[b]["detail"] or "")]
     assert not undetailed, f"dead letters without the parse error: {undetailed[:5]}"
     with QueueClient(c.address or "", timeout=10) as client:
         s = client.stats(q)[0]

@@ -163,7 +163,6 @@ class ReadinessPoller:
         return next(((t, r) for t, s, r in self.changes if s == status and t >= after), None)
 
 
-
 def _acks_sent(log_dir: Path) -> set[str]:
     """The bookmarks the workers handed an ack to their client for."""
     return {e["b"] for e in worker_events(log_dir) if e["ev"] == "sent"}

@@ -42,7 +42,6 @@ def _publish(bootstrap: str, topic: str, n: int) -> None:
     assert producer.flush(30) == 0
 
 
-
 def _run(
     tmp_path: Path, bootstrap: str, semantics: str, wipe_on: set[int]
 ) -> tuple[list[dict], list[float], str]:

@@ -76,11 +76,14 @@ def test_sigkill_never_loses_nor_doubles_an_unparseable_dead_letter(
     bad_offsets = {f"{topic}/0/{o}" for o, (good, _) in enumerate(values) if not good}
     with QueueClient(c.address or "", timeout=10) as client:
         wait_until(
-            lambda: len(client.dead_letters(q)) == len(bad_values)
-            and client.stats(q)[0].available == good_count,
+            lambda: (
+                len(client.dead_letters(q)) == len(bad_values)
+                and client.stats(q)[0].available == good_count
+            ),
             60,
-            message=lambda: f"{len(client.dead_letters(q))} letters of {len(bad_values)}, "
-            f"{client.stats(q)[0]}",
+            message=lambda: (
+                f"{len(client.dead_letters(q))} letters of {len(bad_values)}, {client.stats(q)[0]}"
+            ),
         )
         letters = client.dead_letters(q)
         queued = client.browse(q)

@@ -147,8 +147,7 @@ def test_readiness_says_restoring_during_a_long_restore(
     restoring = [
         body
         for status, body in seen
-        if status == 503
-        and any(r.startswith("restoring state: queue=") for r in body["reasons"])
+        if status == 503 and any(r.startswith("restoring state: queue=") for r in body["reasons"])
     ]
     print(
         f"restore of {records} changelog records: {restore_seconds:.1f} s, "

@@ -61,8 +61,10 @@ def test_the_readme_python_example_delivers_both_messages(
             wait_until(
                 lambda: client.stats(q)[0].acked_total == 2,
                 60,
-                message=lambda: f"both messages acked: {client.stats(q)[0]}\n"
-                f"{(tmp_path / 'readme_example.log').read_text()}",
+                message=lambda: (
+                    f"both messages acked: {client.stats(q)[0]}\n"
+                    f"{(tmp_path / 'readme_example.log').read_text()}"
+                ),
             )
             assert proc.poll() is None, (tmp_path / "readme_example.log").read_text()
             (s,) = client.stats(q)

@@ -51,8 +51,10 @@ def test_the_readme_record_expression_example(broker, coordinator_factory, names
         if line.startswith("qlayer publish") and "resize img-3" in line:
             with QueueClient(c.address) as client:
                 wait_until(
-                    lambda: client.stats(q)[0].available == 2
-                    and client.stats(q)[0].extra["filtered_total"] == 1,
+                    lambda: (
+                        client.stats(q)[0].available == 2
+                        and client.stats(q)[0].extra["filtered_total"] == 1
+                    ),
                     20,
                     message="two queued, one filtered out",
                 )

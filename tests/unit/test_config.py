@@ -496,7 +496,7 @@ def test_with_overrides():
         ),
         (
             'message_type = "bytes"\npriority = "/p"',
-            "option 'priority': needs message_type \"json\" or \"avro\"",
+            'option \'priority\': needs message_type "json" or "avro"',
         ),
         (
             'message_type = "avro"\nfilter = "/p > 1"',

@@ -85,7 +85,7 @@ def test_an_unknown_lvq_kind_is_refused() -> None:
         "conflate_key = \"HEADER('qpid.LVQ_key')\"",
         "barrier = \"HEADER('kind') = 'eod'\"",
         "priority = \"COALESCE(HEADER('JMSPriority'), 4)\"",
-        'filter = "PARTITION() = 0 AND TOPIC() = \'orders\' AND TIMESTAMP() > 0"',
+        "filter = \"PARTITION() = 0 AND TOPIC() = 'orders' AND TIMESTAMP() > 0\"",
     ],
 )
 def test_a_bytes_queue_takes_expressions_over_the_record(option: str) -> None:
@@ -104,7 +104,7 @@ def test_a_bytes_queue_refuses_field_paths_even_beside_record_fields() -> None:
 
 
 def test_header_with_a_non_literal_name_is_refused_at_load() -> None:
-    message = error('filter = "HEADER(/name) = \'x\'"')
+    message = error("filter = \"HEADER(/name) = 'x'\"")
     assert "option 'filter'" in message
     assert "HEADER takes the header's name as a string literal at column 8" in message
 

@@ -542,10 +542,14 @@ def test_a_correct_at_most_once_history_has_no_violations() -> None:
     ("spoil", "expected"),
     [
         (lambda h: h.got("B", "t/0/0", 3.0, lease=False), ["delivered_twice"]),
-        (lambda h: h.got("B", "t/0/2", 3.0, lease=False).done("t/0/2", "delivered", 3.0),
-         ["delivered_and_dead_lettered"]),  # fmt: skip
-        (lambda h: h.publish("t/0/3").got("B", "t/0/3", 3.0, lease=False),
-         ["handed_out_not_durable"]),  # fmt: skip
+        (
+            lambda h: h.got("B", "t/0/2", 3.0, lease=False).done("t/0/2", "delivered", 3.0),
+            ["delivered_and_dead_lettered"],
+        ),
+        (
+            lambda h: h.publish("t/0/3").got("B", "t/0/3", 3.0, lease=False),
+            ["handed_out_not_durable"],
+        ),
         (lambda h: h.publish("t/0/3"), ["lost"]),  # vanished without a trace
         (lambda h: h.publish("t/0/3").done("t/0/3", "delivered", 9.0), ["lost"]),  # no fault after
     ],
