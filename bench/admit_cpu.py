@@ -37,8 +37,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 TOPIC = "orders"
 
 
-def one_run(n: int, size: int, partitions: int) -> float:
-    """Seconds of process CPU to admit and store ``n`` messages."""
+def fetched_runtime(n: int, size: int, partitions: int) -> QueueRuntime:
+    """A plain JSON queue's runtime holding ``n`` fetched messages of ``size`` bytes over
+    ``partitions`` partitions (in offset order per partition, as a reader hands them over),
+    none admitted yet."""
     q = QueueConfig(name="q", underlying_topic=TOPIC)
     rt = QueueRuntime(q, QueueEngine(q.name, q.engine_settings()), "q-changelog")
     per = n // partitions
@@ -58,6 +60,12 @@ def one_run(n: int, size: int, partitions: int) -> float:
     rt.take_fetched(
         Fetched(messages, dict.fromkeys(tps, per), [PartitionStarted(tp, 0) for tp in tps])
     )
+    return rt
+
+
+def one_run(n: int, size: int, partitions: int) -> float:
+    """Seconds of process CPU to admit and store ``n`` messages."""
+    rt = fetched_runtime(n, size, partitions)
     workdir = tempfile.mkdtemp(prefix="qlayer-admit-cpu-")
     store = RocksDBStore(Path(workdir))
     try:

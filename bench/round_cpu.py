@@ -30,23 +30,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
-from confluent_kafka import Message
 
+from bench.admit_cpu import TOPIC, fetched_runtime
 from layer.api.service import DeliveredMessage, OffsetRuns
-from layer.config import QueueConfig
 from layer.coordinator.app import tune_gc
-from layer.coordinator.ingest import Fetched, PartitionStarted
 from layer.coordinator.round import Offsets, Rounds, RoundSignal
-from layer.coordinator.runtime import QueueRuntime
 from layer.coordinator.subscriptions import Subscriptions
-from layer.engine.model import AckOp, TopicPartition
-from layer.engine.queue import QueueEngine
+from layer.engine.model import AckOp
 from layer.exceptions import QLayerError
 from layer.state.changelog import ChangelogRecord, ExtraRecord
 from layer.state.rocksdb import RocksDBStore
 
 RESULTS = Path(__file__).resolve().parent / "results"
-TOPIC = "orders"
 
 
 class _Changelog:
@@ -102,26 +97,10 @@ def _runs(messages: Sequence[DeliveredMessage]) -> list[OffsetRuns]:
 
 
 async def one_run(n: int, size: int, partitions: int, consumers: int, window: int) -> dict:
-    q = QueueConfig(name="q", underlying_topic=TOPIC)
-    rt = QueueRuntime(q, QueueEngine(q.name, q.engine_settings()), "q-changelog")
+    rt = fetched_runtime(n, size, partitions)
+    q = rt.config
     runtimes = {q.name: rt}
     per = n // partitions
-    pad = b"x" * max(0, size - 40)
-    messages = [
-        Message(
-            topic=TOPIC,
-            partition=p,
-            offset=o,
-            value=b'{"i": %d, "pad": "%s"}' % (p * per + o, pad),
-            timestamp=(1, 1_700_000_000_000 + o // 100),
-        )
-        for p in range(partitions)
-        for o in range(per)
-    ]
-    tps = [TopicPartition(TOPIC, p) for p in range(partitions)]
-    rt.take_fetched(
-        Fetched(messages, dict.fromkeys(tps, per), [PartitionStarted(tp, 0) for tp in tps])
-    )
     workdir = tempfile.mkdtemp(prefix="qlayer-round-cpu-")
     store = RocksDBStore(Path(workdir))
     signal = RoundSignal()
@@ -151,7 +130,6 @@ async def one_run(n: int, size: int, partitions: int, consumers: int, window: in
         while rt.inbox:  # the backlog, admitted before anything is measured
             await rounds.one()
         total = per * partitions
-        del messages
         tune_gc()  # as the coordinator does before it serves
         sinks = [_Sink() for _ in range(consumers)]
         handles = [await subs.subscribe(q.name, window, sink) for sink in sinks]
