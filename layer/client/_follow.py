@@ -13,9 +13,10 @@ reaches it, so it is not added to the addresses to try).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from layer.api.service import ClusterInfo
-from layer.client._core import Addresses, ReconnectPolicy
+from layer.client._core import Addresses, ReconnectPolicy, SubscriptionCore
 from layer.exceptions import NotOwner, QLayerError, QueueRemoved
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "is_cluster",
     "locate_timeout",
     "may_have_moved",
+    "moved_unless_asked",
 ]
 
 # How long a first subscribe follows a queue that is moving (no owner yet, or the owner
@@ -51,6 +53,25 @@ def may_have_moved(error: QLayerError | None) -> bool:
     ``NotOwner`` says so; a ``QueueRemoved`` (a member that lost the queue ends its
     subscriptions with it, as a deleted queue does) must be checked with a ``Cluster`` call."""
     return isinstance(error, NotOwner | QueueRemoved)
+
+
+def moved_unless_asked(
+    core: SubscriptionCore[Any], error: QLayerError | None, clustered: bool
+) -> bool | None:
+    """Did ``core``'s stream end because its queue is served by another member now, as far as
+    can be told without asking the cluster: False (not followed: closing, ``reconnect=False``,
+    a regex subscription, an error no move gives, or a coordinator alone, where a removed
+    queue is gone), True (``NotOwner``), None (a ``QueueRemoved``: moved, or deleted; a
+    ``Cluster`` call tells, moved if the cluster still has the queue)."""
+    if core.closing or not core.policy.enabled or core.queue.startswith("^"):
+        return False
+    if not may_have_moved(error):
+        return False
+    if isinstance(error, NotOwner):
+        return True
+    if not clustered:
+        return False
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,11 +97,11 @@ from layer.client._follow import (
     ClusterView,
     Located,
     locate_timeout,
-    may_have_moved,
+    moved_unless_asked,
 )
 from layer.definitions import toml_literal
 from layer.engine.model import AckOp, Bookmark
-from layer.exceptions import ClientError, ConnectionLost, NotOwner, QLayerError
+from layer.exceptions import ClientError, ConnectionLost, QLayerError
 
 __all__ = ["AsyncMessage", "AsyncQueueClient", "AsyncSubscription"]
 
@@ -362,16 +362,10 @@ class AsyncSubscription(SubscriptionFields):
 
     async def _moved(self, error: QLayerError | None, address: str) -> bool:
         """As ``Subscription._moved``: is the queue served by another member now?"""
-        core = self._core
-        if core.closing or not core.policy.enabled or core.queue.startswith("^"):
-            return False
-        if not may_have_moved(error):
-            return False
-        if isinstance(error, NotOwner):
-            return True
-        if not self._client._view.clustered:
-            return False  # a coordinator alone: a removed queue is gone
-        located = await self._client._locate(core.queue, address)
+        known = moved_unless_asked(self._core, error, self._client._view.clustered)
+        if known is not None:
+            return known
+        located = await self._client._locate(self._core.queue, address)
         return located is None or located.defined  # no member answered: look again later
 
     async def _serve(self, address: str) -> QLayerError | None:

@@ -97,11 +97,11 @@ from layer.client._follow import (
     ClusterView,
     Located,
     locate_timeout,
-    may_have_moved,
+    moved_unless_asked,
 )
 from layer.definitions import toml_literal
 from layer.engine.model import AckOp, Bookmark
-from layer.exceptions import ClientError, ConnectionLost, NotOwner, QLayerError
+from layer.exceptions import ClientError, ConnectionLost, QLayerError
 
 __all__ = ["Message", "QueueClient", "Subscription"]
 
@@ -411,16 +411,10 @@ class Subscription(SubscriptionFields):
         """Did the stream to ``address`` end because the queue is served by another member of
         the cluster now? ``NotOwner`` says so; a ``QueueRemoved`` (moved, or deleted) is
         checked with a ``Cluster`` call: moved if the cluster still has the queue."""
-        core = self._core
-        if core.closing or not core.policy.enabled or core.queue.startswith("^"):
-            return False
-        if not may_have_moved(error):
-            return False
-        if isinstance(error, NotOwner):
-            return True
-        if not self._client._view.clustered:
-            return False  # a coordinator alone: a removed queue is gone
-        located = self._client._locate(core.queue, address)
+        known = moved_unless_asked(self._core, error, self._client._view.clustered)
+        if known is not None:
+            return known
+        located = self._client._locate(self._core.queue, address)
         return located is None or located.defined  # no member answered: look again later
 
     def _serve(self, address: str) -> QLayerError | None:

@@ -6,7 +6,13 @@ from __future__ import annotations
 from layer.api.frames import Subscribed
 from layer.api.service import ClusterInfo, ClusterMember, QueueOwner
 from layer.client._core import Addresses, End, ReconnectPolicy, Retry, SubscriptionCore
-from layer.client._follow import ClusterView, is_cluster, locate_timeout, may_have_moved
+from layer.client._follow import (
+    ClusterView,
+    is_cluster,
+    locate_timeout,
+    may_have_moved,
+    moved_unless_asked,
+)
 from layer.engine.model import AckOp
 from layer.exceptions import (
     ConnectionLost,
@@ -102,3 +108,21 @@ def test_a_cluster_call_to_locate_a_queue_waits_two_connection_attempts_at_most(
     assert locate_timeout(ReconnectPolicy(connect_timeout=5.0), 30.0) == 10.0
     assert locate_timeout(ReconnectPolicy(connect_timeout=5.0), 4.0) == 4.0
     assert locate_timeout(ReconnectPolicy(connect_timeout=2.0), None) == 4.0
+
+
+def test_what_a_stream_end_says_of_a_move_before_the_cluster_is_asked() -> None:
+    def core(queue: str = "q", enabled: bool = True) -> SubscriptionCore[str]:
+        return SubscriptionCore(
+            queue, 5, None, "me", Addresses("a:1"), ReconnectPolicy(enabled=enabled)
+        )
+
+    moved, removed = NotOwner("served by m2"), QueueRemoved("moved or deleted")
+    assert moved_unless_asked(core(), moved, clustered=True) is True
+    assert moved_unless_asked(core(), removed, clustered=True) is None  # ask the cluster
+    assert moved_unless_asked(core(), removed, clustered=False) is False  # alone: gone
+    assert moved_unless_asked(core(), ConnectionLost("gone"), clustered=True) is False
+    assert moved_unless_asked(core(enabled=False), moved, clustered=True) is False
+    assert moved_unless_asked(core("^orders"), moved, clustered=True) is False  # regex
+    closing = core()
+    closing.closing = True
+    assert moved_unless_asked(closing, moved, clustered=True) is False
