@@ -1,0 +1,144 @@
+"""Partitioned queues (issue 12, ``layer.shards``) with real coordinator processes over the
+embedded broker: one coordinator serving every shard, and two members sharing the shards
+while a consumer given one member receives from both, follows a member's SIGTERM, and has
+every message confirmed once."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from layer.client import PartitionedSubscription, QueueClient
+from layer.exceptions import LeaseLost
+from layer.shards import shard_name
+from tests.harness import serving
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.integration
+
+DEADLINE_S = 150.0  # every message confirmed within this, on a loaded 2-core machine
+
+
+def table(q: str, partitions: int) -> dict[str, Any]:
+    return {
+        "name": q,
+        "underlying_topic": q,
+        "message_type": "bytes",
+        "distribution": "partitioned",
+        "partitions": partitions,
+    }
+
+
+def publish(client: QueueClient, q: str, n: int) -> set[str]:
+    """``n`` keyed messages through the queue (the topic's partitioner spreads them)."""
+    return {client.publish(q, f"m{i}".encode(), key=f"k{i}") for i in range(n)}
+
+
+def partitions_of(bookmarks: set[str]) -> set[int]:
+    return {int(b.split("/")[-2]) for b in bookmarks}
+
+
+def test_one_coordinator_serves_every_shard(
+    coordinator_factory: Any, names: Callable[[str], str]
+) -> None:
+    q = names("parts")
+    proc = coordinator_factory([table(q, 3)])
+    shards = [shard_name(q, i) for i in range(3)]
+    with QueueClient(str(proc.address)) as client:
+        published = publish(client, q, 30)
+        assert len(partitions_of(published)) > 1, published
+        wait_until(lambda: client.stats(q)[0].available == 30, timeout=60)
+        total = client.stats(q)[0]
+        assert total.queue == q
+        per_shard = [client.stats(s)[0] for s in shards]
+        assert sum(s.available for s in per_shard) == 30
+        assert {s.queue for s in client.stats()} == set(shards)  # every shard has its line
+        browsed = client.browse(q)
+        assert {m.bookmark for m in browsed} == published
+        assert len(client.browse(q, limit=4)) == 4
+        # the member refuses a stream on the queue itself (PartitionedQueue, naming its
+        # shards): a client that did not know opens one per shard instead
+        with QueueClient(str(proc.address), reconnect=False) as raw:
+            with raw.subscribe(q) as plain:
+                assert isinstance(plain, PartitionedSubscription)
+        confirmed: list[str] = []
+        with client.subscribe(q, max_backlog=4) as sub:
+            assert isinstance(sub, PartitionedSubscription)
+            assert [s.queue for s in sub.shards] == shards
+            deadline = time.monotonic() + DEADLINE_S
+            while set(confirmed) != published and time.monotonic() < deadline:
+                msg = sub.next(timeout=5)
+                if msg is not None:
+                    assert msg.queue == shard_name(q, int(msg.bookmark.split("/")[-2]))
+                    msg.ack(wait=True, timeout=60)
+                    confirmed.append(msg.bookmark)
+        assert sorted(confirmed) == sorted(published)
+        after = client.stats(q)[0]
+        assert (after.available, after.leased, after.acked_total) == (0, 0, 30)
+
+
+def test_two_members_share_the_shards_and_a_consumer_follows_a_sigterm(
+    coordinator_factory: Any, names: Callable[[str], str]
+) -> None:
+    cluster, q = names("cluster"), names("parts")
+    # seven shards on seven consecutive control partitions of twelve: each member's six
+    # partitions hold at least one of them
+    n_shards, n = 7, 42
+    procs = [
+        coordinator_factory([table(q, n_shards)], cluster=cluster),
+        coordinator_factory([], cluster=cluster),
+    ]
+    shards = [shard_name(q, i) for i in range(n_shards)]
+    addresses = [str(p.address) for p in procs]
+    with QueueClient(addresses) as admin:
+
+        def settled() -> dict[str, str] | None:
+            info = admin.cluster()
+            owners = {o.queue: o.address for o in info.queues if o.queue in shards}
+            split = len(info.members) == 2 and all(m.partitions for m in info.members)
+            ready = split and len(owners) == n_shards and all(owners.values())
+            return owners if ready and serving(admin, shards) else None
+
+        owners = wait_until(settled, timeout=90, message=lambda: f"not split: {admin.cluster()}")
+        assert set(owners.values()) == set(addresses), "the shards are not on both members"
+        published = publish(admin, q, n)
+        wait_until(lambda: admin.stats(q)[0].available == n, timeout=60)
+        assert set(admin.stats(q)[0].owner.split(",")) == {p_id(admin, a) for a in addresses}
+
+    # the consumer is given one member; the other one is stopped mid-stream
+    given, stopped_proc = procs[0], procs[1]
+    confirmed: list[str] = []
+    unconfirmed: list[str] = []
+    served_by: set[str] = set()
+    stopped = False
+    with QueueClient(str(given.address)) as client, client.subscribe(q, 3) as sub:
+        assert isinstance(sub, PartitionedSubscription)
+        assert set(sub.address.split(",")) == set(addresses)  # streams on both members
+        deadline = time.monotonic() + DEADLINE_S
+        while set(confirmed) != published and time.monotonic() < deadline:
+            msg = sub.next(timeout=5)
+            if msg is None:
+                continue
+            served_by.add(msg._subscription.address)
+            if not stopped and len(confirmed) >= n // 3:
+                assert stopped_proc.stop() == 0  # SIGTERM: it hands its shards over
+                stopped = True
+            try:
+                msg.ack(wait=True, timeout=60)
+                confirmed.append(msg.bookmark)
+            except LeaseLost:
+                unconfirmed.append(msg.bookmark)
+        assert stopped
+        assert sub.address == str(given.address)  # every shard followed to the member left
+        assert sub.reconnects >= 1
+    assert served_by == set(addresses), "not received from both members"
+    assert len(confirmed) == len(set(confirmed)), "a message acked twice"
+    assert set(confirmed) == published
+    print(f"confirmed {len(confirmed)}, unconfirmed at the move {len(unconfirmed)}")
+
+
+def p_id(client: QueueClient, address: str) -> str:
+    return next(m.id for m in client.cluster().members if m.address == address)
