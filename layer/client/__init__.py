@@ -6,11 +6,12 @@ content filter or backlog in place, and browse or ack a queue by filter."""
 from layer.client._common import BrowsedMessage
 from layer.client._core import Reconnected
 from layer.client.aio import AsyncMessage, AsyncQueueClient, AsyncSubscription
-from layer.client.partitioned import PartitionedSubscription
+from layer.client.partitioned import AsyncPartitionedSubscription, PartitionedSubscription
 from layer.client.sync import Message, QueueClient, Subscription
 
 __all__ = [
     "AsyncMessage",
+    "AsyncPartitionedSubscription",
     "AsyncQueueClient",
     "AsyncSubscription",
     "BrowsedMessage",

@@ -5,13 +5,19 @@ every message confirmed once."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from layer.client import PartitionedSubscription, QueueClient
+from layer.client import (
+    AsyncPartitionedSubscription,
+    AsyncQueueClient,
+    PartitionedSubscription,
+    QueueClient,
+)
 from layer.exceptions import LeaseLost
 from layer.shards import shard_name
 from tests.harness import serving
@@ -61,9 +67,8 @@ def test_one_coordinator_serves_every_shard(
         assert len(client.browse(q, limit=4)) == 4
         # the member refuses a stream on the queue itself (PartitionedQueue, naming its
         # shards): a client that did not know opens one per shard instead
-        with QueueClient(str(proc.address), reconnect=False) as raw:
-            with raw.subscribe(q) as plain:
-                assert isinstance(plain, PartitionedSubscription)
+        with QueueClient(str(proc.address), reconnect=False) as raw, raw.subscribe(q) as plain:
+            assert isinstance(plain, PartitionedSubscription)
         confirmed: list[str] = []
         with client.subscribe(q, max_backlog=4) as sub:
             assert isinstance(sub, PartitionedSubscription)
@@ -142,3 +147,34 @@ def test_two_members_share_the_shards_and_a_consumer_follows_a_sigterm(
 
 def p_id(client: QueueClient, address: str) -> str:
     return next(m.id for m in client.cluster().members if m.address == address)
+
+
+def test_the_asyncio_client_merges_the_shards_too(
+    coordinator_factory: Any, names: Callable[[str], str]
+) -> None:
+    q = names("parts")
+    proc = coordinator_factory([table(q, 3)])
+    with QueueClient(str(proc.address)) as client:
+        published = publish(client, q, 20)
+
+    async def consume() -> list[str]:
+        confirmed: list[str] = []
+        async with AsyncQueueClient(str(proc.address)) as client:
+            async with client.subscribe(q, 2) as sub:
+                assert isinstance(sub, AsyncPartitionedSubscription)
+                assert len(sub.shards) == 3
+                deadline = time.monotonic() + DEADLINE_S
+                while set(confirmed) != published and time.monotonic() < deadline:
+                    msg = await sub.next(timeout=5)
+                    if msg is not None:
+                        await msg.ack(wait=True, timeout=60)
+                        confirmed.append(msg.bookmark)
+                assert sub.acked_count == len(confirmed)
+            # a client that knows the shards (learned above) opens them straight away
+            async with client.subscribe(q) as again:
+                assert isinstance(again, AsyncPartitionedSubscription)
+                assert await again.next(timeout=0.5) is None
+        return confirmed
+
+    confirmed = asyncio.run(consume())
+    assert sorted(confirmed) == sorted(published)
