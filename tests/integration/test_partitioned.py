@@ -6,6 +6,7 @@ every message confirmed once."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +21,7 @@ from layer.client import (
 )
 from layer.exceptions import LeaseLost
 from layer.shards import shard_name
-from tests.harness import serving
+from tests.harness import qlayer, serving
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
@@ -112,6 +113,14 @@ def test_two_members_share_the_shards_and_a_consumer_follows_a_sigterm(
         published = publish(admin, q, n)
         wait_until(lambda: admin.stats(q)[0].available == n, timeout=60)
         assert set(admin.stats(q)[0].owner.split(",")) == {p_id(admin, a) for a in addresses}
+    # the CLI's stats and browse of the queue work against any member
+    for address in addresses:
+        r = qlayer("stats", q, "--server", address)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["available"] == n
+        r = qlayer("browse", q, "--server", address, "--json", "--limit", "5")
+        assert r.returncode == 0, r.stderr
+        assert len(r.stdout.splitlines()) == 5
 
     # the consumer is given one member; the other one is stopped mid-stream
     given, stopped_proc = procs[0], procs[1]
