@@ -3,6 +3,7 @@ control partitions of shards, the client's routing by bookmark, and combined sta
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -146,3 +147,12 @@ def test_the_stats_of_a_partitioned_queue_sum_its_shards() -> None:
     assert total.oldest_available_age_s == 1.5
     assert total.extra == {"lag": 5, "p99_ms": 3}
     assert total.owner == "c1,c2"
+
+
+def test_the_readme_example_loads() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme.split('#### Partitioned queues: `distribution = "partitioned"`', 1)[1]
+    example = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    (q,) = loads(example, source="README.md", env={}).queues
+    assert q.partitioned and q.partitions == 6
+    assert [s.name for s in expand([q])] == [f"orders#{i}" for i in range(6)]
