@@ -164,6 +164,13 @@ class ClusterQueues:
         queue = queue_from_table(table, "queue create", self._coordinator)
         if queue.name in self.definitions.queues:
             raise QueueExists(f"queue {queue.name!r} exists: change it with `qlayer queue alter`")
+        if temporary and queue.partitioned:
+            # its use is watched on the queue's own subscriptions, which a partitioned one has
+            # only per shard
+            raise ConfigError(
+                f"queue create: queue {queue.name!r}: option 'distribution': a temporary queue"
+                ' cannot be "partitioned"'
+            )
         origin = temporary_origin(self._coordinator.id) if temporary else API_ORIGIN
         return Definition(
             queue.name, queue_table(queue), origin, by, self._now_ms(), temporary=temporary

@@ -965,7 +965,8 @@ class Coordinator:
         if cluster is not None and (shards := cluster.shards(queue)):
             raise PartitionedQueue(
                 f"queue {queue!r} is partitioned into {len(shards)} shards ({shards[0]} .."
-                f" {shards[-1]}): subscribe to each of them (the Python client does)"
+                f" {shards[-1]}): name a shard (a subscription opens one stream per shard, as"
+                " the Python client does)"
             )
         if self._owned is not None and cluster is not None and cluster.is_served(queue):
             raise self._not_owner(queue)

@@ -19,7 +19,7 @@ from layer.client import (
     PartitionedSubscription,
     QueueClient,
 )
-from layer.exceptions import LeaseLost
+from layer.exceptions import ConfigError, LeaseLost, PartitionedQueue
 from layer.shards import shard_name
 from tests.harness import qlayer, serving
 from tests.helpers import wait_until
@@ -84,6 +84,23 @@ def test_one_coordinator_serves_every_shard(
         assert sorted(confirmed) == sorted(published)
         after = client.stats(q)[0]
         assert (after.available, after.leased, after.acked_total) == (0, 0, 30)
+
+        # created live, through the API: served at once, shards and all
+        live = names("live")
+        client.create_queue({**table(live, 2), "underlying_topic": live})
+        assert [s.queue for s in client.stats()].count(shard_name(live, 1)) == 1
+        assert client.publish(live, b"x", key="k").startswith(f"{live}/")
+        with client.subscribe(live) as sub:
+            assert isinstance(sub, PartitionedSubscription)
+            msg = sub.next(timeout=30)
+            assert msg is not None and msg.data == b"x"
+            msg.ack(wait=True, timeout=60)
+        with pytest.raises(ConfigError, match="a temporary queue cannot be"):
+            tmp = names("tmp")
+            client.create_temporary_queue(tmp, tmp, distribution="partitioned", partitions=2)
+        # what needs one engine names a shard
+        with pytest.raises(PartitionedQueue, match=r"partitioned into 2 shards"):
+            client.ack_where(live, "1 = 1")
 
 
 def test_two_members_share_the_shards_and_a_consumer_follows_a_sigterm(
