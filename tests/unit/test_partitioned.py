@@ -12,11 +12,12 @@ from layer.api.access import Grant, Right
 from layer.api.service import ClusterInfo, ClusterMember, QueueOwner, QueueStats
 from layer.client._core import Addresses
 from layer.client._follow import ClusterView
+from layer.client.partitioned import ShardsFields
 from layer.config import CoordinatorConfig, loads, queue_from_table, queue_table
 from layer.coordinator.membership import CONTROL_PARTITIONS, partition_of
 from layer.coordinator.partitioned import sum_stats
 from layer.coordinator.reload import FIXED_OPTIONS
-from layer.exceptions import ConfigError
+from layer.exceptions import ClientError, ConfigError, MalformedBookmark
 from layer.shards import expand, parse_shard, queue_of, shard_name, shard_names, shards_in
 
 BASE = {"name": "orders", "underlying_topic": "orders"}
@@ -156,3 +157,30 @@ def test_the_readme_example_loads() -> None:
     (q,) = loads(example, source="README.md", env={}).queues
     assert q.partitioned and q.partitions == 6
     assert [s.name for s in expand([q])] == [f"orders#{i}" for i in range(6)]
+
+
+class FakeShard:
+    """What ShardsFields reads of a shard's subscription."""
+
+    def __init__(self, queue: str, address: str) -> None:
+        self.queue, self.address = queue, address
+        self.filter, self.max_backlog, self.backlog = None, 2, 2
+        self.acked_count, self.ack_failures, self.unconfirmed_acks = 3, [], 1
+        self.reconnects, self.closed = 1, False
+
+
+def test_operations_by_bookmark_go_to_the_shard_of_its_partition() -> None:
+    merged: ShardsFields[Any] = ShardsFields()
+    merged._queue = "o"
+    subs = [FakeShard("o#0", "b:1"), FakeShard("o#1", "a:1"), FakeShard("o#2", "b:1")]
+    merged._take_shards(subs)
+    assert merged._shard_of("o/1/42") is subs[1]
+    assert merged._shard_of("o/2/0") is subs[2]
+    with pytest.raises(MalformedBookmark, match="partition 3 is not one of queue 'o'"):
+        merged._shard_of("o/3/1")
+    assert (merged.queue, merged.backlog, merged.acked_count) == ("o", 6, 9)
+    assert (merged.unconfirmed_acks, merged.reconnects, merged.address) == (3, 3, "a:1,b:1")
+    assert not merged.closed
+    with pytest.raises(ClientError, match="cannot be replaced by one to another queue"):
+        merged._check_replace("p")
+    merged._check_replace("o")
