@@ -1,7 +1,7 @@
 """Partitioned queues (issue 12, ``layer.shards``) with real coordinator processes over the
 embedded broker: one coordinator serving every shard, and two members sharing the shards
-while a consumer given one member receives from both, follows a member's SIGTERM, and has
-every message confirmed once."""
+while a consumer given one member receives from both, follows a member's SIGTERM (or
+SIGKILL), and has every message confirmed once."""
 
 from __future__ import annotations
 
@@ -103,8 +103,9 @@ def test_one_coordinator_serves_every_shard(
             client.ack_where(live, "1 = 1")
 
 
-def test_two_members_share_the_shards_and_a_consumer_follows_a_sigterm(
-    coordinator_factory: Any, names: Callable[[str], str]
+@pytest.mark.parametrize("how", ["term", "kill"])
+def test_two_members_share_the_shards_and_a_consumer_follows_a_stop(
+    coordinator_factory: Any, names: Callable[[str], str], how: str
 ) -> None:
     cluster, q = names("cluster"), names("parts")
     # seven shards on seven consecutive control partitions of twelve: each member's six
@@ -145,6 +146,7 @@ def test_two_members_share_the_shards_and_a_consumer_follows_a_sigterm(
     unconfirmed: list[str] = []
     served_by: set[str] = set()
     stopped = False
+    stopped_at = followed_at = 0.0
     with QueueClient(str(given.address)) as client, client.subscribe(q, 3) as sub:
         assert isinstance(sub, PartitionedSubscription)
         assert set(sub.address.split(",")) == set(addresses)  # streams on both members
@@ -154,8 +156,14 @@ def test_two_members_share_the_shards_and_a_consumer_follows_a_sigterm(
             if msg is None:
                 continue
             served_by.add(msg._subscription.address)
+            if stopped and not followed_at and owners[msg.queue] == str(stopped_proc.address):
+                followed_at = time.monotonic()  # a moved shard delivers from its new owner
             if not stopped and len(confirmed) >= n // 3:
-                assert stopped_proc.stop() == 0  # SIGTERM: it hands its shards over
+                if how == "term":
+                    assert stopped_proc.stop() == 0  # SIGTERM: it hands its shards over
+                else:
+                    stopped_proc.kill()  # SIGKILL: the other member fences it, takes over
+                stopped_at = time.monotonic()
                 stopped = True
             try:
                 msg.ack(wait=True, timeout=60)
@@ -170,7 +178,11 @@ def test_two_members_share_the_shards_and_a_consumer_follows_a_sigterm(
     assert served_by == set(addresses), "not received from both members"
     assert len(confirmed) == len(set(confirmed)), "a message acked twice"
     assert set(confirmed) == published
-    print(f"confirmed {len(confirmed)}, unconfirmed at the move {len(unconfirmed)}")
+    took = f"{followed_at - stopped_at:.2f}s" if followed_at else "nothing left to deliver"
+    print(
+        f"{how}: confirmed {len(confirmed)}, unconfirmed at the move {len(unconfirmed)};"
+        f" first delivery of a moved shard from the member left {took} after the stop"
+    )
 
 
 def p_id(client: QueueClient, address: str) -> str:
