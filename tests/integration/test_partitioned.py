@@ -19,7 +19,7 @@ from layer.client import (
     PartitionedSubscription,
     QueueClient,
 )
-from layer.exceptions import ConfigError, LeaseLost, PartitionedQueue
+from layer.exceptions import ConfigError, LeaseLost, PartitionedQueue, UnknownQueue
 from layer.shards import shard_name
 from tests.harness import qlayer, serving
 from tests.helpers import wait_until
@@ -101,6 +101,15 @@ def test_one_coordinator_serves_every_shard(
         # what needs one engine names a shard
         with pytest.raises(PartitionedQueue, match=r"partitioned into 2 shards"):
             client.ack_where(live, "1 = 1")
+        # the CLI consumes from the shards too
+        client.publish(live, b"y", key="k2")
+        r = qlayer("consume", live, "--server", str(proc.address), "--count", "1")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["bookmark"].startswith(f"{live}/")
+        # deleted: its shards go with it
+        client.delete_queue(live)
+        with pytest.raises(UnknownQueue):
+            client.stats(shard_name(live, 0))
 
 
 @pytest.mark.parametrize("how", ["term", "kill"])
