@@ -39,6 +39,7 @@ from confluent_kafka import Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaPartition
 
 from connectors.admin import TopicAdmin, TopicSpec
+from layer.config.model import parse_shard
 from layer.coordinator.definitions import DefinitionsLog, ReadBack, Record
 from layer.definitions import Write
 from layer.exceptions import BrokerError
@@ -75,7 +76,13 @@ def members_topic(cluster: str) -> str:
 
 def partition_of(queue: str) -> int:
     """The control partition of a queue: a stable hash of its name (the same in every
-    member, every version)."""
+    member, every version). Shard ``i`` of a partitioned queue ``q`` (``q#i``,
+    ``layer.shards``) is on the partition after shard ``i - 1``'s, so up to 12 shards are on
+    12 partitions and the group spreads them as it spreads partitions."""
+    parsed = parse_shard(queue)
+    if parsed is not None:
+        name, shard = parsed
+        return (zlib.crc32(name.encode()) + shard) % CONTROL_PARTITIONS
     return zlib.crc32(queue.encode()) % CONTROL_PARTITIONS
 
 

@@ -61,6 +61,7 @@ from layer.coordinator.health import Health
 from layer.coordinator.ingest import Fetched, IngestReader
 from layer.coordinator.membership import Member, Membership, owner_write, partition_of
 from layer.coordinator.outage import KafkaWatch, until_reachable
+from layer.coordinator.partitioned import browse_shards, stats_of_shards
 from layer.coordinator.peers import Peers
 from layer.coordinator.publish import Publisher
 from layer.coordinator.publish_route import PublishRoute, routes_publishes
@@ -90,12 +91,14 @@ from layer.exceptions import (
     ConnectionLost,
     InvalidRequest,
     NotOwner,
+    PartitionedQueue,
     QLayerError,
     QueueBusy,
     QueueRemoved,
     StateError,
 )
 from layer.expr import Expression, Record, compile_expression
+from layer.shards import expand
 from layer.state.base import Store
 from layer.state.changelog import ChangelogWriter, DurableChangelog
 
@@ -247,7 +250,8 @@ class Coordinator:
         # the queues served are the definitions topic's, once the file's changes are in it
         # (in a cluster: those the group gives this member, none until it joins)
         defined = await self._cluster.open(cfg, self._until_reachable)
-        cfg = self._config = replace(cfg, queues=tuple(q for q in defined if self._owns(q.name)))
+        served = expand(defined)  # a partitioned queue as its shards (layer.shards)
+        cfg = self._config = replace(cfg, queues=tuple(q for q in served if self._owns(q.name)))
         await self._ensure_topics(cfg.queues)
         # The writer comes first: initialising its transactions fences a killed predecessor and
         # aborts its open transaction, which a read_committed restore would otherwise wait on.
@@ -325,6 +329,8 @@ class Coordinator:
             lambda: len(rt.inbox),
             refresh_interval=self._config.coordinator.topic_refresh_interval,
             on_trouble=self._watch.suspect,
+            partition=q.shard,
+            partitions=q.partitions,
         )
         reader.start()
         return reader
@@ -430,6 +436,10 @@ class Coordinator:
         self._check_alive()
         if limit is not None and limit < 0:
             raise InvalidRequest(f"limit must be >= 0, got {limit}")
+        if shards := self._shards(queue):
+            return await browse_shards(
+                shards, lambda shard: self.browse(shard, filter, limit), limit
+            )
         owner = self._owner_elsewhere(queue)
         if owner is not None:
             return await self._peers.browse(owner, queue, filter, limit)
@@ -589,6 +599,9 @@ class Coordinator:
         headers: Sequence[tuple[str, bytes | None]] = (),
     ) -> Bookmark:
         self._check_alive()
+        if shards := self._shards(queue):
+            # any shard publishes to the topic, whose partitioner picks the partition by key
+            return await self.publish(shards[0], value, key, headers)
         owner = self._owner_elsewhere(queue)
         if owner is not None:
             return await self._peers.publish(owner, queue, value, key, list(headers))
@@ -676,7 +689,10 @@ class Coordinator:
             closing.add_done_callback(self._replays.discard)
 
     async def stats(self, queue: str | None = None) -> list[QueueStats]:
-        """Of one queue (forwarded to its owner in a cluster), or of those served here."""
+        """Of one queue (forwarded to its owner in a cluster; a partitioned one summed over its
+        shards), or of those served here."""
+        if queue is not None and (shards := self._shards(queue)):
+            return await stats_of_shards(queue, shards, self.stats)
         owner = None if queue is None else self._owner_elsewhere(queue)
         if owner is not None:
             assert queue is not None
@@ -700,7 +716,8 @@ class Coordinator:
         membership, cluster = self._membership, self._cluster
         if membership is None or cluster is None:
             return ClusterStats(local)
-        elsewhere = [q for q in sorted(cluster.definitions.queues) if q not in self._runtimes]
+        served = sorted(q.name for q in cluster.served())
+        elsewhere = [q for q in served if q not in self._runtimes]
         over_tls = self._config.coordinator.tls_cert is not None
         return await gather_stats(
             local, elsewhere, membership.map, self._peers, forward=not over_tls
@@ -732,6 +749,7 @@ class Coordinator:
         return self._lookup(queue).config
 
     def queues(self) -> list[QueueInfo]:
+        served = self._config.queues
         return [
             QueueInfo(
                 name=q.name,
@@ -743,11 +761,13 @@ class Coordinator:
                 dead_letter_topic=q.dead_letter_topic,
                 default_publish_target=q.default_publish_target,
             )
-            # in a cluster: every queue of it (stats, browse, publish are forwarded)
+            # in a cluster: every queue of it (stats, browse, publish are forwarded); a
+            # partitioned queue once, not its shards
             for q in (
                 self._cluster.defined()
-                if self._owned is not None and self._cluster is not None
-                else self._config.queues
+                if self._cluster is not None
+                and (self._owned is not None or any(q.shard is not None for q in served))
+                else served
             )
         ]
 
@@ -909,8 +929,9 @@ class Coordinator:
         async with self._reload_lock:
             self._check_alive()
             cluster.queue(name)
-            rt = self._runtimes.get(name)
-            leased = rt.stats(self._clock(), 0, 0).leased if rt is not None else 0
+            here = [self._runtimes.get(n) for n in cluster.shards(name) or [name]]
+            now = self._clock()
+            leased = sum(rt.stats(now, 0, 0).leased for rt in here if rt is not None)
             if leased and not force:
                 raise QueueBusy(
                     f"queue {name!r} has {leased} leased message(s): their acks would be"
@@ -922,13 +943,17 @@ class Coordinator:
     # the cluster (layer.coordinator.membership): which queues this member serves
     # ----------------------------------------------------------------------------------------
 
+    def _shards(self, queue: str) -> list[str]:
+        """The shards of ``queue`` when it is partitioned (``layer.shards``), else empty."""
+        return [] if self._cluster is None else self._cluster.shards(queue)
+
     def _owns(self, queue: str) -> bool:
         return self._owned is None or partition_of(queue) in self._owned
 
     def _defined(self) -> tuple[QueueConfig, ...]:
         """The queues this member is to serve: the topic's, those it owns in a cluster."""
         assert self._cluster is not None
-        return tuple(q for q in self._cluster.defined() if self._owns(q.name))
+        return tuple(q for q in self._cluster.served() if self._owns(q.name))
 
     def _lookup(self, queue: str) -> QueueRuntime:
         """The runtime of a queue served here; ``NotOwner`` naming the member that serves a
@@ -937,7 +962,13 @@ class Coordinator:
         if rt is not None:
             return rt
         cluster = self._cluster
-        if self._owned is not None and cluster is not None and queue in cluster.definitions.queues:
+        if cluster is not None and (shards := cluster.shards(queue)):
+            raise PartitionedQueue(
+                f"queue {queue!r} is partitioned into {len(shards)} shards ({shards[0]} .."
+                f" {shards[-1]}): name a shard (a subscription opens one stream per shard, as"
+                " the Python client does)"
+            )
+        if self._owned is not None and cluster is not None and cluster.is_served(queue):
             raise self._not_owner(queue)
         return lookup(self._runtimes, queue)
 
@@ -986,7 +1017,7 @@ class Coordinator:
             for m in cmap.members.values()
         ]
         queues = []
-        for name in sorted(self._cluster.definitions.queues):
+        for name in sorted(q.name for q in self._cluster.served()):
             owner = cmap.owner_of(name)
             if owner is None:
                 queues.append(QueueOwner(name, partition_of(name)))
@@ -1112,7 +1143,16 @@ class Coordinator:
                 raise
             # the file's changes go through the topic: planned against what it would then hold
             assert self._cluster is not None
-            the_plan = plan(self._config, replace(new, queues=self._cluster.after_file(new)))
+            # planned on the queues as defined (a partitioned queue's distribution and
+            # partitions are fixed), then on what runs (its shards)
+            defined = plan(
+                replace(self._config, queues=self._cluster.defined()),
+                replace(new, queues=self._cluster.after_file(new)),
+            )
+            after = expand(self._cluster.after_file(new))
+            the_plan = (
+                defined if defined.refused else plan(self._config, replace(new, queues=after))
+            )
             if not the_plan.applicable:
                 result = the_plan.result(applied=False)
                 for line in result.lines():
