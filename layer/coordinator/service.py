@@ -836,7 +836,7 @@ class Coordinator:
     async def create_temporary_queue(
         self, name: str, options: Mapping[str, str], by: str
     ) -> QueueDefinitionInfo:
-        """A temporary queue, watched by this coordinator: deleted with its state once no
+        """A temporary queue, watched by the member serving it: deleted with its state once no
         subscription has been open on it for ``temporary_queue_grace``."""
         cluster = self._check_serving()
         async with self._reload_lock:
@@ -846,8 +846,10 @@ class Coordinator:
             return info_of(d)
 
     async def _watch_temporary(self) -> None:
-        """Delete, with its state, each temporary queue this coordinator watches once no
-        subscription has been open on it for the grace period."""
+        """Delete, with its state, each temporary queue served here once no subscription has
+        been open on it for the grace period. In a cluster the member serving a queue watches
+        it, whichever member created it; a queue that moves starts its grace again on its new
+        owner (its client follows it there)."""
         grace = self._config.coordinator.temporary_queue_grace
         idle: dict[str, float] = {}  # queue -> when it was last seen without a subscription
         while not self._stopping:
@@ -855,7 +857,7 @@ class Coordinator:
             if self._cluster is None:
                 continue
             now = time.monotonic()
-            watched = self._cluster.watched_temporary()
+            watched = self._cluster.temporary()
             for name in list(idle):
                 if name not in watched:
                     del idle[name]
