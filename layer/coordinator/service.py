@@ -61,7 +61,7 @@ from layer.coordinator.health import Health
 from layer.coordinator.ingest import Fetched, IngestReader
 from layer.coordinator.membership import Member, Membership, owner_write, partition_of
 from layer.coordinator.outage import KafkaWatch, until_reachable
-from layer.coordinator.peers import Peers
+from layer.coordinator.peers import Peers, peer_tls
 from layer.coordinator.publish import Publisher
 from layer.coordinator.publish_route import PublishRoute, routes_publishes
 from layer.coordinator.redrive import REDRIVE_SUFFIX, move, read_dead_letters
@@ -213,7 +213,7 @@ class Coordinator:
         self._membership: Membership | None = None
         self._owned: set[int] | None = None if config.coordinator.cluster is None else set()
         c = config.coordinator
-        self._peers = Peers(c.admin_token or c.auth_token, tls=c.tls_cert is not None)
+        self._peers = Peers(c.admin_token or c.auth_token, tls=peer_tls(c))
         self._address = ""  # of this coordinator's API, once it serves (``join``)
 
     @property
@@ -701,10 +701,7 @@ class Coordinator:
         if membership is None or cluster is None:
             return ClusterStats(local)
         elsewhere = [q for q in sorted(cluster.definitions.queues) if q not in self._runtimes]
-        over_tls = self._config.coordinator.tls_cert is not None
-        return await gather_stats(
-            local, elsewhere, membership.map, self._peers, forward=not over_tls
-        )
+        return await gather_stats(local, elsewhere, membership.map, self._peers)
 
     def subscriptions_of(self, queue: str, leases: int = 100) -> list[dict[str, object]]:
         """The web console's view of a queue's subscriptions, each with up to ``leases`` of
@@ -953,11 +950,9 @@ class Coordinator:
         return NotOwner(f"queue {queue!r} is served by member {owner.id!r} at {owner.address}")
 
     def _owner_elsewhere(self, queue: str) -> str | None:
-        """The API address of the member serving ``queue`` when another one does and calls
-        can be forwarded to it (``layer.coordinator.peers``: not over TLS); else None."""
+        """The API address of the member serving ``queue`` when another one does (calls are
+        forwarded to it: ``layer.coordinator.peers``); else None."""
         if queue in self._runtimes or self._membership is None:
-            return None
-        if self._config.coordinator.tls_cert is not None:
             return None
         owner = self._membership.map.owner_of(queue)
         if owner is None or owner.id == self._membership.member.id:
