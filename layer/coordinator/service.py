@@ -1061,17 +1061,32 @@ class Coordinator:
 
     async def _revoked(self, partitions: set[int], graceful: bool) -> None:
         """Control partitions went to another member: stop serving their queues (their last
-        changes durable, leases returned) and, when the group asked (not lost), say so in the
-        members topic, so the next owner need not fence this member."""
+        changes durable, leases returned) and say so in the members topic, so the next owner
+        need not fence this member. Lost ones too (``graceful`` False: the session ran out,
+        e.g. in a Kafka outage that evicted every member): once their last changes are
+        durable this member commits nothing more for them, which is what a release says; were
+        it fenced first (its successor did not wait), the commit fails and it exits. Without a
+        release, the members that rejoin after an outage would fence each other (each member
+        has one writer for all its queues) and all exit. A release written after another
+        member's claim is ignored (``ClusterMap``)."""
         membership = self._membership
         assert membership is not None and self._owned is not None
         async with self._reload_lock:
             self._owned -= partitions
             await self._apply_definitions("moved to another member of the cluster")
-        if graceful and self._rounds.failed is None:
+        if self._rounds.failed is None:
             me = membership.member
-            await membership.write([owner_write(p, me, released=True) for p in sorted(partitions)])
-            log.info("cluster: handed over control partitions %s", sorted(partitions))
+            mine = [
+                p
+                for p in sorted(partitions)
+                if (o := membership.map.owners.get(p)) is not None
+                and o.member == me.id
+                and not o.released
+            ]
+            if mine:
+                await membership.write([owner_write(p, me, released=True) for p in mine])
+            how = "handed over" if graceful else "released (lost by this member)"
+            log.info("cluster: %s control partitions %s", how, mine)
 
     def _writer_dead(self, exc: StateError) -> None:
         """The changelog writer was fenced (or failed) and is not replaced (a cluster member):
