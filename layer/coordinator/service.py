@@ -59,7 +59,13 @@ from layer.coordinator.cluster_stats import gather_stats
 from layer.coordinator.definitions import DefinitionsLog
 from layer.coordinator.health import Health
 from layer.coordinator.ingest import Fetched, IngestReader
-from layer.coordinator.membership import Member, Membership, owner_write, partition_of
+from layer.coordinator.membership import (
+    Member,
+    Membership,
+    member_write,
+    owner_write,
+    partition_of,
+)
 from layer.coordinator.outage import KafkaWatch, until_reachable
 from layer.coordinator.peers import Peers, peer_tls
 from layer.coordinator.publish import Publisher
@@ -141,8 +147,10 @@ class Coordinator:
             wait_reachable=self._watch.wait_reachable,
             on_trouble=self._watch.suspect,
             interrupt=self._interrupt,
-            # in a cluster a failed writer is not replaced (``DurableChangelog``)
+            # in a cluster a fenced writer is not replaced, a failed one only once no other
+            # member claimed what this one may commit for (``DurableChangelog``)
             replace_failed=config.coordinator.cluster is None,
+            confirm_replacement=self._confirm_replacement,
             on_dead=self._writer_dead,
         )
         self._changelog = CommitPool(self._durable)
@@ -165,6 +173,7 @@ class Coordinator:
             next_commit=self._signal.next_commit,
             check_alive=self._check_alive,
             instance=uuid.uuid4().hex[:8],
+            check_served=self.check_served,
         )
         self._rounds = Rounds(
             self._runtimes,
@@ -212,6 +221,9 @@ class Coordinator:
         # partitions the group gives it (layer.coordinator.membership); None: every queue
         self._membership: Membership | None = None
         self._owned: set[int] | None = None if config.coordinator.cluster is None else set()
+        # control partitions this member claimed and has not released: those whose queues its
+        # changelog writer may hold records of
+        self._claimed: set[int] = set()
         c = config.coordinator
         self._peers = Peers(c.admin_token or c.auth_token, tls=peer_tls(c))
         self._address = ""  # of this coordinator's API, once it serves (``join``)
@@ -1038,6 +1050,7 @@ class Coordinator:
         assert membership is not None and self._owned is not None
         me = membership.member
         await membership.write([owner_write(p, me, released=False) for p in sorted(partitions)])
+        self._claimed |= partitions  # read back: in the map (its queues served only later)
         fence = {
             before.transactional_id
             for p in partitions
@@ -1085,6 +1098,7 @@ class Coordinator:
             ]
             if mine:
                 await membership.write([owner_write(p, me, released=True) for p in mine])
+            self._claimed -= partitions
             how = "handed over" if graceful else "released (lost by this member)"
             log.info("cluster: %s control partitions %s", how, mine)
 
@@ -1094,6 +1108,33 @@ class Coordinator:
         process exits (leaving the group) instead of serving on with nothing durable."""
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._rounds.fail, exc)
+
+    def _confirm_replacement(self) -> str | None:
+        """(The commit thread, a new writer started in place of one that failed.) None when
+        no other member claimed a control partition this member claimed and did not release,
+        as the members topic says once read to a record written now; else what was taken.
+        ``StateError`` when that cannot be told yet (Kafka away again): asked again."""
+        if self._membership is None or self._loop is None:
+            return None
+        asking = asyncio.run_coroutine_threadsafe(self._claims_taken(), self._loop)
+        try:
+            return asking.result(60)
+        except Exception as exc:
+            asking.cancel()
+            raise StateError(f"cannot tell whether another member took over: {exc}") from exc
+
+    async def _claims_taken(self) -> str | None:
+        membership = self._membership
+        assert membership is not None
+        me = membership.member
+        claimed = set(self._claimed)
+        await membership.write([member_write(me)])  # read back: the map holds every claim
+        taken = sorted(
+            p for p in claimed if (o := membership.map.owners.get(p)) is None or o.member != me.id
+        )
+        if not taken:
+            return None
+        return f"control partitions {taken} were claimed by another member meanwhile"
 
     def _new_writer_id(self) -> str:
         return f"{self._config.coordinator.id}-changelog"
