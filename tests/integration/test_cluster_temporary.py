@@ -23,7 +23,9 @@ from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
 
-GRACE = 3.0
+# long enough for a client to follow its queue to the next owner on a loaded machine (a
+# follow after a SIGTERM took up to 2.4 s, measured)
+GRACE = 8.0
 
 
 def name_on(base: str, partitions: list[int]) -> str:
@@ -76,7 +78,7 @@ def test_a_temporary_queue_goes_from_whichever_member_serves_it_and_survives_a_m
             assert got is not None and got.data == b"reply-1"
             got.ack(wait=True, timeout=30)
             # open for more than a grace: it stays
-            time.sleep(GRACE * 1.5)
+            time.sleep(GRACE + 2)
             assert q in defined(a)
         wait_until(lambda: changelog in admin.list_topics(), timeout=30)
         gone_at = time.monotonic()
@@ -118,7 +120,7 @@ def test_a_temporary_queue_goes_from_whichever_member_serves_it_and_survives_a_m
             assert got is not None and got.data == b"after"  # 'before' stays acked
             assert sub.address == first.address
             got.ack(wait=True, timeout=30)
-            time.sleep(GRACE * 1.5)  # followed on the new owner: not deleted
+            time.sleep(GRACE + 2)  # followed on the new owner: not deleted
             assert q2 in defined(a)
         wait_until(
             lambda: q2 not in defined(a),
