@@ -395,6 +395,7 @@ _COORDINATOR_KEYS = (
     "tls_cert",
     "tls_key",
     "tls_client_ca",
+    "tls_peer_ca",
     "tokens_file",
     "http",
     "metrics_right",
@@ -481,6 +482,7 @@ def _coordinator(
         tls_cert=section.get("tls_cert", None, _path(base_dir)),
         tls_key=section.get("tls_key", None, _path(base_dir)),
         tls_client_ca=section.get("tls_client_ca", None, _path(base_dir)),
+        tls_peer_ca=section.get("tls_peer_ca", None, _path(base_dir)),
         tokens_file=section.get("tokens_file", None, _path(base_dir)),
         http=section.get("http", None, _listen),
         metrics_right=section.get("metrics_right", None, _metrics_right),
@@ -508,6 +510,13 @@ def _coordinator(
             raise section.error("tls_client_ca", "needs tls_cert and tls_key (mutual TLS is TLS)")
         if not config.tls_client_ca.is_file():
             raise section.error("tls_client_ca", f"no such file: {config.tls_client_ca}")
+    if config.tls_peer_ca is not None:
+        if config.tls_cert is None:
+            raise section.error(
+                "tls_peer_ca", "needs tls_cert and tls_key (the members' API is TLS)"
+            )
+        if not config.tls_peer_ca.is_file():
+            raise section.error("tls_peer_ca", f"no such file: {config.tls_peer_ca}")
     if config.tokens_file is not None:
         from layer.api.tokens import read_tokens_file
 

@@ -167,6 +167,10 @@ class CoordinatorConfig:
     # PEM CA certificate(s): clients must present a certificate signed by one (mutual TLS);
     # its subject names the principal in the tokens file
     tls_client_ca: Path | None = None
+    # PEM CA certificate(s) that verify the other members' API certificates when this member
+    # forwards a call to one or probes it (a cluster over TLS); None: tls_client_ca when set
+    # (one CA for a cluster's members), else the system's roots (``peer_root_cert``)
+    tls_peer_ca: Path | None = None
     # TOML file of principals (token hashes, certificate subjects) and their per-queue grants
     # (layer.api.tokens); read again on SIGHUP and `qlayer reload`
     tokens_file: Path | None = None
@@ -196,7 +200,8 @@ class CoordinatorConfig:
             f"admin_token={admin!r}, "
             f"topic_refresh_interval={self.topic_refresh_interval!r}, "
             f"tls_cert={self.tls_cert!r}, tls_key={self.tls_key!r}, "
-            f"tls_client_ca={self.tls_client_ca!r}, tokens_file={self.tokens_file!r}, "
+            f"tls_client_ca={self.tls_client_ca!r}, tls_peer_ca={self.tls_peer_ca!r}, "
+            f"tokens_file={self.tokens_file!r}, "
             f"http={self.http!r}, "
             f"snapshot_every={self.snapshot_every!r}, "
             f"snapshot_interval={self.snapshot_interval!r}, cluster={self.cluster!r})"

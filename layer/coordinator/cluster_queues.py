@@ -159,7 +159,8 @@ class ClusterQueues:
 
     def create(self, options: Mapping[str, str], by: str, temporary: bool = False) -> Definition:
         """The record of a new queue (``ConfigError`` as the file's, ``QueueExists``). A
-        temporary one is watched by this coordinator (its origin names it)."""
+        temporary one's origin names the coordinator it was created through (the member that
+        serves it watches it: ``temporary``)."""
         table = _table("queue create", options)
         queue = queue_from_table(table, "queue create", self._coordinator)
         if queue.name in self.definitions.queues:
@@ -176,13 +177,12 @@ class ClusterQueues:
             queue.name, queue_table(queue), origin, by, self._now_ms(), temporary=temporary
         )
 
-    def watched_temporary(self) -> list[str]:
-        """The temporary queues this coordinator watches (it created them)."""
-        mine = temporary_origin(self._coordinator.id)
+    def temporary(self) -> list[str]:
+        """The temporary queues of the cluster. Each is watched by the member serving it,
+        whichever member it was created through: the one its client's subscriptions open on,
+        so the one that can tell the client went away (and after a move, the next owner)."""
         return [
-            name
-            for name, d in self.definitions.latest.items()
-            if d is not None and d.temporary and d.origin == mine
+            name for name, d in self.definitions.latest.items() if d is not None and d.temporary
         ]
 
     def take_ended_temporary(self) -> set[str]:
@@ -244,5 +244,5 @@ def info_of(d: Definition) -> QueueDefinitionInfo:
 
 
 def temporary_origin(coordinator_id: str) -> str:
-    """The origin of a temporary queue: the coordinator that watches its use."""
+    """The origin of a temporary queue: the coordinator it was created through."""
     return f"temporary:{coordinator_id}"

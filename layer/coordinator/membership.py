@@ -12,9 +12,11 @@ ever written to the control topic: it exists for its partitions.
 A second topic, the **members topic** (one partition, compacted), is the cluster's host map and
 ownership record: each member writes its API address under ``member/<id>``, and each owner of a
 control partition writes ``owner/<p>`` when it takes it (``released`` false) and again when it
-hands it over gracefully (``released`` true, after its queues' last changes are durable). A
-member that takes a partition whose last owner did not release it (killed, or stopped and
-evicted by the group) **fences** that owner before it restores anything: it starts a producer
+hands it over (``released`` true, after its queues' last changes are durable): when the group
+revokes it, and when the member loses it (its session ran out, e.g. while Kafka was away for
+every member) and could still make those changes durable. A member that takes a partition
+whose last owner did not release it (killed, or stopped and evicted by the group) **fences**
+that owner before it restores anything: it starts a producer
 with the old owner's transactional id, which aborts what the old owner left open and makes
 every later commit of the old owner fail. The old owner then commits nothing more (its changelog
 writer is not replaced when fenced, ``DurableChangelog.replace_fenced``): a woken zombie can
@@ -132,6 +134,11 @@ class ClusterMap:
                 owner = Owner(
                     str(body["member"]), str(body["transactional_id"]), bool(body["released"])
                 )
+                current = self.owners.get(p)
+                if owner.released and current is not None and current.member != owner.member:
+                    # a release written after another member claimed the partition (a member
+                    # that lost it while Kafka was away): the claim stands
+                    return
                 if owner.member == self.me and not owner.released:
                     self.taken_from[p] = self.owners.get(p)
                 self.owners[p] = owner

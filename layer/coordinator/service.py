@@ -59,10 +59,16 @@ from layer.coordinator.cluster_stats import gather_stats
 from layer.coordinator.definitions import DefinitionsLog
 from layer.coordinator.health import Health
 from layer.coordinator.ingest import Fetched, IngestReader
-from layer.coordinator.membership import Member, Membership, owner_write, partition_of
+from layer.coordinator.membership import (
+    Member,
+    Membership,
+    member_write,
+    owner_write,
+    partition_of,
+)
 from layer.coordinator.outage import KafkaWatch, until_reachable
 from layer.coordinator.partitioned import browse_shards, stats_of_shards
-from layer.coordinator.peers import Peers
+from layer.coordinator.peers import Peers, peer_tls
 from layer.coordinator.publish import Publisher
 from layer.coordinator.publish_route import PublishRoute, routes_publishes
 from layer.coordinator.redrive import REDRIVE_SUFFIX, move, read_dead_letters
@@ -144,8 +150,10 @@ class Coordinator:
             wait_reachable=self._watch.wait_reachable,
             on_trouble=self._watch.suspect,
             interrupt=self._interrupt,
-            # in a cluster a failed writer is not replaced (``DurableChangelog``)
+            # in a cluster a fenced writer is not replaced, a failed one only once no other
+            # member claimed what this one may commit for (``DurableChangelog``)
             replace_failed=config.coordinator.cluster is None,
+            confirm_replacement=self._confirm_replacement,
             on_dead=self._writer_dead,
         )
         self._changelog = CommitPool(self._durable)
@@ -168,6 +176,7 @@ class Coordinator:
             next_commit=self._signal.next_commit,
             check_alive=self._check_alive,
             instance=uuid.uuid4().hex[:8],
+            check_served=self.check_served,
         )
         self._rounds = Rounds(
             self._runtimes,
@@ -215,8 +224,11 @@ class Coordinator:
         # partitions the group gives it (layer.coordinator.membership); None: every queue
         self._membership: Membership | None = None
         self._owned: set[int] | None = None if config.coordinator.cluster is None else set()
+        # control partitions this member claimed and has not released: those whose queues its
+        # changelog writer may hold records of
+        self._claimed: set[int] = set()
         c = config.coordinator
-        self._peers = Peers(c.admin_token or c.auth_token, tls=c.tls_cert is not None)
+        self._peers = Peers(c.admin_token or c.auth_token, tls=peer_tls(c))
         self._address = ""  # of this coordinator's API, once it serves (``join``)
 
     @property
@@ -718,10 +730,7 @@ class Coordinator:
             return ClusterStats(local)
         served = sorted(q.name for q in cluster.served())
         elsewhere = [q for q in served if q not in self._runtimes]
-        over_tls = self._config.coordinator.tls_cert is not None
-        return await gather_stats(
-            local, elsewhere, membership.map, self._peers, forward=not over_tls
-        )
+        return await gather_stats(local, elsewhere, membership.map, self._peers)
 
     def subscriptions_of(self, queue: str, leases: int = 100) -> list[dict[str, object]]:
         """The web console's view of a queue's subscriptions, each with up to ``leases`` of
@@ -856,7 +865,7 @@ class Coordinator:
     async def create_temporary_queue(
         self, name: str, options: Mapping[str, str], by: str
     ) -> QueueDefinitionInfo:
-        """A temporary queue, watched by this coordinator: deleted with its state once no
+        """A temporary queue, watched by the member serving it: deleted with its state once no
         subscription has been open on it for ``temporary_queue_grace``."""
         cluster = self._check_serving()
         async with self._reload_lock:
@@ -866,8 +875,10 @@ class Coordinator:
             return info_of(d)
 
     async def _watch_temporary(self) -> None:
-        """Delete, with its state, each temporary queue this coordinator watches once no
-        subscription has been open on it for the grace period."""
+        """Delete, with its state, each temporary queue served here once no subscription has
+        been open on it for the grace period. In a cluster the member serving a queue watches
+        it, whichever member created it; a queue that moves starts its grace again on its new
+        owner (its client follows it there)."""
         grace = self._config.coordinator.temporary_queue_grace
         idle: dict[str, float] = {}  # queue -> when it was last seen without a subscription
         while not self._stopping:
@@ -875,7 +886,7 @@ class Coordinator:
             if self._cluster is None:
                 continue
             now = time.monotonic()
-            watched = self._cluster.watched_temporary()
+            watched = self._cluster.temporary()
             for name in list(idle):
                 if name not in watched:
                     del idle[name]
@@ -982,11 +993,9 @@ class Coordinator:
         return NotOwner(f"queue {queue!r} is served by member {owner.id!r} at {owner.address}")
 
     def _owner_elsewhere(self, queue: str) -> str | None:
-        """The API address of the member serving ``queue`` when another one does and calls
-        can be forwarded to it (``layer.coordinator.peers``: not over TLS); else None."""
+        """The API address of the member serving ``queue`` when another one does (calls are
+        forwarded to it: ``layer.coordinator.peers``); else None."""
         if queue in self._runtimes or self._membership is None:
-            return None
-        if self._config.coordinator.tls_cert is not None:
             return None
         owner = self._membership.map.owner_of(queue)
         if owner is None or owner.id == self._membership.member.id:
@@ -1072,6 +1081,7 @@ class Coordinator:
         assert membership is not None and self._owned is not None
         me = membership.member
         await membership.write([owner_write(p, me, released=False) for p in sorted(partitions)])
+        self._claimed |= partitions  # read back: in the map (its queues served only later)
         fence = {
             before.transactional_id
             for p in partitions
@@ -1095,17 +1105,33 @@ class Coordinator:
 
     async def _revoked(self, partitions: set[int], graceful: bool) -> None:
         """Control partitions went to another member: stop serving their queues (their last
-        changes durable, leases returned) and, when the group asked (not lost), say so in the
-        members topic, so the next owner need not fence this member."""
+        changes durable, leases returned) and say so in the members topic, so the next owner
+        need not fence this member. Lost ones too (``graceful`` False: the session ran out,
+        e.g. in a Kafka outage that evicted every member): once their last changes are
+        durable this member commits nothing more for them, which is what a release says; were
+        it fenced first (its successor did not wait), the commit fails and it exits. Without a
+        release, the members that rejoin after an outage would fence each other (each member
+        has one writer for all its queues) and all exit. A release written after another
+        member's claim is ignored (``ClusterMap``)."""
         membership = self._membership
         assert membership is not None and self._owned is not None
         async with self._reload_lock:
             self._owned -= partitions
             await self._apply_definitions("moved to another member of the cluster")
-        if graceful and self._rounds.failed is None:
+        if self._rounds.failed is None:
             me = membership.member
-            await membership.write([owner_write(p, me, released=True) for p in sorted(partitions)])
-            log.info("cluster: handed over control partitions %s", sorted(partitions))
+            mine = [
+                p
+                for p in sorted(partitions)
+                if (o := membership.map.owners.get(p)) is not None
+                and o.member == me.id
+                and not o.released
+            ]
+            if mine:
+                await membership.write([owner_write(p, me, released=True) for p in mine])
+            self._claimed -= partitions
+            how = "handed over" if graceful else "released (lost by this member)"
+            log.info("cluster: %s control partitions %s", how, mine)
 
     def _writer_dead(self, exc: StateError) -> None:
         """The changelog writer was fenced (or failed) and is not replaced (a cluster member):
@@ -1113,6 +1139,33 @@ class Coordinator:
         process exits (leaving the group) instead of serving on with nothing durable."""
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._rounds.fail, exc)
+
+    def _confirm_replacement(self) -> str | None:
+        """(The commit thread, a new writer started in place of one that failed.) None when
+        no other member claimed a control partition this member claimed and did not release,
+        as the members topic says once read to a record written now; else what was taken.
+        ``StateError`` when that cannot be told yet (Kafka away again): asked again."""
+        if self._membership is None or self._loop is None:
+            return None
+        asking = asyncio.run_coroutine_threadsafe(self._claims_taken(), self._loop)
+        try:
+            return asking.result(60)
+        except Exception as exc:
+            asking.cancel()
+            raise StateError(f"cannot tell whether another member took over: {exc}") from exc
+
+    async def _claims_taken(self) -> str | None:
+        membership = self._membership
+        assert membership is not None
+        me = membership.member
+        claimed = set(self._claimed)
+        await membership.write([member_write(me)])  # read back: the map holds every claim
+        taken = sorted(
+            p for p in claimed if (o := membership.map.owners.get(p)) is None or o.member != me.id
+        )
+        if not taken:
+            return None
+        return f"control partitions {taken} were claimed by another member meanwhile"
 
     def _new_writer_id(self) -> str:
         return f"{self._config.coordinator.id}-changelog"
