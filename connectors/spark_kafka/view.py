@@ -533,6 +533,9 @@ def read_view_range(
 ) -> Iterator[pa.RecordBatch]:
     """The changes of ``task`` (its live contents at the end if it is a snapshot range), with
     their messages."""
+    if isinstance(task, ViewInputPartition) and task.stream and task.start == task.end:
+        _warm(options, task)
+        return
     if task is None or task.start >= task.end:
         return
     import pyarrow as pa  # on the executors only
@@ -547,6 +550,19 @@ def read_view_range(
         rows = view_rows(options.kafka, chunk, follow)
         for i in range(0, len(rows), ROWS_PER_ARROW_BATCH):
             yield view_batch(pa, rows[i : i + ROWS_PER_ARROW_BATCH])
+
+
+def _warm(options: ViewSourceOptions, task: ViewInputPartition) -> None:
+    """A stream's empty first range (``ViewStreamReader.partitions``): ready this Python worker
+    for the changes to come. Spark started it for this task and it imported this module to run
+    it; it imports pyarrow too, and opens its tail of the view-topic partition where the next
+    micro-batch starts (the tail fetches in the background from now on)."""
+    import pyarrow as pa
+
+    # pyarrow's first conversion of a Python list imports pandas (0.4-0.6 s on an idle
+    # machine): done once per process, here rather than in the first change's micro-batch
+    pa.array([], pa.int32())
+    _records(options, task)
 
 
 def _arrow_types(pa: Any) -> list[Any]:
@@ -624,6 +640,8 @@ class ViewStreamReader(KafkaStreamReader):
         self._view = options
         self._checked = False
         self._follower: EndFollower | None = None  # made on first use, on the driver
+        self._warmed = False  # a micro-batch ran a read task (Spark's Python worker started)
+        self._changes_only = dataclasses.replace(options, snapshot=False)
 
     def stop(self) -> None:
         super().stop()
@@ -683,7 +701,25 @@ class ViewStreamReader(KafkaStreamReader):
             else []
         )
         ranges = super().partitions(offsets_to_json(begin), end)
-        return _mark(self._view, ranges, continuing, self._earliest, stream=True)
+        # Only the stream's first read is the live contents (a snapshot, with snapshot=true):
+        # every range after it is changes, read by the worker's tail of the view partition,
+        # even one that starts at the partition's beginning because the first micro-batch
+        # found the topic empty (and no partition's beginning is asked for any more).
+        view = self._changes_only if self._warmed else self._view
+        marked = _mark(view, ranges, continuing, self._earliest, stream=True)
+        if not marked and not self._warmed:
+            # The stream's first micro-batch has nothing to read (an empty queue): read an
+            # empty range of each view-topic partition anyway. Spark starts a Python worker for
+            # a data source's first task, which took 2 s on an idle machine and 4-7 s under
+            # load (the worker's processes, imports, consumers): without this the first change
+            # after the stream started waited for it. Spark reuses the worker for the
+            # micro-batches that follow (spark.python.worker.reuse, on by default).
+            marked = [
+                ViewInputPartition(topic, partition, at, at, snapshot=False, stream=True)
+                for (topic, partition), at in sorted(until.items())
+            ]
+        self._warmed = self._warmed or bool(marked)
+        return marked
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_view_range(self._view, as_range(partition, VIEW_FORMAT))
