@@ -363,7 +363,7 @@ def _changes(options: ViewSourceOptions, task: KafkaInputPartition) -> Iterator[
                 ) from exc
             queue, at_ms, partition = round_.queue, round_.at_ms, task.partition
             changes = round_.leases if options.leases else round_.changes
-            chunk.extend((change, queue, at_ms, partition, offset) for change in changes)
+            chunk.extend([(change, queue, at_ms, partition, offset) for change in changes])
         if len(chunk) >= _CHUNK:
             yield chunk
             chunk = []
@@ -476,12 +476,14 @@ def spark_priority(priority: int | None) -> int | None:
     return None if priority is None else min(priority, 2**63 - 1)
 
 
-def view_rows(
+def view_columns(
     kafka: KafkaSourceOptions, placed: list[Placed], follow: bool = False
-) -> list[tuple[Any, ...]]:
-    """Rows of ``view_schema()`` for these changes, their messages fetched from the brokers;
-    ``follow``: a stream's changes, whose messages this process likely read or can read ahead
-    (``connectors.spark_kafka.follow``)."""
+) -> list[list[Any]]:
+    """The columns of ``view_schema()`` for these changes, their messages fetched from the
+    brokers; ``follow``: a stream's changes, whose messages this process likely read or can
+    read ahead (``connectors.spark_kafka.follow``). Built a column at a time, not a row at a
+    time and transposed: at 10,000 msg/s a stream's task turns ~20,000 changes a second into
+    rows, and the row tuples and their transposition were half of its Python time."""
     wanted = {change.bookmark for change, *_ in placed}
     if follow:
         messages, rest = following.follow(kafka, wanted)
@@ -490,42 +492,38 @@ def view_rows(
         messages.update(fetched)
     else:
         messages = fetch_messages(kafka, wanted)
-    rows: list[tuple[Any, ...]] = []
-    for change, queue, at_ms, view_partition, view_offset in placed:
-        bm = change.bookmark
-        message = messages.get(bm)
-        if message is None:
-            key = value = enqueued = None
-            headers: list[dict[str, Any]] = []
-        else:
-            key, value = message.key(), message.value()
-            pairs = cast(list[tuple[str, bytes | None]], message.headers() or [])
-            headers = [{"key": k, "value": v} for k, v in pairs]
-            _kind, ms = message.timestamp()
-            enqueued = ms * 1000 if ms and ms > 0 else None
-        rows.append(
-            (
-                change.sign,
-                queue,
-                str(bm),
-                bm.topic,
-                bm.partition,
-                bm.offset,
-                key,
-                headers,
-                value,
-                spark_priority(change.priority),
-                change.deliveries,
-                change.cancels,
-                enqueued,
-                at_ms * 1000,
-                view_partition,
-                view_offset,
-                change.holder,
-                change.leased_at * 1000 if change.holder is not None else None,
-            )
-        )
-    return rows
+    changes = [p[0] for p in placed]
+    bookmarks = [change.bookmark for change in changes]
+    found = [messages.get(bm) for bm in bookmarks]
+    stamps = [None if m is None else m.timestamp()[1] for m in found]
+    top = 2**63 - 1  # spark_priority, inline
+    return [
+        [change.sign for change in changes],
+        [p[1] for p in placed],
+        [str(bm) for bm in bookmarks],
+        [bm.topic for bm in bookmarks],
+        [bm.partition for bm in bookmarks],
+        [bm.offset for bm in bookmarks],
+        [None if m is None else m.key() for m in found],
+        [_headers(m) for m in found],
+        [None if m is None else m.value() for m in found],
+        [None if (n := c.priority) is None else min(n, top) for c in changes],
+        [change.deliveries for change in changes],
+        [change.cancels for change in changes],
+        [ms * 1000 if ms and ms > 0 else None for ms in stamps],
+        [p[2] * 1000 for p in placed],
+        [p[3] for p in placed],
+        [p[4] for p in placed],
+        [change.holder for change in changes],
+        [c.leased_at * 1000 if c.holder is not None else None for c in changes],
+    ]
+
+
+def _headers(message: Message | None) -> list[dict[str, Any]]:
+    if message is None:
+        return []
+    pairs = cast(list[tuple[str, bytes | None]] | None, message.headers())
+    return [{"key": k, "value": v} for k, v in pairs] if pairs else []
 
 
 def read_view_range(
@@ -547,9 +545,9 @@ def read_view_range(
         chunks = _changes(options, task)
     follow = not (isinstance(task, ViewInputPartition) and task.snapshot)
     for chunk in chunks:
-        rows = view_rows(options.kafka, chunk, follow)
-        for i in range(0, len(rows), ROWS_PER_ARROW_BATCH):
-            yield view_batch(pa, rows[i : i + ROWS_PER_ARROW_BATCH])
+        batch = view_batch(pa, view_columns(options.kafka, chunk, follow))
+        for i in range(0, batch.num_rows, ROWS_PER_ARROW_BATCH):
+            yield batch.slice(i, ROWS_PER_ARROW_BATCH)
 
 
 def _warm(options: ViewSourceOptions, task: ViewInputPartition) -> None:
@@ -593,10 +591,9 @@ def _arrow_types(pa: Any) -> list[Any]:
 _COLUMNS = [field.name for field in view_schema().fields]
 
 
-def view_batch(pa: Any, rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
-    """An Arrow batch of ``view_schema()`` rows, with its exact schema (Spark 4.3 compares the
-    nullability of each column and the names of list items)."""
-    columns = zip(*rows, strict=True)
+def view_batch(pa: Any, columns: list[list[Any]]) -> pa.RecordBatch:
+    """An Arrow batch of ``view_schema()`` columns (``view_columns``), with its exact schema
+    (Spark 4.3 compares the nullability of each column and the names of list items)."""
     kinds = _arrow_types(pa)
     arrays = [pa.array(column, kind) for column, kind in zip(columns, kinds, strict=True)]
     schema = pa.schema(
