@@ -30,8 +30,9 @@ transactions); ``includeHeaders`` and ``maxOffsetsPerTrigger`` are refused. And 
 - ``snapshot`` (default true): a range that starts at the beginning of a partition is read as the
   live contents at its end (per bookmark the last change, kept if it is +1) instead of every
   change. A batch read from ``earliest`` then *is* the live contents, and a stream's first
-  micro-batch is the contents at its end, followed by the changes. ``false``: every change, as
-  written.
+  micro-batch is the contents at its end, followed by the changes (every range after a
+  stream's first is changes, even one that starts at offset 0 because the first found the
+  topic empty). ``false``: every change, as written.
 
 A subscribed topic that does not exist is an error (a coordinator creates its view topic when it
 starts): a view of nothing would look like an empty queue.
