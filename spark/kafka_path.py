@@ -28,7 +28,7 @@ from connectors.spark_kafka.view import (
     ViewSourceOptions,
     spark_priority,
     view_batch,
-    view_rows,
+    view_columns,
     view_schema,
 )
 from layer.engine.model import Bookmark, ViewChange
@@ -157,6 +157,6 @@ def _fetcher(
                 for r in batch.to_pylist()
             ]
             if placed:
-                yield view_batch(pa, view_rows(kafka, placed))
+                yield view_batch(pa, view_columns(kafka, placed))
 
     return fetch

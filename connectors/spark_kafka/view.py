@@ -30,8 +30,9 @@ transactions); ``includeHeaders`` and ``maxOffsetsPerTrigger`` are refused. And 
 - ``snapshot`` (default true): a range that starts at the beginning of a partition is read as the
   live contents at its end (per bookmark the last change, kept if it is +1) instead of every
   change. A batch read from ``earliest`` then *is* the live contents, and a stream's first
-  micro-batch is the contents at its end, followed by the changes. ``false``: every change, as
-  written.
+  micro-batch is the contents at its end, followed by the changes (every range after a
+  stream's first is changes, even one that starts at offset 0 because the first found the
+  topic empty). ``false``: every change, as written.
 
 A subscribed topic that does not exist is an error (a coordinator creates its view topic when it
 starts): a view of nothing would look like an empty queue.
@@ -363,7 +364,7 @@ def _changes(options: ViewSourceOptions, task: KafkaInputPartition) -> Iterator[
                 ) from exc
             queue, at_ms, partition = round_.queue, round_.at_ms, task.partition
             changes = round_.leases if options.leases else round_.changes
-            chunk.extend((change, queue, at_ms, partition, offset) for change in changes)
+            chunk.extend([(change, queue, at_ms, partition, offset) for change in changes])
         if len(chunk) >= _CHUNK:
             yield chunk
             chunk = []
@@ -476,12 +477,14 @@ def spark_priority(priority: int | None) -> int | None:
     return None if priority is None else min(priority, 2**63 - 1)
 
 
-def view_rows(
+def view_columns(
     kafka: KafkaSourceOptions, placed: list[Placed], follow: bool = False
-) -> list[tuple[Any, ...]]:
-    """Rows of ``view_schema()`` for these changes, their messages fetched from the brokers;
-    ``follow``: a stream's changes, whose messages this process likely read or can read ahead
-    (``connectors.spark_kafka.follow``)."""
+) -> list[list[Any]]:
+    """The columns of ``view_schema()`` for these changes, their messages fetched from the
+    brokers; ``follow``: a stream's changes, whose messages this process likely read or can
+    read ahead (``connectors.spark_kafka.follow``). Built a column at a time, not a row at a
+    time and transposed: at 10,000 msg/s a stream's task turns ~20,000 changes a second into
+    rows, and the row tuples and their transposition were half of its Python time."""
     wanted = {change.bookmark for change, *_ in placed}
     if follow:
         messages, rest = following.follow(kafka, wanted)
@@ -490,42 +493,38 @@ def view_rows(
         messages.update(fetched)
     else:
         messages = fetch_messages(kafka, wanted)
-    rows: list[tuple[Any, ...]] = []
-    for change, queue, at_ms, view_partition, view_offset in placed:
-        bm = change.bookmark
-        message = messages.get(bm)
-        if message is None:
-            key = value = enqueued = None
-            headers: list[dict[str, Any]] = []
-        else:
-            key, value = message.key(), message.value()
-            pairs = cast(list[tuple[str, bytes | None]], message.headers() or [])
-            headers = [{"key": k, "value": v} for k, v in pairs]
-            _kind, ms = message.timestamp()
-            enqueued = ms * 1000 if ms and ms > 0 else None
-        rows.append(
-            (
-                change.sign,
-                queue,
-                str(bm),
-                bm.topic,
-                bm.partition,
-                bm.offset,
-                key,
-                headers,
-                value,
-                spark_priority(change.priority),
-                change.deliveries,
-                change.cancels,
-                enqueued,
-                at_ms * 1000,
-                view_partition,
-                view_offset,
-                change.holder,
-                change.leased_at * 1000 if change.holder is not None else None,
-            )
-        )
-    return rows
+    changes = [p[0] for p in placed]
+    bookmarks = [change.bookmark for change in changes]
+    found = [messages.get(bm) for bm in bookmarks]
+    stamps = [None if m is None else m.timestamp()[1] for m in found]
+    top = 2**63 - 1  # spark_priority, inline
+    return [
+        [change.sign for change in changes],
+        [p[1] for p in placed],
+        [str(bm) for bm in bookmarks],
+        [bm.topic for bm in bookmarks],
+        [bm.partition for bm in bookmarks],
+        [bm.offset for bm in bookmarks],
+        [None if m is None else m.key() for m in found],
+        [_headers(m) for m in found],
+        [None if m is None else m.value() for m in found],
+        [None if (n := c.priority) is None else min(n, top) for c in changes],
+        [change.deliveries for change in changes],
+        [change.cancels for change in changes],
+        [ms * 1000 if ms and ms > 0 else None for ms in stamps],
+        [p[2] * 1000 for p in placed],
+        [p[3] for p in placed],
+        [p[4] for p in placed],
+        [change.holder for change in changes],
+        [c.leased_at * 1000 if c.holder is not None else None for c in changes],
+    ]
+
+
+def _headers(message: Message | None) -> list[dict[str, Any]]:
+    if message is None:
+        return []
+    pairs = cast(list[tuple[str, bytes | None]] | None, message.headers())
+    return [{"key": k, "value": v} for k, v in pairs] if pairs else []
 
 
 def read_view_range(
@@ -533,6 +532,9 @@ def read_view_range(
 ) -> Iterator[pa.RecordBatch]:
     """The changes of ``task`` (its live contents at the end if it is a snapshot range), with
     their messages."""
+    if isinstance(task, ViewInputPartition) and task.stream and task.start == task.end:
+        _warm(options, task)
+        return
     if task is None or task.start >= task.end:
         return
     import pyarrow as pa  # on the executors only
@@ -544,9 +546,22 @@ def read_view_range(
         chunks = _changes(options, task)
     follow = not (isinstance(task, ViewInputPartition) and task.snapshot)
     for chunk in chunks:
-        rows = view_rows(options.kafka, chunk, follow)
-        for i in range(0, len(rows), ROWS_PER_ARROW_BATCH):
-            yield view_batch(pa, rows[i : i + ROWS_PER_ARROW_BATCH])
+        batch = view_batch(pa, view_columns(options.kafka, chunk, follow))
+        for i in range(0, batch.num_rows, ROWS_PER_ARROW_BATCH):
+            yield batch.slice(i, ROWS_PER_ARROW_BATCH)
+
+
+def _warm(options: ViewSourceOptions, task: ViewInputPartition) -> None:
+    """A stream's empty first range (``ViewStreamReader.partitions``): ready this Python worker
+    for the changes to come. Spark started it for this task and it imported this module to run
+    it; it imports pyarrow too, and opens its tail of the view-topic partition where the next
+    micro-batch starts (the tail fetches in the background from now on)."""
+    import pyarrow as pa
+
+    # pyarrow's first conversion of a Python list imports pandas (0.4-0.6 s on an idle
+    # machine): done once per process, here rather than in the first change's micro-batch
+    pa.array([], pa.int32())
+    _records(options, task)
 
 
 def _arrow_types(pa: Any) -> list[Any]:
@@ -577,10 +592,9 @@ def _arrow_types(pa: Any) -> list[Any]:
 _COLUMNS = [field.name for field in view_schema().fields]
 
 
-def view_batch(pa: Any, rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
-    """An Arrow batch of ``view_schema()`` rows, with its exact schema (Spark 4.3 compares the
-    nullability of each column and the names of list items)."""
-    columns = zip(*rows, strict=True)
+def view_batch(pa: Any, columns: list[list[Any]]) -> pa.RecordBatch:
+    """An Arrow batch of ``view_schema()`` columns (``view_columns``), with its exact schema
+    (Spark 4.3 compares the nullability of each column and the names of list items)."""
     kinds = _arrow_types(pa)
     arrays = [pa.array(column, kind) for column, kind in zip(columns, kinds, strict=True)]
     schema = pa.schema(
@@ -624,6 +638,8 @@ class ViewStreamReader(KafkaStreamReader):
         self._view = options
         self._checked = False
         self._follower: EndFollower | None = None  # made on first use, on the driver
+        self._warmed = False  # a micro-batch ran a read task (Spark's Python worker started)
+        self._changes_only = dataclasses.replace(options, snapshot=False)
 
     def stop(self) -> None:
         super().stop()
@@ -683,7 +699,25 @@ class ViewStreamReader(KafkaStreamReader):
             else []
         )
         ranges = super().partitions(offsets_to_json(begin), end)
-        return _mark(self._view, ranges, continuing, self._earliest, stream=True)
+        # Only the stream's first read is the live contents (a snapshot, with snapshot=true):
+        # every range after it is changes, read by the worker's tail of the view partition,
+        # even one that starts at the partition's beginning because the first micro-batch
+        # found the topic empty (and no partition's beginning is asked for any more).
+        view = self._changes_only if self._warmed else self._view
+        marked = _mark(view, ranges, continuing, self._earliest, stream=True)
+        if not marked and not self._warmed:
+            # The stream's first micro-batch has nothing to read (an empty queue): read an
+            # empty range of each view-topic partition anyway. Spark starts a Python worker for
+            # a data source's first task, which took 2 s on an idle machine and 4-7 s under
+            # load (the worker's processes, imports, consumers): without this the first change
+            # after the stream started waited for it. Spark reuses the worker for the
+            # micro-batches that follow (spark.python.worker.reuse, on by default).
+            marked = [
+                ViewInputPartition(topic, partition, at, at, snapshot=False, stream=True)
+                for (topic, partition), at in sorted(until.items())
+            ]
+        self._warmed = self._warmed or bool(marked)
+        return marked
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_view_range(self._view, as_range(partition, VIEW_FORMAT))

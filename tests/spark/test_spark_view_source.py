@@ -24,6 +24,7 @@ from connectors.spark_kafka import (
     register_view,
     view_schema,
 )
+from connectors.spark_kafka import follow as following
 from layer.engine.model import Bookmark, ViewChange, ViewChanges
 from layer.exceptions import ConfigError
 from layer.viewcodec import encode_round
@@ -259,6 +260,73 @@ def test_a_stream_starts_with_the_live_contents_then_follows_the_changes(
     finally:
         query.stop()
         aggregate.stop()
+
+
+def test_an_empty_first_micro_batch_readies_the_worker_and_changes_follow_as_written(
+    kafka_options, view_topic
+) -> None:
+    """A stream started on an empty view topic still plans a read for its first micro-batch:
+    an empty range, which has Spark start the data source's Python worker, and the worker
+    open its tail of the view partition, before the first change. The ranges after it are
+    changes as written, even one that starts at the partition's beginning (not a snapshot,
+    which would drop a message that came and went within it)."""
+    topic, write, _under = view_topic
+    reader = ViewDataSource({**kafka_options, "subscribe": topic}).streamReader(view_schema())
+    try:
+        start = reader.initialOffset()
+        end = reader.latestOffset()
+        [warm] = reader.partitions(start, end)
+        assert isinstance(warm, ViewInputPartition)
+        assert (warm.topic, warm.start, warm.end, warm.snapshot, warm.stream) == (
+            topic, 0, 0, False, True,
+        )  # fmt: skip
+        assert list(reader.read(warm)) == []
+        assert any(key[1:] == (topic, 0) for key in following._TAILS)  # the tail is open
+        assert reader.partitions(end, end) == []  # once readied, nothing to read is nothing
+
+        write([change(1, 1), change(-1, 1, deliveries=1), change(1, 4)])
+        later = reader.latestOffset()
+        [changes] = reader.partitions(end, later)
+        assert (changes.start, changes.snapshot) == (0, False)
+        rows = [row for batch in reader.read(changes) for row in batch.to_pylist()]
+        assert [(r["sign"], r["offset"], r["deliveries"]) for r in rows] == [
+            (1, 1, 0), (-1, 1, 1), (1, 4, 0),
+        ]  # fmt: skip
+        assert rows[2]["value"] == json.dumps({"sym": "C", "qty": 1}).encode()
+    finally:
+        reader.stop()
+        following.close()
+
+
+def test_a_stream_started_on_an_empty_view_shows_the_changes_that_follow(
+    spark, kafka_options, view_topic, checkpoint_dir: Path
+) -> None:
+    topic, write, _under = view_topic
+    register_view(spark)
+    batches: list[list[tuple[int, int]]] = []
+    stream = spark.readStream.format(VIEW_FORMAT).options(**kafka_options, subscribe=topic).load()
+
+    def record(df: Any, batch_id: int) -> None:
+        batches.append(sorted((r.sign, r.offset) for r in df.collect()))
+
+    query = (
+        stream.writeStream.foreachBatch(record)
+        .option("checkpointLocation", str(checkpoint_dir))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        wait_until(lambda: batches, timeout=60, message="no first micro-batch")
+        assert batches[0] == []  # the warm-up read: no rows
+        write([change(1, 0), change(1, 1), change(-1, 1, deliveries=1)])
+
+        def shown() -> list[tuple[int, int]]:
+            return sorted(row for batch in batches[1:] for row in batch)
+
+        wait_until(lambda: len(shown()) >= 3, timeout=60, message=lambda: f"{batches}")
+        assert shown() == [(-1, 1), (1, 0), (1, 1)]
+    finally:
+        query.stop()
 
 
 def test_options_that_do_not_fit_a_view_are_refused(spark, kafka_options) -> None:
