@@ -67,6 +67,19 @@ class BrokerProfile:
         return max(100, self.session_timeout_ms // 3)
 
 
+def cluster_group_settings(
+    profile: BrokerProfile, session_timeout_ms: int | None
+) -> dict[str, int]:
+    """The session settings of a cluster's group: ``session_timeout_ms`` (the profile's when
+    None), with four heartbeats a session, so a member is evicted only after missing several.
+    A session bounds how fast a hung member's queues move (on Tansu: 1.5 x session + ~0.8 s
+    from a kill to the survivors' new assignment, its JoinGroup held half a session); a member
+    whose API refuses connections is removed from the group at once (``layer.coordinator.
+    evict``)."""
+    ms = session_timeout_ms or profile.session_timeout_ms
+    return {"session.timeout.ms": ms, "heartbeat.interval.ms": max(100, ms // 4)}
+
+
 TANSU = BrokerProfile(
     name="tansu",
     session_timeout_ms=2000,

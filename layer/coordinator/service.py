@@ -34,6 +34,7 @@ from connectors.admin import TopicAdmin
 from connectors.kafka import (
     BrokerProfile,
     client_settings,
+    cluster_group_settings,
     consumer_settings,
     producer_settings,
     with_client_logging,
@@ -79,6 +80,7 @@ from layer.coordinator.round import (
 from layer.coordinator.runtime import QueueRuntime, lookup
 from layer.coordinator.snapshots import Snapshots
 from layer.coordinator.stages import Stages
+from layer.coordinator.standby import Standby, standby_partitions
 from layer.coordinator.subscriptions import SubscriptionHandle, Subscriptions
 from layer.coordinator.topics import check_view_topic, needed_topics
 from layer.coordinator.view_history import ViewHistory
@@ -105,6 +107,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REPLAY_THREADS = 8  # replays reading at once; more wait their turn a batch at a time
+STANDBY_REFRESH_S = 0.5  # how often the queues a standby tails are worked out again
 
 T = TypeVar("T")
 
@@ -215,6 +218,9 @@ class Coordinator:
         c = config.coordinator
         self._peers = Peers(c.admin_token or c.auth_token, tls=c.tls_cert is not None)
         self._address = ""  # of this coordinator's API, once it serves (``join``)
+        # warm copies of queues other members serve (``layer.coordinator.standby``)
+        self._standby: Standby | None = None
+        self._standby_task: asyncio.Task[None] | None = None
 
     @property
     def rounds(self) -> int:
@@ -370,6 +376,10 @@ class Coordinator:
         await self._pump_task
 
     async def stop(self) -> None:
+        if self._standby_task is not None:
+            self._standby_task.cancel()
+        if self._standby is not None:
+            await asyncio.to_thread(self._standby.close)
         if self._membership is not None:
             # leave the group first: the queues are handed over (their last changes durable,
             # their leases returned) while the rounds still run; after a failure (fenced) the
@@ -1010,11 +1020,9 @@ class Coordinator:
             return
         assert self._loop is not None
         member = Member(cfg.coordinator.id, address, self._new_writer_id())
-        session: dict[str, Any] = {}
-        if (ms := cfg.broker.session_timeout_ms) is not None:
-            # the group's session bounds how fast a dead member's queues move: the profile's
-            # unless set (a longer one rides out pauses; on Tansu each rebalance takes half of it)
-            session = {"session.timeout.ms": ms, "heartbeat.interval.ms": max(100, ms // 3)}
+        # the group's session bounds how fast a dead member's queues move: the profile's
+        # unless set (a longer one rides out pauses; on Tansu each rebalance takes half of it)
+        session = cluster_group_settings(self._profile, cfg.broker.session_timeout_ms)
         self._membership = Membership(
             cluster,
             member,
@@ -1029,6 +1037,12 @@ class Coordinator:
             on_revoked=self._revoked,
         )
         await self._membership.open()
+        if cfg.coordinator.standby_replicas > 0:
+            self._standby = Standby(
+                self._store, consumer_settings(self._base_settings, self._profile)
+            )
+            self._standby.start()
+            self._standby_task = asyncio.create_task(self._follow_standbys(), name="standby")
         try:
             await asyncio.wait_for(self._membership.first_assignment.wait(), timeout)
         except TimeoutError:
@@ -1056,6 +1070,25 @@ class Coordinator:
         async with self._reload_lock:
             self._owned |= partitions
             await self._apply_definitions("assigned to this member")
+
+    async def _follow_standbys(self) -> None:
+        """Keep the standby tailing the queues of the partitions this member is a standby of
+        (not while the queues move: a handover's last commit writes the store meanwhile)."""
+        membership, standby, cluster = self._membership, self._standby, self._cluster
+        assert membership is not None and standby is not None and cluster is not None
+        replicas = self._config.coordinator.standby_replicas
+        while not self._stopping:
+            if not self._reload_lock.locked():
+                mine = standby_partitions(membership.map, membership.member.id, replicas)
+                mine -= self._owned or set()
+                standby.want(
+                    {
+                        q.name: self._config.coordinator.changelog_topic(q.name)
+                        for q in cluster.defined()
+                        if partition_of(q.name) in mine and q.name not in self._runtimes
+                    }
+                )
+            await asyncio.sleep(STANDBY_REFRESH_S)
 
     def _fence(self, transactional_id: str) -> None:
         """Start (and close) a writer with another member's transactional id: what it left
@@ -1147,6 +1180,8 @@ class Coordinator:
         """What can fail (topics, restores) first, while nothing has changed; then the rest at
         once, between two rounds; then the removed queues' last records and readers."""
         await self._ensure_topics([*the_plan.added, *the_plan.changed])
+        if self._standby is not None:  # its copy stops here: the restore reads on from it
+            await self._standby.release({q.name for q in the_plan.added})
         added = [await self._restore.queue(q, starting=False) for q in the_plan.added]
         for rt in added:
             self._runtimes[rt.name] = rt
