@@ -36,6 +36,7 @@ from connectors.kafka import (
     client_settings,
     cluster_group_settings,
     consumer_settings,
+    kafka_python_settings,
     producer_settings,
     with_client_logging,
 )
@@ -58,6 +59,7 @@ from layer.config import Config, QueueConfig, reread
 from layer.coordinator.cluster_queues import ClusterQueues, info_of
 from layer.coordinator.cluster_stats import gather_stats
 from layer.coordinator.definitions import DefinitionsLog
+from layer.coordinator.evict import Evictions, remove_member
 from layer.coordinator.health import Health
 from layer.coordinator.ingest import Fetched, IngestReader
 from layer.coordinator.membership import Member, Membership, owner_write, partition_of
@@ -221,6 +223,7 @@ class Coordinator:
         # warm copies of queues other members serve (``layer.coordinator.standby``)
         self._standby: Standby | None = None
         self._standby_task: asyncio.Task[None] | None = None
+        self._evict_task: asyncio.Task[None] | None = None  # ``layer.coordinator.evict``
 
     @property
     def rounds(self) -> int:
@@ -375,7 +378,17 @@ class Coordinator:
         assert self._pump_task is not None
         await self._pump_task
 
+    async def leaving(self) -> None:
+        """Before the API stops (a graceful stop): no other member may take this one for
+        dead meanwhile (``Membership.leaving``)."""
+        if self._evict_task is not None:
+            self._evict_task.cancel()
+        if self._membership is not None:
+            await self._membership.leaving()
+
     async def stop(self) -> None:
+        if self._evict_task is not None:
+            self._evict_task.cancel()
         if self._standby_task is not None:
             self._standby_task.cancel()
         if self._standby is not None:
@@ -1037,6 +1050,18 @@ class Coordinator:
             on_revoked=self._revoked,
         )
         await self._membership.open()
+        removal = kafka_python_settings(self._base_settings)
+        if removal is None:
+            log.warning(
+                "cluster %s: a member whose API refuses connections is left to its session"
+                " timeout (a [broker.kafka] setting has no kafka-python counterpart)",
+                cluster,
+            )
+        else:
+            evictions = Evictions(self._membership, partial(remove_member, removal))
+            self._evict_task = asyncio.create_task(
+                evictions.run(lambda: self._stopping), name="evictions"
+            )
         if cfg.coordinator.standby_replicas > 0:
             self._standby = Standby(
                 self._store, consumer_settings(self._base_settings, self._profile)

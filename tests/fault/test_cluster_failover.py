@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from layer.client import QueueClient
-from layer.exceptions import LeaseLost
+from layer.exceptions import LeaseLost, NotOwner
 from tests.harness import CoordinatorProcess, serving
 from tests.helpers import wait_until
 
@@ -58,7 +58,16 @@ def three_members(coordinator_factory: Any, names: Callable[[str], str]) -> tupl
         return split and serving(admin, [q])
 
     wait_until(settled, timeout=90, message=lambda: f"not split: {admin.cluster()}")
-    published = {admin.publish(q, f"m{i}".encode()) for i in range(N)}
+
+    def publish(i: int) -> str | None:
+        try:
+            return admin.publish(q, f"m{i}".encode())
+        except NotOwner:  # a late rebalance of the split moves the queue: once it is served
+            return None
+
+    published = {
+        wait_until(lambda i=i: publish(i), timeout=60, message="publish refused") for i in range(N)
+    }
     return procs, q, published, admin
 
 
