@@ -21,6 +21,7 @@ address refuses connections from its peers, i.e. a misadvertised address.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -83,6 +84,8 @@ class Evictions:
         self._removed: set[str] = set()  # group member ids removed (once each)
 
     async def run(self, stopping: Callable[[], bool]) -> None:
+        # the client is imported now, not when a member dies (0.1-0.5 s on a loaded machine)
+        await asyncio.to_thread(importlib.import_module, "kafka.admin")
         while not stopping():
             try:
                 await self.step()

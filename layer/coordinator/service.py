@@ -224,6 +224,7 @@ class Coordinator:
         self._standby: Standby | None = None
         self._standby_task: asyncio.Task[None] | None = None
         self._evict_task: asyncio.Task[None] | None = None  # ``layer.coordinator.evict``
+        self._left = False  # left the cluster's group (``_leave``)
 
     @property
     def rounds(self) -> int:
@@ -379,26 +380,34 @@ class Coordinator:
         await self._pump_task
 
     async def leaving(self) -> None:
-        """Before the API stops (a graceful stop): no other member may take this one for
-        dead meanwhile (``Membership.leaving``)."""
+        """A graceful stop, while the API still serves: leave the cluster (no other member may
+        take this one for dead meanwhile, ``Membership.leaving``), handing its queues over, so
+        the clients of the queues follow them at once instead of after the API's stop."""
         if self._evict_task is not None:
             self._evict_task.cancel()
-        if self._membership is not None:
-            await self._membership.leaving()
+        if self._membership is None or self._left:
+            return
+        await self._membership.leaving()
+        await self._leave()
 
-    async def stop(self) -> None:
-        if self._evict_task is not None:
-            self._evict_task.cancel()
+    async def _leave(self) -> None:
+        """Stop the standby, then leave the group: the queues are handed over (their last
+        changes durable, their leases returned) while the rounds still run; after a failure
+        (fenced) the member leaves without handing over, so the others need not wait for its
+        session to time out."""
+        self._left = True
         if self._standby_task is not None:
             self._standby_task.cancel()
         if self._standby is not None:
             await asyncio.to_thread(self._standby.close)
         if self._membership is not None:
-            # leave the group first: the queues are handed over (their last changes durable,
-            # their leases returned) while the rounds still run; after a failure (fenced) the
-            # member leaves without handing over, so the others need not wait for its session
-            # to time out
             await asyncio.to_thread(self._membership.close, self._rounds.failed is not None)
+
+    async def stop(self) -> None:
+        if self._evict_task is not None:
+            self._evict_task.cancel()
+        if not self._left:
+            await self._leave()
         self._stopping = True
         self._interrupt.set()
         self.health.stopping()
