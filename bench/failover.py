@@ -255,6 +255,80 @@ def run(members: int, kills: int, how: str, rate: float, bootstrap: str | None) 
     }
 
 
+def soak(members: int, seconds: float, burners: int, rate: float) -> dict[str, Any]:
+    """No member is taken for dead while the machine is busy: ``members`` members serve a
+    followed queue for ``seconds`` next to ``burners`` busy-looping processes; the members'
+    logs are searched for removals, fences and partitions revoked or lost."""
+    from connectors import start_broker
+    from layer.client import QueueClient
+    from layer.exceptions import QLayerError
+
+    broker = start_broker("embedded")
+    work = Path(tempfile.mkdtemp(prefix="qlayer-soak-"))
+    cluster, queue = f"bench-{uuid.uuid4().hex[:6]}", f"soak-{uuid.uuid4().hex[:6]}"
+    procs = [
+        Member(work / f"m{i}", broker.bootstrap_servers, cluster, queue, i == 0)
+        for i in range(members)
+    ]
+    busy: list[subprocess.Popen[bytes]] = []
+    acked = 0
+    try:
+        for p in procs:
+            p.start()
+        client = QueueClient([p.address for p in procs])
+        wait(
+            lambda: (
+                all(len(m.partitions) == 12 // members for m in client.cluster().members)
+                and len(client.cluster().members) == members
+            ),
+            120,
+            "the cluster to settle",
+        )
+        marks = {p.home: (p.home / "coordinator.log").stat().st_size for p in procs}
+        busy = [
+            subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(burners)
+        ]
+        loads = [loadavg()]
+        deadline = time.monotonic() + seconds
+        with client.subscribe(queue, 5) as sub:
+            while time.monotonic() < deadline:
+                try:
+                    client.publish(queue, b"x")
+                    msg = sub.next(timeout=1)
+                    if msg is not None:
+                        msg.ack(wait=True, timeout=30)
+                        acked += 1
+                except QLayerError:
+                    pass
+                time.sleep(1.0 / rate)
+        loads.append(loadavg())
+        client.close()
+        counts = {"removed": 0, "fenced": 0, "revoked_or_lost": 0}
+        for p in procs:
+            with open(p.home / "coordinator.log", "rb") as f:
+                f.seek(marks[p.home])
+                text = f.read().decode(errors="replace")
+            counts["removed"] += text.count("refuses connections")
+            counts["fenced"] += text.count("fencing the last owner")
+            counts["revoked_or_lost"] += text.count("] revoked") + text.count("] lost")
+    finally:
+        for b in busy:
+            b.kill()
+        for p in procs:
+            if p.proc is not None and p.proc.poll() is None:
+                p.stop("term")
+        broker.stop()
+    return {
+        "bench": "failover-soak",
+        "members": members,
+        "seconds": seconds,
+        "burners": burners,
+        "acked": acked,
+        "loadavg": loads,
+        **counts,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--members", type=int, default=2)
@@ -262,9 +336,20 @@ def main() -> None:
     parser.add_argument("--how", choices=("kill", "term", "both"), default="both")
     parser.add_argument("--rate", type=float, default=50.0, help="messages published a second")
     parser.add_argument("--bootstrap", default=None, help="an external broker (default: embedded)")
+    parser.add_argument(
+        "--soak", type=float, default=0, help="instead: serve this long next to busy processes"
+    )
+    parser.add_argument("--burners", type=int, default=4, help="busy processes of --soak")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     started = time.strftime("%Y%m%d-%H%M%S")
+    if args.soak:
+        result = soak(args.members, args.soak, args.burners, args.rate)
+        result["date"] = started
+        out = RESULTS / f"failover-soak-{args.members}m-{started}.json"
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result))
+        return
     result = run(args.members, args.kills, args.how, args.rate, args.bootstrap)
     result["date"] = started
     RESULTS.mkdir(parents=True, exist_ok=True)
