@@ -55,6 +55,11 @@ class NotOwner(QueueError):
     the message, and in the cluster metadata)."""
 
 
+class PartitionedQueue(QueueError):
+    """The queue is partitioned (``distribution = "partitioned"``): subscribe to each of its
+    shards (``queue#0``, ``queue#1``...), as the Python client does by itself."""
+
+
 class QueueExists(QueueError):
     """A queue of that name is already defined."""
 

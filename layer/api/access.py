@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from layer.config.model import queue_of
 from layer.exceptions import ConfigError, PermissionDenied, Unauthenticated
 
 __all__ = [
@@ -134,7 +135,8 @@ class Grant:
     rights: frozenset[Right]
 
     def covers(self, right: Right, queue: str) -> bool:
-        return right in self.rights and fnmatch.fnmatchcase(queue, self.pattern)
+        # a shard of a partitioned queue (``q#3``) is covered by its queue's grants
+        return right in self.rights and fnmatch.fnmatchcase(queue_of(queue), self.pattern)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from layer.exceptions import (
     NotLeased,
     NotLeaseHolder,
     NotOwner,
+    PartitionedQueue,
     PermissionDenied,
     PublishUncertain,
     QLayerError,
@@ -57,6 +58,7 @@ class ErrorCode(enum.StrEnum):
     QUEUE_EXISTS = "queue_exists"  # queue create of a name that is defined
     QUEUE_BUSY = "queue_busy"  # queue delete of a queue with leased messages, not forced
     NOT_OWNER = "not_owner"  # another member of the cluster serves the queue
+    PARTITIONED_QUEUE = "partitioned_queue"  # subscribe to the queue's shards
     INVALID_EXPRESSION = "invalid_expression"
     INVALID_REQUEST = "invalid_request"
     MALFORMED_BOOKMARK = "malformed_bookmark"
@@ -98,6 +100,7 @@ TABLE: tuple[_Row, ...] = (
     _Row(QueueExists, _S.ALREADY_EXISTS, ErrorCode.QUEUE_EXISTS),
     _Row(QueueBusy, _S.FAILED_PRECONDITION, ErrorCode.QUEUE_BUSY),
     _Row(NotOwner, _S.FAILED_PRECONDITION, ErrorCode.NOT_OWNER),
+    _Row(PartitionedQueue, _S.FAILED_PRECONDITION, ErrorCode.PARTITIONED_QUEUE),
     _Row(UnknownQueue, _S.NOT_FOUND, ErrorCode.UNKNOWN_QUEUE),
     _Row(UnknownBookmark, _S.NOT_FOUND, ErrorCode.UNKNOWN_BOOKMARK),
     _Row(NotLeaseHolder, _S.FAILED_PRECONDITION, ErrorCode.NOT_LEASE_HOLDER),

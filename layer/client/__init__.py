@@ -6,14 +6,17 @@ content filter or backlog in place, and browse or ack a queue by filter."""
 from layer.client._common import BrowsedMessage
 from layer.client._core import Reconnected
 from layer.client.aio import AsyncMessage, AsyncQueueClient, AsyncSubscription
+from layer.client.partitioned import AsyncPartitionedSubscription, PartitionedSubscription
 from layer.client.sync import Message, QueueClient, Subscription
 
 __all__ = [
     "AsyncMessage",
+    "AsyncPartitionedSubscription",
     "AsyncQueueClient",
     "AsyncSubscription",
     "BrowsedMessage",
     "Message",
+    "PartitionedSubscription",
     "QueueClient",
     "Reconnected",
     "Subscription",

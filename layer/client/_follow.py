@@ -18,6 +18,7 @@ from typing import Any
 from layer.api.service import ClusterInfo
 from layer.client._core import Addresses, ReconnectPolicy, SubscriptionCore
 from layer.exceptions import NotOwner, QLayerError, QueueRemoved
+from layer.shards import shards_in
 
 __all__ = [
     "FOLLOW_FIRST_S",
@@ -91,6 +92,18 @@ class ClusterView:
         self.clustered = False  # some answer came from a cluster: subscriptions follow owners
         self.asked = False  # a Cluster call was answered (or refused) at least once
         self._owners: dict[str, str] = {}
+        self._names: list[str] = []  # the queues (and shards) of the last answer
+
+    def shards_of(self, queue: str) -> list[str]:
+        """The shards of ``queue`` as last learned (empty: not a partitioned queue, or not
+        known to be one)."""
+        return shards_in(queue, self._names)
+
+    def learn_shards(self, info: ClusterInfo, queue: str) -> list[str]:
+        """Remember the queue names of ``info`` (a ``Cluster`` answer); the shards of
+        ``queue`` among them."""
+        self._names = [q.queue for q in info.queues]
+        return self.shards_of(queue)
 
     def owner(self, queue: str) -> str | None:
         """The address of ``queue``'s owner as last learned (None: not known)."""
@@ -100,6 +113,7 @@ class ClusterView:
         """``info`` is the answer of the member at ``asked``: remember the owners and add the
         other members' addresses to those the client tries."""
         self.asked = True
+        self._names = [q.queue for q in info.queues]
         if not is_cluster(info):
             return
         self.clustered = True

@@ -101,7 +101,7 @@ from layer.client._follow import (
 )
 from layer.definitions import toml_literal
 from layer.engine.model import AckOp, Bookmark
-from layer.exceptions import ClientError, ConnectionLost, QLayerError
+from layer.exceptions import ClientError, ConnectionLost, PartitionedQueue, QLayerError
 
 __all__ = ["AsyncMessage", "AsyncQueueClient", "AsyncSubscription"]
 
@@ -154,14 +154,22 @@ class AsyncSubscription(SubscriptionFields):
     batching, replace and reconnects as the blocking ``Subscription``."""
 
     def __init__(
-        self, client: AsyncQueueClient, queue_name: str, max_backlog: int, filter: str | None
+        self,
+        client: AsyncQueueClient,
+        queue_name: str,
+        max_backlog: int,
+        filter: str | None,
+        buffer: asyncio.Queue[Any] | None = None,
     ) -> None:
         self._client = client
         self._core: SubscriptionCore[_Waiter] = SubscriptionCore(
             queue_name, max_backlog, filter, client._client_name, client._addresses, client._policy
         )
         self._timeout = client._timeout
-        self._buffer: asyncio.Queue[Any] = asyncio.Queue()
+        # a shard's subscription shares its partitioned subscription's buffer (and says which
+        # one ended: ``Ended``)
+        self._buffer: asyncio.Queue[Any] = asyncio.Queue() if buffer is None else buffer
+        self._end: object = _END if buffer is None else Ended(self)
         self._outgoing: asyncio.Queue[ClientFrame | None] = asyncio.Queue()
         self._call: Any = None
         self._flush_timer: asyncio.TimerHandle | None = None
@@ -358,7 +366,7 @@ class AsyncSubscription(SubscriptionFields):
                         target = located.address
                 address = target
         finally:
-            self._buffer.put_nowait(_END)
+            self._buffer.put_nowait(self._end)
 
     async def _moved(self, error: QLayerError | None, address: str) -> bool:
         """As ``Subscription._moved``: is the queue served by another member now?"""
@@ -469,7 +477,7 @@ class AsyncSubscription(SubscriptionFields):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self._apply(self._core.end(None))
-        self._buffer.put_nowait(_END)
+        self._buffer.put_nowait(self._end)
 
     async def __aenter__(self) -> AsyncSubscription:
         return self
@@ -483,6 +491,15 @@ class AsyncSubscription(SubscriptionFields):
         await self.close()
 
 
+class Ended:
+    """The end of one shard's subscription, in the buffer a partitioned subscription shares."""
+
+    __slots__ = ("subscription",)
+
+    def __init__(self, subscription: AsyncSubscription) -> None:
+        self.subscription = subscription
+
+
 class _Subscribing:
     """``await client.subscribe(...)`` or ``async with client.subscribe(...) as sub``."""
 
@@ -491,12 +508,14 @@ class _Subscribing:
     ) -> None:
         self._client, self._queue, self._max_backlog = client, queue, max_backlog
         self._filter = filter
-        self._subscription: AsyncSubscription | None = None
+        self._subscription: AsyncSubscription | AsyncPartitionedSubscription | None = None
 
-    def __await__(self) -> Generator[Any, None, AsyncSubscription]:
+    def __await__(
+        self,
+    ) -> Generator[Any, None, AsyncSubscription | AsyncPartitionedSubscription]:
         return self._client._open(self._queue, self._max_backlog, self._filter).__await__()
 
-    async def __aenter__(self) -> AsyncSubscription:
+    async def __aenter__(self) -> AsyncSubscription | AsyncPartitionedSubscription:
         self._subscription = await self._client._open(self._queue, self._max_backlog, self._filter)
         return self._subscription
 
@@ -548,7 +567,7 @@ class AsyncQueueClient:
         self._tls_client_cert = tls_client_cert
         self._tls = tls_root_cert is not None or tls_client_cert is not None
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self._subscriptions: list[AsyncSubscription] = []
+        self._subscriptions: list[AsyncSubscription | AsyncPartitionedSubscription] = []
         self._view = ClusterView(self._addresses)
         self._locate_timeout = locate_timeout(self._policy, timeout)
 
@@ -573,9 +592,22 @@ class AsyncQueueClient:
 
     async def _open(
         self, queue: str, max_backlog: int, filter: str | None = None
-    ) -> AsyncSubscription:
-        subscription = AsyncSubscription(self, queue, max_backlog, filter)
-        await subscription._start()
+    ) -> AsyncSubscription | AsyncPartitionedSubscription:
+        subscription: AsyncSubscription | AsyncPartitionedSubscription
+        shards = [] if queue.startswith("^") else self._view.shards_of(queue)
+        if not shards:
+            subscription = AsyncSubscription(self, queue, max_backlog, filter)
+            try:
+                await subscription._start()
+            except PartitionedQueue:
+                # created since this client last asked: its shards, as the cluster has them now
+                shards = self._view.learn_shards(await self.cluster(), queue)
+                if not shards:
+                    raise
+        if shards:
+            subscription = await AsyncPartitionedSubscription.open(
+                self, queue, shards, max_backlog, filter
+            )
         self._subscriptions = [s for s in self._subscriptions if not s.closed]
         self._subscriptions.append(subscription)
         return subscription
@@ -767,3 +799,7 @@ class AsyncQueueClient:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+
+# the merged face of a partitioned queue's shards (imported last: it builds on AsyncSubscription)
+from layer.client.partitioned import AsyncPartitionedSubscription  # noqa: E402

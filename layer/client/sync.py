@@ -101,7 +101,7 @@ from layer.client._follow import (
 )
 from layer.definitions import toml_literal
 from layer.engine.model import AckOp, Bookmark
-from layer.exceptions import ClientError, ConnectionLost, QLayerError
+from layer.exceptions import ClientError, ConnectionLost, PartitionedQueue, QLayerError
 
 __all__ = ["Message", "QueueClient", "Subscription"]
 
@@ -166,7 +166,12 @@ class Subscription(SubscriptionFields):
     """
 
     def __init__(
-        self, client: QueueClient, queue_name: str, max_backlog: int, filter: str | None
+        self,
+        client: QueueClient,
+        queue_name: str,
+        max_backlog: int,
+        filter: str | None,
+        buffer: queue.Queue[Any] | None = None,
     ) -> None:
         self._client = client
         self._core: SubscriptionCore[_Waiter] = SubscriptionCore(
@@ -175,7 +180,10 @@ class Subscription(SubscriptionFields):
         self._timeout = client._timeout
         self._cond = threading.Condition()
         # a frame's messages go through the queue as one list, taken one by one from _ready
-        self._buffer: queue.Queue[Any] = queue.Queue()
+        # a shard's subscription shares its partitioned subscription's buffer (and says which
+        # one ended: ``Ended``)
+        self._buffer: queue.Queue[Any] = queue.Queue() if buffer is None else buffer
+        self._end: object = _END if buffer is None else Ended(self)
         self._ready: deque[Message] = deque()
         self._requests: queue.Queue[ClientFrame | None] = queue.Queue()
         self._call: Any = None
@@ -400,7 +408,7 @@ class Subscription(SubscriptionFields):
                 if located is not None and located.address is not None:
                     decision = Retry(decision.delay, located.address)
             address = decision.address
-        self._buffer.put(_END)
+        self._buffer.put(self._end)
 
     def _pause(self, delay: float) -> bool:
         """Wait ``delay`` seconds, or less if the subscription is closed; True if closed."""
@@ -504,7 +512,7 @@ class Subscription(SubscriptionFields):
             out = self._core.end(None)
             self._cond.notify_all()
         self._apply(out)
-        self._buffer.put(_END)
+        self._buffer.put(self._end)
 
     def __enter__(self) -> Subscription:
         return self
@@ -516,6 +524,15 @@ class Subscription(SubscriptionFields):
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class Ended:
+    """The end of one shard's subscription, in the buffer a partitioned subscription shares."""
+
+    __slots__ = ("subscription",)
+
+    def __init__(self, subscription: Subscription) -> None:
+        self.subscription = subscription
 
 
 class QueueClient:
@@ -567,7 +584,7 @@ class QueueClient:
         self._tls_client_cert = tls_client_cert
         self._tls = tls_root_cert is not None or tls_client_cert is not None
         self._channels: dict[str, grpc.Channel] = {}
-        self._subscriptions: list[Subscription] = []
+        self._subscriptions: list[Subscription | PartitionedSubscription] = []
         self._lock = threading.Lock()
         self._view = ClusterView(self._addresses)
         self._locate_timeout = locate_timeout(self._policy, timeout)
@@ -587,15 +604,31 @@ class QueueClient:
 
     def subscribe(
         self, queue: str, max_backlog: int = 1, filter: str | None = None
-    ) -> Subscription:
+    ) -> Subscription | PartitionedSubscription:
         """Open a subscription; at most ``max_backlog`` messages (capped by the queue) are
         leased to it and unacknowledged at a time. With ``filter`` (a content filter such as
         ``"/symbol = 'IBM' AND /qty > 100"``) only matching messages are delivered. A
         ``queue`` starting with ``^`` is a regex of queue names: one subscription in every
         matching queue, sharing one backlog (``msg.queue`` says where a message came from).
         Raises ``UnknownQueue``, ``InvalidRequest`` for a bad backlog or filter (the message
-        names the column), ``ConnectionLost`` if no address answers."""
-        subscription = Subscription(self, queue, max_backlog, filter)
+        names the column), ``ConnectionLost`` if no address answers.
+
+        A partitioned queue (``distribution = "partitioned"``) gets one stream per shard,
+        each on the member that serves it and following it, merged into one iterator
+        (``PartitionedSubscription``; ``max_backlog`` holds per shard)."""
+        subscription: Subscription | PartitionedSubscription
+        shards = [] if queue.startswith("^") else self._view.shards_of(queue)
+        if shards:
+            subscription = PartitionedSubscription(self, queue, shards, max_backlog, filter)
+        else:
+            try:
+                subscription = Subscription(self, queue, max_backlog, filter)
+            except PartitionedQueue:
+                # created since this client last asked: its shards, as the cluster has them now
+                shards = self._view.learn_shards(self.cluster(), queue)
+                if not shards:
+                    raise
+                subscription = PartitionedSubscription(self, queue, shards, max_backlog, filter)
         with self._lock:
             self._subscriptions = [s for s in self._subscriptions if not s.closed]
             self._subscriptions.append(subscription)
@@ -841,3 +874,7 @@ class QueueClient:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+# the merged face of a partitioned queue's shards (imported last: it builds on Subscription)
+from layer.client.partitioned import PartitionedSubscription  # noqa: E402

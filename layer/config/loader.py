@@ -32,11 +32,13 @@ from layer.config.model import (
     ENV_COORDINATOR_ID,
     ENV_KAFKA_PREFIX,
     ENV_PROFILE,
+    MAX_SHARDS,
     MAX_TOPIC_LENGTH,
     BrokerConfig,
     BrokerProfile,
     Config,
     CoordinatorConfig,
+    Distribution,
     MessageType,
     OnUnparseable,
     QueueConfig,
@@ -393,6 +395,7 @@ _COORDINATOR_KEYS = (
     "tls_cert",
     "tls_key",
     "tls_client_ca",
+    "tls_peer_ca",
     "tokens_file",
     "http",
     "metrics_right",
@@ -480,6 +483,7 @@ def _coordinator(
         tls_cert=section.get("tls_cert", None, _path(base_dir)),
         tls_key=section.get("tls_key", None, _path(base_dir)),
         tls_client_ca=section.get("tls_client_ca", None, _path(base_dir)),
+        tls_peer_ca=section.get("tls_peer_ca", None, _path(base_dir)),
         tokens_file=section.get("tokens_file", None, _path(base_dir)),
         http=section.get("http", None, _listen),
         metrics_right=section.get("metrics_right", None, _metrics_right),
@@ -509,6 +513,13 @@ def _coordinator(
             raise section.error("tls_client_ca", "needs tls_cert and tls_key (mutual TLS is TLS)")
         if not config.tls_client_ca.is_file():
             raise section.error("tls_client_ca", f"no such file: {config.tls_client_ca}")
+    if config.tls_peer_ca is not None:
+        if config.tls_cert is None:
+            raise section.error(
+                "tls_peer_ca", "needs tls_cert and tls_key (the members' API is TLS)"
+            )
+        if not config.tls_peer_ca.is_file():
+            raise section.error("tls_peer_ca", f"no such file: {config.tls_peer_ca}")
     if config.tokens_file is not None:
         from layer.api.tokens import read_tokens_file
 
@@ -554,6 +565,9 @@ _QUEUE_KEYS = (
     "ttl",
     "dead_letter_if",
     "on_unparseable",
+    # issue 12: a queue spread over a cluster's members by underlying partition
+    "distribution",
+    "partitions",
 )
 _QUEUE_PENDING: tuple[str, ...] = ()  # AMPS options whose implementation comes later
 
@@ -623,6 +637,8 @@ def _queue(
         on_unparseable=section.get(
             "on_unparseable", OnUnparseable.DEAD_LETTER, _choice(OnUnparseable)
         ),
+        distribution=section.get("distribution", Distribution.QUEUE, _choice(Distribution)),
+        partitions=section.get("partitions", None, _integer(1, MAX_SHARDS)),
     )
     if queue.priorities is not None and queue.priority is None:
         # Qpid: the JMS priority header, JMS's default 4 when absent (layer.engine.priorities)
@@ -681,6 +697,44 @@ def _check_queue_type(queue: QueueConfig, section: _Section) -> None:
         )
 
 
+# What cannot hold per underlying partition, and why (a partitioned queue refuses it).
+_NOT_PER_PARTITION = {
+    "group_key": (
+        "a message group would be held by one consumer per partition, not one in all: key the"
+        " topic by the group instead (Kafka's partitioner keeps a key on one partition)"
+    ),
+    "conflate_key": "each partition would keep its own newest message of a key",
+    "last_value": "each partition would keep its own newest message",
+    "view_topic": "each shard would write its own rounds of the queue's contents",
+    "default_publish_target": "a publish goes to the underlying topic, partitioned by its key",
+}
+
+
+def _check_partitioned(queue: QueueConfig, section: _Section) -> None:
+    """``distribution`` and ``partitions`` (layer.shards): a partitioned queue is one shard
+    per partition of one named topic; options that cannot hold per partition are refused."""
+    if not queue.partitioned:
+        if queue.partitions is not None:
+            raise section.error("partitions", 'needs distribution = "partitioned"')
+        return
+    if queue.partitions is None:
+        raise section.error(
+            "distribution",
+            '"partitioned" needs partitions = the underlying topic\'s partition count',
+        )
+    if queue.topic_is_regex:
+        raise section.error(
+            "distribution",
+            f'"partitioned" needs underlying_topic to name one topic, got the regex'
+            f" {queue.underlying_topic!r}",
+        )
+    for option, reason in _NOT_PER_PARTITION.items():
+        if getattr(queue, option) not in (None, False):
+            raise section.error(
+                option, f'cannot be combined with distribution "partitioned": {reason}'
+            )
+
+
 def _check_queue(queue: QueueConfig, section: _Section, coordinator: CoordinatorConfig) -> None:
     """The rules that relate options to each other."""
     for option in ("priority", "barrier"):
@@ -703,6 +757,7 @@ def _check_queue(queue: QueueConfig, section: _Section, coordinator: Coordinator
         if queue.message_type == MessageType.AVRO and queue.avro_schema is None:
             raise section.error(option, 'needs avro_schema to read the fields of "avro" messages')
     _check_queue_type(queue, section)
+    _check_partitioned(queue, section)
     if "on_unparseable" in section.values and queue.message_type == MessageType.BYTES:
         raise section.error(
             "on_unparseable", 'needs message_type "json" or "avro": "bytes" payloads never parse'
@@ -776,7 +831,7 @@ def queue_table(queue: QueueConfig) -> dict[str, Any]:
     for f in fields(queue):
         value = getattr(queue, f.name)
         default = fairness if f.name == "fairness" else getattr(defaults, f.name)
-        if f.name in table or value == default:
+        if f.name in table or f.name == "shard" or value == default:
             continue
         table[f.name] = _toml_of(f.name, value)
     return table

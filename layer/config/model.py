@@ -15,6 +15,7 @@ from layer.engine.model import EngineSettings, Fairness, GroupMode, Leasing, Sem
 from layer.exceptions import ConfigError, UnknownQueue
 
 MAX_TOPIC_LENGTH = 249  # Kafka's limit on a topic name
+MAX_SHARDS = 1024  # partitions of a partitioned queue: one engine (and changelog) each
 _TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
 _NAME_RULE = "1-200 characters of A-Z a-z 0-9 . _ -"
@@ -64,6 +65,37 @@ class OnUnparseable(StrEnum):
 
     DEAD_LETTER = "dead-letter"  # done at once, reason "unparseable", the error as its detail
     DELIVER = "deliver"  # queued like any other; the consumer sees its parse_error
+
+
+class Distribution(StrEnum):
+    """How a cluster assigns a queue to its members (``layer.shards``)."""
+
+    QUEUE = "queue"  # the whole queue on one member: every semantic exact
+    PARTITIONED = "partitioned"  # one shard per underlying partition, spread over the members
+
+
+#: what joins a partitioned queue's name and a shard's number: ``orders#3``. Not a character of
+#: queue names, so a shard's name never collides with a queue's.
+SHARD_MARK = "#"
+
+
+def shard_name(queue: str, shard: int) -> str:
+    """The name of shard ``shard`` of the partitioned queue ``queue``."""
+    return f"{queue}{SHARD_MARK}{shard}"
+
+
+def parse_shard(name: str) -> tuple[str, int] | None:
+    """``(queue, shard)`` of a shard's name, None for any other name."""
+    queue, mark, number = name.rpartition(SHARD_MARK)
+    if not mark or not queue or not number.isdigit():
+        return None
+    return queue, int(number)
+
+
+def queue_of(name: str) -> str:
+    """The queue a name belongs to: a shard's partitioned queue, or the name itself."""
+    parsed = parse_shard(name)
+    return name if parsed is None else parsed[0]
 
 
 class StartFrom(StrEnum):
@@ -135,6 +167,10 @@ class CoordinatorConfig:
     # PEM CA certificate(s): clients must present a certificate signed by one (mutual TLS);
     # its subject names the principal in the tokens file
     tls_client_ca: Path | None = None
+    # PEM CA certificate(s) that verify the other members' API certificates when this member
+    # forwards a call to one or probes it (a cluster over TLS); None: tls_client_ca when set
+    # (one CA for a cluster's members), else the system's roots (``peer_root_cert``)
+    tls_peer_ca: Path | None = None
     # TOML file of principals (token hashes, certificate subjects) and their per-queue grants
     # (layer.api.tokens); read again on SIGHUP and `qlayer reload`
     tokens_file: Path | None = None
@@ -167,7 +203,8 @@ class CoordinatorConfig:
             f"admin_token={admin!r}, "
             f"topic_refresh_interval={self.topic_refresh_interval!r}, "
             f"tls_cert={self.tls_cert!r}, tls_key={self.tls_key!r}, "
-            f"tls_client_ca={self.tls_client_ca!r}, tokens_file={self.tokens_file!r}, "
+            f"tls_client_ca={self.tls_client_ca!r}, tls_peer_ca={self.tls_peer_ca!r}, "
+            f"tokens_file={self.tokens_file!r}, "
             f"http={self.http!r}, "
             f"snapshot_every={self.snapshot_every!r}, "
             f"snapshot_interval={self.snapshot_interval!r}, cluster={self.cluster!r}, "
@@ -183,7 +220,11 @@ class CoordinatorConfig:
         return int(self.listen.rpartition(":")[2])
 
     def changelog_topic(self, queue_name: str) -> str:
-        # a cluster's members share each queue's changelog: whichever owns the queue writes it
+        # a cluster's members share each queue's changelog: whichever owns the queue writes it.
+        # A shard's (``q#3``) is ``....q.shard-3``: "#" is not a character of topic names.
+        parsed = parse_shard(queue_name)
+        if parsed is not None:
+            queue_name = f"{parsed[0]}.shard-{parsed[1]}"
         return f"{self.changelog_topic_prefix}{self.cluster or self.id}.{queue_name}"
 
     @property
@@ -237,12 +278,22 @@ class QueueConfig:
     dead_letter_if: str | None = None
     # issue 15: what a json/avro queue does with a payload that does not parse
     on_unparseable: OnUnparseable = OnUnparseable.DEAD_LETTER
+    # issue 12: "partitioned" spreads the queue's shards (one per underlying partition, of
+    # ``partitions``) over a cluster's members (``layer.shards``)
+    distribution: Distribution = Distribution.QUEUE
+    partitions: int | None = None  # the underlying topic's partition count (partitioned only)
+    # a shard's own config only (never in a table): the underlying partition it reads
+    shard: int | None = None
 
     def __post_init__(self) -> None:
         if self.fairness is None:
             at_most_once = self.semantics == Semantics.AT_MOST_ONCE
             default = Fairness.ROUND_ROBIN if at_most_once else Fairness.PROPORTIONAL
             object.__setattr__(self, "fairness", default)
+
+    @property
+    def partitioned(self) -> bool:
+        return self.distribution == Distribution.PARTITIONED
 
     @property
     def topic_is_regex(self) -> bool:

@@ -32,6 +32,7 @@ from layer.definitions import (
     toml_literal,
 )
 from layer.exceptions import BrokerError, ConfigError, QueueExists, UnknownQueue
+from layer.shards import expand, queue_of, shard_names
 
 __all__ = ["READ_BACK_TIMEOUT", "ClusterQueues", "info_of"]
 
@@ -93,6 +94,23 @@ class ClusterQueues:
     def defined(self) -> tuple[QueueConfig, ...]:
         return self.definitions.defined()
 
+    def served(self) -> tuple[QueueConfig, ...]:
+        """The queues the cluster's members serve: the defined ones, each partitioned queue
+        as its shards (``layer.shards``)."""
+        return expand(self.defined())
+
+    def is_served(self, name: str) -> bool:
+        """Whether ``name`` is a queue or a shard some member of the cluster is to serve."""
+        queue = self.definitions.queues.get(queue_of(name))
+        if queue is None:
+            return False
+        return name in shard_names(queue) if queue.partitioned else name == queue.name
+
+    def shards(self, name: str) -> list[str]:
+        """The shards of ``name`` when it is a partitioned queue (else empty)."""
+        queue = self.definitions.queues.get(name)
+        return [] if queue is None else shard_names(queue)
+
     def infos(self) -> list[QueueDefinitionInfo]:
         return [info_of(d) for d in self.definitions.latest.values() if d is not None]
 
@@ -141,23 +159,30 @@ class ClusterQueues:
 
     def create(self, options: Mapping[str, str], by: str, temporary: bool = False) -> Definition:
         """The record of a new queue (``ConfigError`` as the file's, ``QueueExists``). A
-        temporary one is watched by this coordinator (its origin names it)."""
+        temporary one's origin names the coordinator it was created through (the member that
+        serves it watches it: ``temporary``)."""
         table = _table("queue create", options)
         queue = queue_from_table(table, "queue create", self._coordinator)
         if queue.name in self.definitions.queues:
             raise QueueExists(f"queue {queue.name!r} exists: change it with `qlayer queue alter`")
+        if temporary and queue.partitioned:
+            # its use is watched on the queue's own subscriptions, which a partitioned one has
+            # only per shard
+            raise ConfigError(
+                f"queue create: queue {queue.name!r}: option 'distribution': a temporary queue"
+                ' cannot be "partitioned"'
+            )
         origin = temporary_origin(self._coordinator.id) if temporary else API_ORIGIN
         return Definition(
             queue.name, queue_table(queue), origin, by, self._now_ms(), temporary=temporary
         )
 
-    def watched_temporary(self) -> list[str]:
-        """The temporary queues this coordinator watches (it created them)."""
-        mine = temporary_origin(self._coordinator.id)
+    def temporary(self) -> list[str]:
+        """The temporary queues of the cluster. Each is watched by the member serving it,
+        whichever member it was created through: the one its client's subscriptions open on,
+        so the one that can tell the client went away (and after a move, the next owner)."""
         return [
-            name
-            for name, d in self.definitions.latest.items()
-            if d is not None and d.temporary and d.origin == mine
+            name for name, d in self.definitions.latest.items() if d is not None and d.temporary
         ]
 
     def take_ended_temporary(self) -> set[str]:
@@ -219,5 +244,5 @@ def info_of(d: Definition) -> QueueDefinitionInfo:
 
 
 def temporary_origin(coordinator_id: str) -> str:
-    """The origin of a temporary queue: the coordinator that watches its use."""
+    """The origin of a temporary queue: the coordinator it was created through."""
     return f"temporary:{coordinator_id}"

@@ -38,13 +38,11 @@ async def gather_stats(
     cmap: ClusterMap,
     peers: StatsPeers,
     *,
-    forward: bool = True,
     timeout: float = ASK_TIMEOUT,
 ) -> ClusterStats:
     """``local``: the figures of the queues served here; ``elsewhere``: the cluster's other
     queues, each asked of its owner as ``cmap`` knows it (all at once, each within
-    ``timeout``). ``forward`` False (the API serves TLS, which a member cannot present as a
-    client): not asked, named as missing."""
+    ``timeout``)."""
     missing: dict[tuple[str, str, str], list[str]] = {}
     asks: list[tuple[str, str, str]] = []  # (member, address, queue)
     for name in elsewhere:
@@ -54,9 +52,6 @@ async def gather_stats(
         elif owner.id == cmap.me:
             # the group gave it to this member, which is still restoring it
             missing.setdefault((owner.id, owner.address, TAKING_OVER), []).append(name)
-        elif not forward:
-            reason = "not forwarded over TLS: ask that member"
-            missing.setdefault((owner.id, owner.address, reason), []).append(name)
         else:
             asks.append((owner.id, owner.address, name))
     answers = await asyncio.gather(

@@ -96,8 +96,15 @@ class IngestReader:
         batch_size: int = 2_000,
         refresh_interval: float = 5.0,
         on_trouble: Callable[[str], None] | None = None,
+        partition: int | None = None,
+        partitions: int | None = None,
     ) -> None:
         self._queue = queue
+        # a shard of a partitioned queue (layer.shards) reads one partition of its topic,
+        # of the ``partitions`` its queue expects
+        self._partition = partition
+        self._partitions = partitions
+        self._told_extra = False
         self._settings = dict(consumer_settings)
         self._topic = topic
         self._pattern = re.compile(topic) if topic_is_regex else None
@@ -145,7 +152,21 @@ class IngestReader:
             if meta is None or meta.error is not None:
                 continue
             found.extend(TopicPartition(name, p) for p in meta.partitions)
-        return found
+        if self._partition is None:
+            return found
+        if self._partitions is not None and not self._told_extra:
+            extra = sorted(tp.partition for tp in found if tp.partition >= self._partitions)
+            if extra and self._partition == 0:  # one shard says so
+                self._told_extra = True
+                log.error(
+                    "queue=%s topic %s has partitions %s beyond the queue's partitions = %d:"
+                    " their messages are not served",
+                    self._queue,
+                    self._topic,
+                    extra,
+                    self._partitions,
+                )
+        return [tp for tp in found if tp.partition == self._partition]
 
     def _refresh_assignment(self, consumer: Consumer) -> None:
         new = [tp for tp in self._matching_partitions(consumer) if tp not in self._assigned]

@@ -12,9 +12,11 @@ ever written to the control topic: it exists for its partitions.
 A second topic, the **members topic** (one partition, compacted), is the cluster's host map and
 ownership record: each member writes its API address under ``member/<id>``, and each owner of a
 control partition writes ``owner/<p>`` when it takes it (``released`` false) and again when it
-hands it over gracefully (``released`` true, after its queues' last changes are durable). A
-member that takes a partition whose last owner did not release it (killed, or stopped and
-evicted by the group) **fences** that owner before it restores anything: it starts a producer
+hands it over (``released`` true, after its queues' last changes are durable): when the group
+revokes it, and when the member loses it (its session ran out, e.g. while Kafka was away for
+every member) and could still make those changes durable. A member that takes a partition
+whose last owner did not release it (killed, or stopped and evicted by the group) **fences**
+that owner before it restores anything: it starts a producer
 with the old owner's transactional id, which aborts what the old owner left open and makes
 every later commit of the old owner fail. The old owner then commits nothing more (its changelog
 writer is not replaced when fenced, ``DurableChangelog.replace_fenced``): a woken zombie can
@@ -39,6 +41,7 @@ from confluent_kafka import Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaPartition
 
 from connectors.admin import TopicAdmin, TopicSpec
+from layer.config.model import parse_shard
 from layer.coordinator.definitions import DefinitionsLog, ReadBack, Record
 from layer.definitions import Write
 from layer.exceptions import BrokerError
@@ -75,7 +78,13 @@ def members_topic(cluster: str) -> str:
 
 def partition_of(queue: str) -> int:
     """The control partition of a queue: a stable hash of its name (the same in every
-    member, every version)."""
+    member, every version). Shard ``i`` of a partitioned queue ``q`` (``q#i``,
+    ``layer.shards``) is on the partition after shard ``i - 1``'s, so up to 12 shards are on
+    12 partitions and the group spreads them as it spreads partitions."""
+    parsed = parse_shard(queue)
+    if parsed is not None:
+        name, shard = parsed
+        return (zlib.crc32(name.encode()) + shard) % CONTROL_PARTITIONS
     return zlib.crc32(queue.encode()) % CONTROL_PARTITIONS
 
 
@@ -133,6 +142,11 @@ class ClusterMap:
                 owner = Owner(
                     str(body["member"]), str(body["transactional_id"]), bool(body["released"])
                 )
+                current = self.owners.get(p)
+                if owner.released and current is not None and current.member != owner.member:
+                    # a release written after another member claimed the partition (a member
+                    # that lost it while Kafka was away): the claim stands
+                    return
                 if owner.member == self.me and not owner.released:
                     self.taken_from[p] = self.owners.get(p)
                 self.owners[p] = owner

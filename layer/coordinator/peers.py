@@ -2,23 +2,29 @@
 queue another member serves, so they work against any member (issue 12).
 
 One client per peer address, made on first use and kept. The peer checks the call as its own
-(the forwarding member's token: its ``admin_token``, else its ``auth_token``); the caller's
-rights were checked by the member it called. Over TLS nothing is forwarded (the member's
-certificate is a server's, not a client's): the caller gets ``NotOwner`` with the address.
+(the forwarding member's token: its ``admin_token``, else its ``auth_token``; with neither,
+under mutual TLS, its certificate's subject); the caller's rights were checked by the member
+it called. Over TLS (``PeerTls``) a member is a TLS client of the others: it verifies their
+certificates with ``tls_peer_ca`` (else ``tls_client_ca``, else the system's roots) and
+presents its own ``tls_cert`` / ``tls_key`` (which mutual TLS asks of a client), so its
+certificate must be good for client authentication too (no extended key usage, or
+``clientAuth`` among them) and name the host it advertises.
 """
 
 from __future__ import annotations
 
-import asyncio
+from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from layer.api.service import DeliveredMessage, QueueStats
+from layer.client._common import tls_credentials
 from layer.client.aio import AsyncQueueClient
+from layer.config import CoordinatorConfig
 from layer.engine.model import Bookmark
 
-__all__ = ["PROBE_TIMEOUT", "Peers"]
+__all__ = ["PROBE_TIMEOUT", "PeerTls", "Peers", "peer_tls"]
 
 #: how long a member waits for a peer's health check (the ``alive`` of the metadata call)
 PROBE_TIMEOUT = 1.0
@@ -31,8 +37,27 @@ _PROBE_OPTIONS = [
 ]
 
 
+@dataclass(frozen=True, slots=True)
+class PeerTls:
+    """What a member presents and trusts as a TLS client of the others."""
+
+    root_cert: bytes | None  # verifies their certificates (None: the system's roots)
+    client_cert: tuple[bytes, bytes]  # (certificate chain, key): this member's own
+
+
+def peer_tls(c: CoordinatorConfig) -> PeerTls | None:
+    """A member's TLS as a client of the others: None when its API serves plaintext (so do
+    theirs: one cluster, one setting)."""
+    if c.tls_cert is None or c.tls_key is None:
+        return None
+    ca = c.tls_peer_ca or c.tls_client_ca
+    return PeerTls(
+        None if ca is None else ca.read_bytes(), (c.tls_cert.read_bytes(), c.tls_key.read_bytes())
+    )
+
+
 class Peers:
-    def __init__(self, token: str | None, tls: bool = False) -> None:
+    def __init__(self, token: str | None, tls: PeerTls | None = None) -> None:
         self._token = token
         self._tls = tls
         self._clients: dict[str, AsyncQueueClient] = {}
@@ -41,13 +66,16 @@ class Peers:
     async def alive(self, address: str, timeout: float = PROBE_TIMEOUT) -> bool:
         """Whether the member at ``address`` answers the standard health check (no token
         needed) within ``timeout``: SERVING or not, it is up. False when it refuses the
-        connection, is stopped or cut off. Over TLS (a member has no client certificate):
-        whether its port accepts a connection, which a stopped process still does."""
-        if self._tls:
-            return await _accepts(address, timeout)
+        connection, is stopped or cut off (over TLS too: the check goes over the members'
+        TLS, ``PeerTls``)."""
         channel = self._probes.get(address)
         if channel is None:
-            channel = self._probes[address] = grpc.aio.insecure_channel(address, _PROBE_OPTIONS)
+            if self._tls is None:
+                channel = grpc.aio.insecure_channel(address, _PROBE_OPTIONS)
+            else:
+                creds = tls_credentials(self._tls.root_cert, self._tls.client_cert)
+                channel = grpc.aio.secure_channel(address, creds, _PROBE_OPTIONS)
+            self._probes[address] = channel
         try:
             # waits (within the timeout) for a channel that is reconnecting: a member back at
             # its address is alive at the next probe, not after gRPC's backoff
@@ -62,8 +90,14 @@ class Peers:
         client = self._clients.get(address)
         if client is None:
             # no reconnect loop: the owner may be gone, the caller gets that at once
+            tls = self._tls
             client = self._clients[address] = AsyncQueueClient(
-                address, self._token, reconnect=False, client_name="qlayer-peer"
+                address,
+                self._token,
+                None if tls is None else tls.root_cert,
+                reconnect=False,
+                client_name="qlayer-peer",
+                tls_client_cert=None if tls is None else tls.client_cert,
             )
         return client
 
@@ -109,15 +143,3 @@ class Peers:
         probes, self._probes = list(self._probes.values()), {}
         for channel in probes:
             await channel.close()
-
-
-async def _accepts(address: str, timeout: float) -> bool:
-    host, _, port = address.rpartition(":")
-    try:
-        _, writer = await asyncio.wait_for(
-            asyncio.open_connection(host.strip("[]"), int(port)), timeout
-        )
-    except (OSError, ValueError, TimeoutError):
-        return False
-    writer.close()
-    return True

@@ -69,6 +69,10 @@ FIXED_OPTIONS: dict[str, str] = {
     "last_value": "the queued messages were kept or replaced under the old value",
     "ttl": "the queued messages' expiry times were set by the old expression",
     "dead_letter_if": "the coordinator compiled the old expression when the queue started",
+    "distribution": (
+        "a partitioned queue's state is its shards', one per partition: define a new queue"
+    ),
+    "partitions": "each shard's state belongs to its partition: define a new queue",
 }
 
 _SECTION_REASON = (

@@ -62,9 +62,16 @@ from layer.coordinator.definitions import DefinitionsLog
 from layer.coordinator.evict import Evictions, remove_member
 from layer.coordinator.health import Health
 from layer.coordinator.ingest import Fetched, IngestReader
-from layer.coordinator.membership import Member, Membership, owner_write, partition_of
+from layer.coordinator.membership import (
+    Member,
+    Membership,
+    member_write,
+    owner_write,
+    partition_of,
+)
 from layer.coordinator.outage import KafkaWatch, until_reachable
-from layer.coordinator.peers import Peers
+from layer.coordinator.partitioned import browse_shards, stats_of_shards
+from layer.coordinator.peers import Peers, peer_tls
 from layer.coordinator.publish import Publisher
 from layer.coordinator.publish_route import PublishRoute, routes_publishes
 from layer.coordinator.redrive import REDRIVE_SUFFIX, move, read_dead_letters
@@ -94,12 +101,14 @@ from layer.exceptions import (
     ConnectionLost,
     InvalidRequest,
     NotOwner,
+    PartitionedQueue,
     QLayerError,
     QueueBusy,
     QueueRemoved,
     StateError,
 )
 from layer.expr import Expression, Record, compile_expression
+from layer.shards import expand
 from layer.state.base import Store
 from layer.state.changelog import ChangelogWriter, DurableChangelog
 
@@ -146,8 +155,10 @@ class Coordinator:
             wait_reachable=self._watch.wait_reachable,
             on_trouble=self._watch.suspect,
             interrupt=self._interrupt,
-            # in a cluster a failed writer is not replaced (``DurableChangelog``)
+            # in a cluster a fenced writer is not replaced, a failed one only once no other
+            # member claimed what this one may commit for (``DurableChangelog``)
             replace_failed=config.coordinator.cluster is None,
+            confirm_replacement=self._confirm_replacement,
             on_dead=self._writer_dead,
         )
         self._changelog = CommitPool(self._durable)
@@ -170,6 +181,7 @@ class Coordinator:
             next_commit=self._signal.next_commit,
             check_alive=self._check_alive,
             instance=uuid.uuid4().hex[:8],
+            check_served=self.check_served,
         )
         self._rounds = Rounds(
             self._runtimes,
@@ -217,8 +229,11 @@ class Coordinator:
         # partitions the group gives it (layer.coordinator.membership); None: every queue
         self._membership: Membership | None = None
         self._owned: set[int] | None = None if config.coordinator.cluster is None else set()
+        # control partitions this member claimed and has not released: those whose queues its
+        # changelog writer may hold records of
+        self._claimed: set[int] = set()
         c = config.coordinator
-        self._peers = Peers(c.admin_token or c.auth_token, tls=c.tls_cert is not None)
+        self._peers = Peers(c.admin_token or c.auth_token, tls=peer_tls(c))
         self._address = ""  # of this coordinator's API, once it serves (``join``)
         # warm copies of queues other members serve (``layer.coordinator.standby``)
         self._standby: Standby | None = None
@@ -257,7 +272,8 @@ class Coordinator:
         # the queues served are the definitions topic's, once the file's changes are in it
         # (in a cluster: those the group gives this member, none until it joins)
         defined = await self._cluster.open(cfg, self._until_reachable)
-        cfg = self._config = replace(cfg, queues=tuple(q for q in defined if self._owns(q.name)))
+        served = expand(defined)  # a partitioned queue as its shards (layer.shards)
+        cfg = self._config = replace(cfg, queues=tuple(q for q in served if self._owns(q.name)))
         await self._ensure_topics(cfg.queues)
         # The writer comes first: initialising its transactions fences a killed predecessor and
         # aborts its open transaction, which a read_committed restore would otherwise wait on.
@@ -335,6 +351,8 @@ class Coordinator:
             lambda: len(rt.inbox),
             refresh_interval=self._config.coordinator.topic_refresh_interval,
             on_trouble=self._watch.suspect,
+            partition=q.shard,
+            partitions=q.partitions,
         )
         reader.start()
         return reader
@@ -462,6 +480,10 @@ class Coordinator:
         self._check_alive()
         if limit is not None and limit < 0:
             raise InvalidRequest(f"limit must be >= 0, got {limit}")
+        if shards := self._shards(queue):
+            return await browse_shards(
+                shards, lambda shard: self.browse(shard, filter, limit), limit
+            )
         owner = self._owner_elsewhere(queue)
         if owner is not None:
             return await self._peers.browse(owner, queue, filter, limit)
@@ -621,6 +643,9 @@ class Coordinator:
         headers: Sequence[tuple[str, bytes | None]] = (),
     ) -> Bookmark:
         self._check_alive()
+        if shards := self._shards(queue):
+            # any shard publishes to the topic, whose partitioner picks the partition by key
+            return await self.publish(shards[0], value, key, headers)
         owner = self._owner_elsewhere(queue)
         if owner is not None:
             return await self._peers.publish(owner, queue, value, key, list(headers))
@@ -708,7 +733,10 @@ class Coordinator:
             closing.add_done_callback(self._replays.discard)
 
     async def stats(self, queue: str | None = None) -> list[QueueStats]:
-        """Of one queue (forwarded to its owner in a cluster), or of those served here."""
+        """Of one queue (forwarded to its owner in a cluster; a partitioned one summed over its
+        shards), or of those served here."""
+        if queue is not None and (shards := self._shards(queue)):
+            return await stats_of_shards(queue, shards, self.stats)
         owner = None if queue is None else self._owner_elsewhere(queue)
         if owner is not None:
             assert queue is not None
@@ -732,11 +760,9 @@ class Coordinator:
         membership, cluster = self._membership, self._cluster
         if membership is None or cluster is None:
             return ClusterStats(local)
-        elsewhere = [q for q in sorted(cluster.definitions.queues) if q not in self._runtimes]
-        over_tls = self._config.coordinator.tls_cert is not None
-        return await gather_stats(
-            local, elsewhere, membership.map, self._peers, forward=not over_tls
-        )
+        served = sorted(q.name for q in cluster.served())
+        elsewhere = [q for q in served if q not in self._runtimes]
+        return await gather_stats(local, elsewhere, membership.map, self._peers)
 
     def subscriptions_of(self, queue: str, leases: int = 100) -> list[dict[str, object]]:
         """The web console's view of a queue's subscriptions, each with up to ``leases`` of
@@ -764,6 +790,7 @@ class Coordinator:
         return self._lookup(queue).config
 
     def queues(self) -> list[QueueInfo]:
+        served = self._config.queues
         return [
             QueueInfo(
                 name=q.name,
@@ -775,11 +802,13 @@ class Coordinator:
                 dead_letter_topic=q.dead_letter_topic,
                 default_publish_target=q.default_publish_target,
             )
-            # in a cluster: every queue of it (stats, browse, publish are forwarded)
+            # in a cluster: every queue of it (stats, browse, publish are forwarded); a
+            # partitioned queue once, not its shards
             for q in (
                 self._cluster.defined()
-                if self._owned is not None and self._cluster is not None
-                else self._config.queues
+                if self._cluster is not None
+                and (self._owned is not None or any(q.shard is not None for q in served))
+                else served
             )
         ]
 
@@ -868,7 +897,7 @@ class Coordinator:
     async def create_temporary_queue(
         self, name: str, options: Mapping[str, str], by: str
     ) -> QueueDefinitionInfo:
-        """A temporary queue, watched by this coordinator: deleted with its state once no
+        """A temporary queue, watched by the member serving it: deleted with its state once no
         subscription has been open on it for ``temporary_queue_grace``."""
         cluster = self._check_serving()
         async with self._reload_lock:
@@ -878,8 +907,10 @@ class Coordinator:
             return info_of(d)
 
     async def _watch_temporary(self) -> None:
-        """Delete, with its state, each temporary queue this coordinator watches once no
-        subscription has been open on it for the grace period."""
+        """Delete, with its state, each temporary queue served here once no subscription has
+        been open on it for the grace period. In a cluster the member serving a queue watches
+        it, whichever member created it; a queue that moves starts its grace again on its new
+        owner (its client follows it there)."""
         grace = self._config.coordinator.temporary_queue_grace
         idle: dict[str, float] = {}  # queue -> when it was last seen without a subscription
         while not self._stopping:
@@ -887,7 +918,7 @@ class Coordinator:
             if self._cluster is None:
                 continue
             now = time.monotonic()
-            watched = self._cluster.watched_temporary()
+            watched = self._cluster.temporary()
             for name in list(idle):
                 if name not in watched:
                     del idle[name]
@@ -941,8 +972,9 @@ class Coordinator:
         async with self._reload_lock:
             self._check_alive()
             cluster.queue(name)
-            rt = self._runtimes.get(name)
-            leased = rt.stats(self._clock(), 0, 0).leased if rt is not None else 0
+            here = [self._runtimes.get(n) for n in cluster.shards(name) or [name]]
+            now = self._clock()
+            leased = sum(rt.stats(now, 0, 0).leased for rt in here if rt is not None)
             if leased and not force:
                 raise QueueBusy(
                     f"queue {name!r} has {leased} leased message(s): their acks would be"
@@ -954,13 +986,17 @@ class Coordinator:
     # the cluster (layer.coordinator.membership): which queues this member serves
     # ----------------------------------------------------------------------------------------
 
+    def _shards(self, queue: str) -> list[str]:
+        """The shards of ``queue`` when it is partitioned (``layer.shards``), else empty."""
+        return [] if self._cluster is None else self._cluster.shards(queue)
+
     def _owns(self, queue: str) -> bool:
         return self._owned is None or partition_of(queue) in self._owned
 
     def _defined(self) -> tuple[QueueConfig, ...]:
         """The queues this member is to serve: the topic's, those it owns in a cluster."""
         assert self._cluster is not None
-        return tuple(q for q in self._cluster.defined() if self._owns(q.name))
+        return tuple(q for q in self._cluster.served() if self._owns(q.name))
 
     def _lookup(self, queue: str) -> QueueRuntime:
         """The runtime of a queue served here; ``NotOwner`` naming the member that serves a
@@ -969,7 +1005,13 @@ class Coordinator:
         if rt is not None:
             return rt
         cluster = self._cluster
-        if self._owned is not None and cluster is not None and queue in cluster.definitions.queues:
+        if cluster is not None and (shards := cluster.shards(queue)):
+            raise PartitionedQueue(
+                f"queue {queue!r} is partitioned into {len(shards)} shards ({shards[0]} .."
+                f" {shards[-1]}): name a shard (a subscription opens one stream per shard, as"
+                " the Python client does)"
+            )
+        if self._owned is not None and cluster is not None and cluster.is_served(queue):
             raise self._not_owner(queue)
         return lookup(self._runtimes, queue)
 
@@ -983,11 +1025,9 @@ class Coordinator:
         return NotOwner(f"queue {queue!r} is served by member {owner.id!r} at {owner.address}")
 
     def _owner_elsewhere(self, queue: str) -> str | None:
-        """The API address of the member serving ``queue`` when another one does and calls
-        can be forwarded to it (``layer.coordinator.peers``: not over TLS); else None."""
+        """The API address of the member serving ``queue`` when another one does (calls are
+        forwarded to it: ``layer.coordinator.peers``); else None."""
         if queue in self._runtimes or self._membership is None:
-            return None
-        if self._config.coordinator.tls_cert is not None:
             return None
         owner = self._membership.map.owner_of(queue)
         if owner is None or owner.id == self._membership.member.id:
@@ -1018,7 +1058,7 @@ class Coordinator:
             for m in cmap.members.values()
         ]
         queues = []
-        for name in sorted(self._cluster.definitions.queues):
+        for name in sorted(q.name for q in self._cluster.served()):
             owner = cmap.owner_of(name)
             if owner is None:
                 queues.append(QueueOwner(name, partition_of(name)))
@@ -1089,6 +1129,7 @@ class Coordinator:
         assert membership is not None and self._owned is not None
         me = membership.member
         await membership.write([owner_write(p, me, released=False) for p in sorted(partitions)])
+        self._claimed |= partitions  # read back: in the map (its queues served only later)
         fence = {
             before.transactional_id
             for p in partitions
@@ -1118,7 +1159,7 @@ class Coordinator:
                 standby.want(
                     {
                         q.name: self._config.coordinator.changelog_topic(q.name)
-                        for q in cluster.defined()
+                        for q in cluster.served()  # a partitioned queue's shards
                         if partition_of(q.name) in mine and q.name not in self._runtimes
                     }
                 )
@@ -1131,17 +1172,33 @@ class Coordinator:
 
     async def _revoked(self, partitions: set[int], graceful: bool) -> None:
         """Control partitions went to another member: stop serving their queues (their last
-        changes durable, leases returned) and, when the group asked (not lost), say so in the
-        members topic, so the next owner need not fence this member."""
+        changes durable, leases returned) and say so in the members topic, so the next owner
+        need not fence this member. Lost ones too (``graceful`` False: the session ran out,
+        e.g. in a Kafka outage that evicted every member): once their last changes are
+        durable this member commits nothing more for them, which is what a release says; were
+        it fenced first (its successor did not wait), the commit fails and it exits. Without a
+        release, the members that rejoin after an outage would fence each other (each member
+        has one writer for all its queues) and all exit. A release written after another
+        member's claim is ignored (``ClusterMap``)."""
         membership = self._membership
         assert membership is not None and self._owned is not None
         async with self._reload_lock:
             self._owned -= partitions
             await self._apply_definitions("moved to another member of the cluster")
-        if graceful and self._rounds.failed is None:
+        if self._rounds.failed is None:
             me = membership.member
-            await membership.write([owner_write(p, me, released=True) for p in sorted(partitions)])
-            log.info("cluster: handed over control partitions %s", sorted(partitions))
+            mine = [
+                p
+                for p in sorted(partitions)
+                if (o := membership.map.owners.get(p)) is not None
+                and o.member == me.id
+                and not o.released
+            ]
+            if mine:
+                await membership.write([owner_write(p, me, released=True) for p in mine])
+            self._claimed -= partitions
+            how = "handed over" if graceful else "released (lost by this member)"
+            log.info("cluster: %s control partitions %s", how, mine)
 
     def _writer_dead(self, exc: StateError) -> None:
         """The changelog writer was fenced (or failed) and is not replaced (a cluster member):
@@ -1149,6 +1206,33 @@ class Coordinator:
         process exits (leaving the group) instead of serving on with nothing durable."""
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._rounds.fail, exc)
+
+    def _confirm_replacement(self) -> str | None:
+        """(The commit thread, a new writer started in place of one that failed.) None when
+        no other member claimed a control partition this member claimed and did not release,
+        as the members topic says once read to a record written now; else what was taken.
+        ``StateError`` when that cannot be told yet (Kafka away again): asked again."""
+        if self._membership is None or self._loop is None:
+            return None
+        asking = asyncio.run_coroutine_threadsafe(self._claims_taken(), self._loop)
+        try:
+            return asking.result(60)
+        except Exception as exc:
+            asking.cancel()
+            raise StateError(f"cannot tell whether another member took over: {exc}") from exc
+
+    async def _claims_taken(self) -> str | None:
+        membership = self._membership
+        assert membership is not None
+        me = membership.member
+        claimed = set(self._claimed)
+        await membership.write([member_write(me)])  # read back: the map holds every claim
+        taken = sorted(
+            p for p in claimed if (o := membership.map.owners.get(p)) is None or o.member != me.id
+        )
+        if not taken:
+            return None
+        return f"control partitions {taken} were claimed by another member meanwhile"
 
     def _new_writer_id(self) -> str:
         return f"{self._config.coordinator.id}-changelog"
@@ -1179,7 +1263,16 @@ class Coordinator:
                 raise
             # the file's changes go through the topic: planned against what it would then hold
             assert self._cluster is not None
-            the_plan = plan(self._config, replace(new, queues=self._cluster.after_file(new)))
+            # planned on the queues as defined (a partitioned queue's distribution and
+            # partitions are fixed), then on what runs (its shards)
+            defined = plan(
+                replace(self._config, queues=self._cluster.defined()),
+                replace(new, queues=self._cluster.after_file(new)),
+            )
+            after = expand(self._cluster.after_file(new))
+            the_plan = (
+                defined if defined.refused else plan(self._config, replace(new, queues=after))
+            )
             if not the_plan.applicable:
                 result = the_plan.result(applied=False)
                 for line in result.lines():

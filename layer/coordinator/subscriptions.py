@@ -88,6 +88,7 @@ class Subscriptions:
         next_commit: Callable[[], Awaitable[None]],
         check_alive: Callable[[], None],
         instance: str,
+        check_served: Callable[[str], None] | None = None,
     ) -> None:
         self._runtimes = runtimes
         self._store = store
@@ -96,11 +97,16 @@ class Subscriptions:
         self._next_commit = next_commit
         self._check_alive = check_alive
         self._instance = instance
+        # raises for a named queue another member of the cluster serves (``NotOwner`` naming
+        # it): a replace to it is refused with where it is served, not as unknown
+        self._check_served = check_served
         self._ids = itertools.count(1)
 
     def _resolve(self, queue: str) -> list[QueueRuntime]:
         """The queues a subscription to ``queue`` (a name, or a regex starting with ^) joins."""
         if not queue.startswith("^"):
+            if self._check_served is not None:
+                self._check_served(queue)
             return [lookup(self._runtimes, queue)]
         try:
             pattern = re.compile(queue)

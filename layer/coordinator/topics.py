@@ -28,7 +28,7 @@ def needed_topics(cfg: Config, queues: Sequence[QueueConfig]) -> list[TopicSpec]
         if q.dead_letter_topic:
             specs.append(TopicSpec(q.dead_letter_topic, partitions=1))
         if not q.topic_is_regex:
-            specs.append(TopicSpec(q.underlying_topic, partitions=1))
+            specs.append(TopicSpec(q.underlying_topic, partitions=q.partitions or 1))
         if q.default_publish_target:
             specs.append(TopicSpec(q.default_publish_target, partitions=1))
         if routes_publishes(q):

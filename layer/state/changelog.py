@@ -52,6 +52,11 @@ class _Interrupted(StateError):
     incarnation's ``init_transactions`` aborts what this one left open)."""
 
 
+class _WriterDead(StateError):
+    """A cluster member's writer that is not replaced (fenced, or failed and superseded): the
+    member commits nothing more and stops."""
+
+
 def _kafka_error(exc: BaseException) -> KafkaError | None:
     if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
         return exc.args[0]
@@ -325,12 +330,15 @@ class DurableChangelog:
     reachable again (``wait_reachable``), with backoff.
 
     ``replace_failed`` False (a member of a cluster, ``layer.coordinator.membership``): a writer
-    that is fenced or failed fatally is not replaced. Fenced, its fence is another member that
-    took this one's queues over; failed (Kafka away past the transaction timeout), the group may
-    have moved them meanwhile. A new writer would start a new epoch of this member's
-    transactional id after the new owner fenced the old one, and commit for queues this member
-    no longer owns. The commit fails instead (``StateError``), nothing of the round is handed
-    out, and the coordinator stops serving (a supervisor starts it again, and it rejoins).
+    that is fenced is not replaced: its fence is another member that took this one's queues
+    over. A writer that failed (Kafka away past the transaction timeout) is replaced only when
+    ``confirm_replacement`` is given, and only once it says, after the new writer started, that
+    no other member claimed what this one may commit for (None; else the reason): the group
+    may have moved those queues meanwhile, and a new writer started after the new owner fenced
+    the old one would commit for them with a newer epoch. A claim written after that check is
+    followed by its fence, which then fences the new writer too. Otherwise the commit fails
+    (``StateError``), nothing of the round is handed out, and the coordinator stops serving (a
+    supervisor starts it again, and it rejoins).
 
     A redo is harmless for the changelog records: the same keys and values again, and restore
     is last-value-wins. The extra records (dead letters, redriven and routed copies, view
@@ -351,10 +359,13 @@ class DurableChangelog:
         on_trouble: Callable[[str], None],
         interrupt: threading.Event,
         replace_failed: bool = True,
+        confirm_replacement: Callable[[], str | None] | None = None,
         on_dead: Callable[[StateError], None] | None = None,
     ) -> None:
         self._make = make_writer
         self._replace_failed = replace_failed
+        self._confirm = confirm_replacement
+        self._unconfirmed = False  # a replacement writer not confirmed yet: commits nothing
         self._on_dead = on_dead
         self._wait_reachable = wait_reachable
         self._on_trouble = on_trouble
@@ -386,25 +397,31 @@ class DurableChangelog:
                 if writer is None:
                     writer = self._writer = self._make()
                     self.writers_made += 1
+                if self._unconfirmed:
+                    assert self._confirm is not None
+                    taken = self._confirm()  # StateError when it cannot tell yet: tried again
+                    if taken is not None:
+                        raise self._dead(writer, f"failed, and {taken}", None)
+                    self._unconfirmed = False
+                    logger.info(
+                        "changelog writer replaced and confirmed transactional_id=%s",
+                        writer.transactional_id,
+                    )
                 offsets = writer.commit(records, extra, bulk)
             except StateError as exc:
-                if self._interrupt.is_set():
+                if self._interrupt.is_set() or isinstance(exc, _WriterDead):
                     raise
                 if writer is not None and not writer.usable and not self._replace_failed:
-                    why = (
-                        "was fenced by another member of the cluster, which took this"
-                        " member's queues over"
-                        if writer.fenced
-                        else "failed and is not replaced in a cluster (the group may have"
-                        " moved this member's queues meanwhile)"
-                    )
-                    dead = StateError(
-                        f"changelog writer transactional_id={writer.transactional_id} {why}:"
-                        f" nothing more is committed here ({exc})"
-                    )
-                    if self._on_dead is not None:
-                        self._on_dead(dead)  # whichever path committed, the member must stop
-                    raise dead from exc
+                    if writer.fenced or self._confirm is None:
+                        why = (
+                            "was fenced by another member of the cluster, which took this"
+                            " member's queues over"
+                            if writer.fenced
+                            else "failed and is not replaced in a cluster (the group may have"
+                            " moved this member's queues meanwhile)"
+                        )
+                        raise self._dead(writer, why, exc) from exc
+                    self._unconfirmed = True  # failed: its replacement must be confirmed
                 self._on_trouble(str(exc))
                 if writer is not None and not writer.usable:
                     logger.warning(
@@ -434,6 +451,15 @@ class DurableChangelog:
                     extra={"attempts": attempts, "records": len(records)},
                 )
             return offsets
+
+    def _dead(self, writer: ChangelogWriter, why: str, exc: BaseException | None) -> StateError:
+        dead = _WriterDead(
+            f"changelog writer transactional_id={writer.transactional_id} {why}:"
+            f" nothing more is committed here" + (f" ({exc})" if exc is not None else "")
+        )
+        if self._on_dead is not None:
+            self._on_dead(dead)  # whichever path committed, the member must stop
+        return dead
 
     def close(self) -> None:
         writer, self._writer = self._writer, None

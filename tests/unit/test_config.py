@@ -801,6 +801,17 @@ def test_tls_options(tmp_path):
     cfg.write_text('[coordinator]\ntls_cert = "c.pem"\ntls_key = "nope.pem"\n' + base)
     with pytest.raises(ConfigError, match="option 'tls_key': no such file"):
         load(cfg, env={})
+    # a cluster member's trust in the others' certificates
+    (tmp_path / "ca.pem").write_text("ca")
+    tls = 'tls_cert = "c.pem"\ntls_key = "k.pem"\n'
+    cfg.write_text(f'[coordinator]\n{tls}tls_peer_ca = "ca.pem"\n' + base)
+    assert load(cfg, env={}).coordinator.tls_peer_ca == tmp_path / "ca.pem"
+    cfg.write_text('[coordinator]\ntls_peer_ca = "ca.pem"\n' + base)
+    with pytest.raises(ConfigError, match="option 'tls_peer_ca': needs tls_cert and tls_key"):
+        load(cfg, env={})
+    cfg.write_text(f'[coordinator]\n{tls}tls_peer_ca = "nope.pem"\n' + base)
+    with pytest.raises(ConfigError, match="option 'tls_peer_ca': no such file"):
+        load(cfg, env={})
 
 
 def test_auth_token_from_the_environment_wins_and_is_masked():

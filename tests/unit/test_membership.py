@@ -54,3 +54,17 @@ def test_a_member_that_left_has_no_address_and_a_bad_record_is_skipped() -> None
     cmap.apply(b"owner/x", b"{}", cmap.next_offset)  # logged and skipped
     cmap.apply(b"owner/1", b"not json", cmap.next_offset)
     assert cmap.members == {} and cmap.owners == {}
+
+
+def test_a_release_written_after_another_members_claim_is_ignored() -> None:
+    # a loses the partition (its session ran out) and releases it once its last changes are
+    # durable; b claimed it meanwhile (and fenced a): b's claim stands
+    cmap = ClusterMap("a")
+    feed(cmap, member_write(A), member_write(B), owner_write(5, A, released=False))
+    feed(cmap, owner_write(5, B, released=False), owner_write(5, A, released=True))
+    owner = cmap.owners[5]
+    assert owner.member == "b" and not owner.released
+    # a's own release of a partition it still holds counts, and then a claim by b is free
+    feed(cmap, owner_write(5, A, released=False), owner_write(5, A, released=True))
+    feed(cmap, owner_write(5, B, released=False))
+    assert cmap.owners[5].member == "b" and not cmap.owners[5].released

@@ -60,6 +60,8 @@ def test_backoff_doubles_to_its_cap_with_jitter_and_resets() -> None:
 class ScriptedWriter:
     """Stands in for ChangelogWriter: fails its commits as scripted, then succeeds."""
 
+    fenced = False  # a "fatal" failure is a fenced writer's (a subclass says so)
+
     def __init__(self, failures: list[str], made: list[ScriptedWriter]) -> None:
         self.failures = failures  # "abort": aborted, still usable; "fatal": unusable
         self.usable = True
@@ -120,3 +122,66 @@ def test_durable_changelog_gives_up_only_when_interrupted() -> None:
     )
     with pytest.raises(StateError, match="stopping"):
         log.commit([("c", b"k", b"v")])
+
+
+def _cluster_log(
+    script: list[list[str]], made: list[ScriptedWriter], confirm: object, dead: list[StateError]
+) -> DurableChangelog:
+    return DurableChangelog(
+        lambda: ScriptedWriter(script.pop(0), made),  # type: ignore[arg-type, return-value]
+        wait_reachable=lambda timeout: None,
+        on_trouble=lambda reason: None,
+        interrupt=threading.Event(),
+        replace_failed=False,
+        confirm_replacement=confirm,  # type: ignore[arg-type]
+        on_dead=dead.append,
+    )
+
+
+def test_a_cluster_member_replaces_a_failed_writer_once_no_one_took_its_queues() -> None:
+    made: list[ScriptedWriter] = []
+    asked: list[int] = []
+    answers: list[object] = [StateError("Kafka away again"), None]
+
+    def confirm() -> str | None:
+        asked.append(len(made))  # asked once the new writer started
+        answer = answers.pop(0)
+        if isinstance(answer, StateError):
+            raise answer  # cannot tell yet: asked again, nothing committed meanwhile
+        return answer  # type: ignore[return-value]
+
+    dead: list[StateError] = []
+    log = _cluster_log([["fatal"], []], made, confirm, dead)
+    log.open()
+    records = [("c", b"k", b"v")]
+    assert log.commit(records) == {("c", 0): 1}
+    assert asked == [2, 2] and not dead
+    assert made[1].committed == [records]
+
+
+def test_a_cluster_member_whose_queues_were_claimed_stops_and_a_fenced_one_too() -> None:
+    made: list[ScriptedWriter] = []
+    dead: list[StateError] = []
+    log = _cluster_log([["fatal"], []], made, lambda: "partitions [3] were claimed", dead)
+    log.open()
+    with pytest.raises(StateError, match=r"failed, and partitions \[3\] were claimed"):
+        log.commit([("c", b"k", b"v")])
+    assert len(dead) == 1 and not made[1].committed
+
+    class Fenced(ScriptedWriter):
+        fenced = True
+
+    fenced: list[ScriptedWriter] = []
+    log = DurableChangelog(
+        lambda: Fenced(["fatal"], fenced),  # type: ignore[arg-type, return-value]
+        wait_reachable=lambda timeout: None,
+        on_trouble=lambda reason: None,
+        interrupt=threading.Event(),
+        replace_failed=False,
+        confirm_replacement=lambda: None,
+        on_dead=dead.append,
+    )
+    log.open()
+    with pytest.raises(StateError, match="was fenced by another member"):
+        log.commit([("c", b"k", b"v")])
+    assert len(fenced) == 1 and len(dead) == 2  # never replaced

@@ -151,6 +151,12 @@ def fixed_cases(tmp_path: Path) -> list[tuple[str, str, str]]:
         ("last_value", "", "last_value = true"),
         ("ttl", "", 'ttl = "/ttl"'),
         ("dead_letter_if", "", 'dead_letter_if = "/keep"'),
+        ("distribution", "", 'distribution = "partitioned"\npartitions = 2'),
+        (
+            "partitions",
+            'distribution = "partitioned"\npartitions = 2',
+            'distribution = "partitioned"\npartitions = 3',
+        ),
     ]
 
 
