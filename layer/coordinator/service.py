@@ -850,6 +850,11 @@ class Coordinator:
             await self._apply_plan(the_plan, applied, reason)
             self._config = replace(self._config, source=file_source)
         ended = self._cluster.take_ended_temporary() - set(self._runtimes)
+        if self._standby is not None:
+            # a copy of a deleted queue stops before its state and changelog topic go (a
+            # consumer assigned a deleted topic crashed librdkafka on the embedded broker)
+            self._want_standbys()
+            await self._standby.release(ended, unassigned=True)
         if ended:
             try:
                 await self._discard_state(ended)
@@ -1151,19 +1156,32 @@ class Coordinator:
         (not while the queues move: a handover's last commit writes the store meanwhile)."""
         membership, standby, cluster = self._membership, self._standby, self._cluster
         assert membership is not None and standby is not None and cluster is not None
-        replicas = self._config.coordinator.standby_replicas
         while not self._stopping:
             if not self._reload_lock.locked():
-                mine = standby_partitions(membership.map, membership.member.id, replicas)
-                mine -= self._owned or set()
-                standby.want(
-                    {
-                        q.name: self._config.coordinator.changelog_topic(q.name)
-                        for q in cluster.served()  # a partitioned queue's shards
-                        if partition_of(q.name) in mine and q.name not in self._runtimes
-                    }
-                )
+                self._want_standbys()
             await asyncio.sleep(STANDBY_REFRESH_S)
+
+    def _want_standbys(self) -> None:
+        """Tell the standby the queues it is to tail now: those of the partitions this member
+        is a standby of, defined, and not served here."""
+        membership, standby, cluster = self._membership, self._standby, self._cluster
+        assert membership is not None and standby is not None and cluster is not None
+        replicas = self._config.coordinator.standby_replicas
+        mine = standby_partitions(membership.map, membership.member.id, replicas)
+        mine -= self._owned or set()
+        latest = cluster.definitions.latest
+        standby.want(
+            {
+                q.name: self._config.coordinator.changelog_topic(q.name)
+                for q in cluster.served()  # a partitioned queue's shards
+                if partition_of(q.name) in mine
+                and q.name not in self._runtimes
+                # not a temporary queue: its changelog topic is deleted with it, and a consumer
+                # that had read a deleted topic crashed librdkafka (segfault) on the embedded
+                # broker
+                and not getattr(latest.get(q.name), "temporary", False)
+            }
+        )
 
     def _fence(self, transactional_id: str) -> None:
         """Start (and close) a writer with another member's transactional id: what it left

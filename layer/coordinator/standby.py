@@ -101,6 +101,8 @@ class Standby:
         self._failed: dict[str, float] = {}  # queue -> when it may be tried again
         self._stop = threading.Event()
         self._changed = True  # the assignment is to be made again
+        self._gen = 0  # changes asked for ...
+        self._assigned_gen = 0  # ... and the last one the consumer's assignment reflects
         self._thread: threading.Thread | None = None
         self.applied = 0  # records applied by the tails (not by the first restores)
 
@@ -115,7 +117,7 @@ class Standby:
         with self._lock:
             if dict(queues) != self._wanted:
                 self._wanted = dict(queues)
-                self._changed = True
+                self._change()
                 self._lock.notify_all()
 
     @property
@@ -124,22 +126,38 @@ class Standby:
         with self._lock:
             return set(self._tails)
 
-    async def release(self, queues: set[str]) -> None:
+    async def release(self, queues: set[str], unassigned: bool = False) -> None:
         """Stop tailing ``queues`` (before this member restores them itself): returns once no
-        batch of theirs can be applied any more."""
+        batch of theirs can be applied any more; ``unassigned``: and once the consumer no
+        longer reads their topics (before they are deleted)."""
         with self._lock:
-            if not queues & (set(self._wanted) | set(self._tails) | {self._busy}):
+            held = queues & (set(self._wanted) | set(self._tails) | {self._busy})
+            if not held and (not unassigned or self._assigned_gen >= self._gen):
                 return
             for name in queues:
                 self._wanted.pop(name, None)
-            self._changed = True
-        await asyncio.to_thread(self._released, queues)
+            self._change()
+            self._lock.notify_all()
+        await asyncio.to_thread(self._released, queues, unassigned)
 
-    def _released(self, queues: set[str]) -> None:
+    def _change(self) -> None:
+        self._changed = True
+        self._gen += 1
+
+    def _released(self, queues: set[str], unassigned: bool) -> None:
         with self._lock:
             # a batch is applied holding the lock, only for a wanted queue: once the first
             # restore of a released queue is over, nothing of it is written any more
-            self._lock.wait_for(lambda: self._busy not in queues or self._stop.is_set())
+            target = self._gen
+            self._lock.wait_for(
+                lambda: (
+                    self._stop.is_set()
+                    or (
+                        self._busy not in queues
+                        and (not unassigned or self._assigned_gen >= target or not self._running)
+                    )
+                )
+            )
             for name in queues & set(self._tails):
                 del self._tails[name]
             self._topics = {t: q for t, q in self._topics.items() if q in self._tails}
@@ -152,6 +170,10 @@ class Standby:
             self._thread.join(30)
 
     # --- the thread --------------------------------------------------------------------------
+
+    @property
+    def _running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:
         consumer = Consumer(self._settings)
@@ -172,11 +194,14 @@ class Standby:
         with self._lock:
             if self._changed:
                 self._changed = False
+                gen = self._gen
                 for gone in set(self._tails) - set(self._wanted):
                     del self._tails[gone]
                 self._topics = {t: q for t, q in self._topics.items() if q in self._tails}
                 assignment = self._assignment(consumer)
                 consumer.assign(assignment)
+                self._assigned_gen = gen
+                self._lock.notify_all()
             idle = not self._topics
             if idle and not self._to_catch_up():
                 self._lock.wait(0.5)
@@ -247,7 +272,7 @@ class Standby:
                 return  # released (or changed) while it restored
             self._tails[name] = Tail(self._store, topic)
             self._topics[topic] = name
-            self._changed = True
+            self._change()
         log.info(
             "standby of queue=%s: %d changelog records caught up in %.2fs, following",
             name,
@@ -265,4 +290,4 @@ class Standby:
             self._tails.pop(name, None)
             self._topics = {t: q for t, q in self._topics.items() if q != name}
             self._failed[name] = self._clock() + RETRY_S
-            self._changed = True
+            self._change()
