@@ -67,6 +67,19 @@ class BrokerProfile:
         return max(100, self.session_timeout_ms // 3)
 
 
+def cluster_group_settings(
+    profile: BrokerProfile, session_timeout_ms: int | None
+) -> dict[str, int]:
+    """The session settings of a cluster's group: ``session_timeout_ms`` (the profile's when
+    None), with four heartbeats a session, so a member is evicted only after missing several.
+    A session bounds how fast a hung member's queues move (on Tansu: 1.5 x session + ~0.8 s
+    from a kill to the survivors' new assignment, its JoinGroup held half a session); a member
+    whose API refuses connections is removed from the group at once (``layer.coordinator.
+    evict``)."""
+    ms = session_timeout_ms or profile.session_timeout_ms
+    return {"session.timeout.ms": ms, "heartbeat.interval.ms": max(100, ms // 4)}
+
+
 TANSU = BrokerProfile(
     name="tansu",
     session_timeout_ms=2000,
@@ -201,6 +214,36 @@ def client_settings(bootstrap_servers: str, kafka_settings: Mapping[str, str]) -
             )
         settings[key] = value
     return settings
+
+
+#: librdkafka security settings and their kafka-python counterparts (``kafka_python_settings``)
+_KAFKA_PYTHON_KEYS = {
+    "security.protocol": "security_protocol",
+    "sasl.mechanism": "sasl_mechanism",
+    "sasl.mechanisms": "sasl_mechanism",
+    "sasl.username": "sasl_plain_username",
+    "sasl.password": "sasl_plain_password",
+    "ssl.ca.location": "ssl_cafile",
+    "ssl.certificate.location": "ssl_certfile",
+    "ssl.key.location": "ssl_keyfile",
+    "ssl.key.password": "ssl_password",
+    "client.id": "client_id",
+}
+
+
+def kafka_python_settings(base: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The keyword arguments of a kafka-python client equivalent to librdkafka ``base``
+    settings, for the one call librdkafka does not offer (removing another member from a
+    group: ``layer.coordinator.evict``); None when a setting has no counterpart there."""
+    out: dict[str, Any] = {"bootstrap_servers": str(base["bootstrap.servers"]).split(",")}
+    for key, value in base.items():
+        if key in ("bootstrap.servers", "logger", "error_cb") or key.startswith("socket."):
+            continue
+        target = _KAFKA_PYTHON_KEYS.get(key)
+        if target is None:
+            return None
+        out[target] = value.upper() if key in ("security.protocol",) else value
+    return out
 
 
 def producer_settings(

@@ -503,6 +503,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if not args.debug:
         logging.getLogger("grpc").setLevel(logging.WARNING)
+        # kafka-python (a cluster member's removal of a dead one) narrates each connection
+        logging.getLogger("kafka").setLevel(logging.WARNING)
     if args.command is None:
         _parser().print_help()
         return EXIT_USAGE

@@ -116,6 +116,13 @@ class Addresses:
         return [*self.all[n:], *self.all[:n]]
 
 
+#: a subscription that lost its owner in a cluster asks the members where its queue went at
+#: least this often (seconds) ...
+FOLLOW_ASK_S = 0.25
+#: ... for this long after the loss; then with the policy's backoff (the cluster may be down)
+FOLLOW_FAST_S = 15.0
+
+
 @dataclass(frozen=True, slots=True)
 class ReconnectPolicy:
     """How a subscription reconnects. ``enabled=False``: a dropped connection ends it with the
@@ -162,6 +169,10 @@ class Backoff:
 
     def reset(self) -> None:
         self.attempts = 0
+
+    def jitter(self, most: float) -> float:
+        """A uniform wait between 0 and ``most``."""
+        return self._rng.uniform(0, most)
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,11 +302,14 @@ class SubscriptionCore(Generic[W]):
         return event
 
     def lost(
-        self, error: QLayerError | None, now: float, moved: bool = False
+        self, error: QLayerError | None, now: float, moved: bool = False, clustered: bool = False
     ) -> tuple[Outcome[W], Retry | End]:
         """The stream ended (or a reconnect attempt failed) with ``error``: reconnect, or end.
         ``moved``: the error says the queue is served by another member of the cluster now
-        (the face checked): reconnect as for a dropped connection, to its new owner."""
+        (the face checked): reconnect as for a dropped connection, to its new owner.
+        ``clustered``: the client talks to a cluster, whose members say where the queue went:
+        for the first ``FOLLOW_FAST_S`` the waits between asks stay under ``FOLLOW_ASK_S``
+        (a failover takes seconds; the question is answered from memory)."""
         self.connected = False
         if self.closing or self.ended:
             return self.end(None), End(None)
@@ -322,6 +336,8 @@ class SubscriptionCore(Generic[W]):
         address = self.addresses.current if moved else self.addresses.failed(self.address)
         self.address = address
         delay = self._backoff.next_delay()
+        if clustered and waited < FOLLOW_FAST_S:
+            delay = min(delay, FOLLOW_ASK_S / 2 + self._backoff.jitter(FOLLOW_ASK_S / 2))
         if give_up is not None:
             delay = min(delay, max(0.0, give_up - waited))
         log.debug(

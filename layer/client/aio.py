@@ -354,7 +354,7 @@ class AsyncSubscription(SubscriptionFields):
                     self._apply(core.end(None))
                     self._opened.set_exception(error or ClientError("subscription ended"))
                     break
-                out, decision = core.lost(error, time.monotonic(), moved)
+                out, decision = core.lost(error, time.monotonic(), moved, client._view.clustered)
                 self._apply(out)
                 if not isinstance(decision, Retry):
                     break

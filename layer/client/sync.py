@@ -395,7 +395,7 @@ class Subscription(SubscriptionFields):
                 self._opened.set_exception(error or ClientError("subscription ended"))
                 break
             with self._cond:
-                out, decision = core.lost(error, time.monotonic(), moved)
+                out, decision = core.lost(error, time.monotonic(), moved, client._view.clustered)
                 self._cond.notify_all()
             self._apply(out)
             if not isinstance(decision, Retry):

@@ -403,6 +403,7 @@ _COORDINATOR_KEYS = (
     "snapshot_interval",
     "cluster",
     "temporary_queue_grace",
+    "standby_replicas",
 )
 
 
@@ -494,6 +495,8 @@ def _coordinator(
         temporary_queue_grace=section.get(
             "temporary_queue_grace", default.temporary_queue_grace, _duration(allow_zero=False)
         ),
+        # at most 12 members share a cluster's queues (its control partitions): 11 others
+        standby_replicas=section.get("standby_replicas", default.standby_replicas, _integer(0, 11)),
     )
     if config.admin_token is not None and config.admin_token == config.auth_token:
         raise section.error(

@@ -189,6 +189,9 @@ class CoordinatorConfig:
     # a temporary queue is deleted with its state once no subscription has been open on it
     # for this long (its client went away and did not come back)
     temporary_queue_grace: float = 60.0
+    # in a cluster: how many other members keep a warm copy of each queue's state (tailing its
+    # changelog, ``layer.coordinator.standby``), so a takeover reads only the tail; 0 = none
+    standby_replicas: int = 1
 
     def __repr__(self) -> str:
         token = None if self.auth_token is None else _MASK
@@ -204,7 +207,8 @@ class CoordinatorConfig:
             f"tokens_file={self.tokens_file!r}, "
             f"http={self.http!r}, "
             f"snapshot_every={self.snapshot_every!r}, "
-            f"snapshot_interval={self.snapshot_interval!r}, cluster={self.cluster!r})"
+            f"snapshot_interval={self.snapshot_interval!r}, cluster={self.cluster!r}, "
+            f"standby_replicas={self.standby_replicas!r})"
         )
 
     @property

@@ -266,6 +266,11 @@ class CoordinatorApp:
         return 0
 
     async def _close(self) -> None:
+        if self._coordinator is not None:
+            try:  # a member of a cluster: not taken for dead while its API stops
+                await self._coordinator.leaving()
+            except Exception:
+                log.exception("announcing the stop to the cluster failed")
         if self._grpc_health is not None:
             await self._grpc_health.stop()  # watchers see NOT_SERVING before the server goes
         if self._server is not None:

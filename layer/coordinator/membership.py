@@ -111,6 +111,9 @@ class ClusterMap:
     members: dict[str, Member] = field(default_factory=dict)
     owners: dict[int, Owner] = field(default_factory=dict)
     taken_from: dict[int, Owner | None] = field(default_factory=dict)
+    # member -> its id in the group (``group/<id>``, while it serves: what a survivor removes
+    # from the group when the member's API refuses connections, ``layer.coordinator.evict``)
+    group_ids: dict[str, str] = field(default_factory=dict)
     next_offset: int = 0
 
     def apply(self, key: bytes | None, value: bytes | None, offset: int) -> None:
@@ -126,6 +129,11 @@ class ClusterMap:
                     self.members[rest] = Member(
                         rest, str(body["address"]), str(body["transactional_id"])
                     )
+            elif kind == "group":
+                if body is None:
+                    self.group_ids.pop(rest, None)
+                else:
+                    self.group_ids[rest] = str(body["member_id"])
             elif kind == "owner":
                 p = int(rest)
                 if body is None:
@@ -157,6 +165,12 @@ class ClusterMap:
 def member_write(member: Member) -> Write:
     value = {"address": member.address, "transactional_id": member.transactional_id}
     return Write(f"member/{member.id}".encode(), json.dumps(value).encode())
+
+
+def group_write(member: Member, group_member_id: str | None) -> Write:
+    """This member's id in the group (None: a tombstone, the member is leaving)."""
+    value = None if group_member_id is None else json.dumps({"member_id": group_member_id})
+    return Write(f"group/{member.id}".encode(), None if value is None else value.encode())
 
 
 def owner_write(partition: int, member: Member, released: bool) -> Write:
@@ -210,6 +224,8 @@ class Membership:
         self._consumer: Consumer | None = None
         self.first_assignment = asyncio.Event()
         self.owned: set[int] = set()
+        self._group_id: str | None = None  # as written to the members topic
+        self._leaving = False
 
     # --- the members topic ---------------------------------------------------------------
 
@@ -281,6 +297,27 @@ class Membership:
             self.owned |= got
             self._call(self._on_assigned(got), "taking over")
         self._loop.call_soon_threadsafe(self.first_assignment.set)
+        group_id = consumer.memberid()
+        if group_id and group_id != self._group_id and not self._leaving:
+            self._group_id = group_id
+            done = asyncio.run_coroutine_threadsafe(
+                self.write([group_write(self.member, group_id)]), self._loop
+            )
+            done.add_done_callback(self._logged)
+
+    def _logged(self, done: Any) -> None:
+        if not done.cancelled() and done.exception() is not None:
+            log.warning("members topic: this member's group id not written: %s", done.exception())
+
+    async def leaving(self) -> None:
+        """Before this member's API stops: take its group id out of the members topic, so
+        that no survivor removes it from the group while it hands its queues over."""
+        self._leaving = True
+        if self._group_id is not None:
+            try:
+                await self.write([group_write(self.member, None)], timeout=5.0)
+            except BrokerError as exc:
+                log.warning("members topic: %s", exc)
 
     def _revoke(self, consumer: Consumer, partitions: list[KafkaPartition]) -> None:
         self._give_up({p.partition for p in partitions}, graceful=True)
@@ -313,7 +350,10 @@ class Membership:
         if self._thread is not None:
             self._thread.join(60)
         try:
-            self._log.write([Write(f"member/{self.member.id}".encode(), None)], timeout=5)
+            gone = [Write(f"member/{self.member.id}".encode(), None)]
+            if self._group_id is not None:
+                gone.append(group_write(self.member, None))
+            self._log.write(gone, timeout=5)
         except BrokerError as exc:
             log.warning("members topic: %s", exc)
         self._log.close()

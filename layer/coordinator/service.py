@@ -34,7 +34,9 @@ from connectors.admin import TopicAdmin
 from connectors.kafka import (
     BrokerProfile,
     client_settings,
+    cluster_group_settings,
     consumer_settings,
+    kafka_python_settings,
     producer_settings,
     with_client_logging,
 )
@@ -57,6 +59,7 @@ from layer.config import Config, QueueConfig, reread
 from layer.coordinator.cluster_queues import ClusterQueues, info_of
 from layer.coordinator.cluster_stats import gather_stats
 from layer.coordinator.definitions import DefinitionsLog
+from layer.coordinator.evict import Evictions, remove_member
 from layer.coordinator.health import Health
 from layer.coordinator.ingest import Fetched, IngestReader
 from layer.coordinator.membership import (
@@ -86,6 +89,7 @@ from layer.coordinator.round import (
 from layer.coordinator.runtime import QueueRuntime, lookup
 from layer.coordinator.snapshots import Snapshots
 from layer.coordinator.stages import Stages
+from layer.coordinator.standby import Standby, standby_partitions
 from layer.coordinator.subscriptions import SubscriptionHandle, Subscriptions
 from layer.coordinator.topics import check_view_topic, needed_topics
 from layer.coordinator.view_history import ViewHistory
@@ -114,6 +118,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REPLAY_THREADS = 8  # replays reading at once; more wait their turn a batch at a time
+STANDBY_REFRESH_S = 0.5  # how often the queues a standby tails are worked out again
 
 T = TypeVar("T")
 
@@ -230,6 +235,11 @@ class Coordinator:
         c = config.coordinator
         self._peers = Peers(c.admin_token or c.auth_token, tls=peer_tls(c))
         self._address = ""  # of this coordinator's API, once it serves (``join``)
+        # warm copies of queues other members serve (``layer.coordinator.standby``)
+        self._standby: Standby | None = None
+        self._standby_task: asyncio.Task[None] | None = None
+        self._evict_task: asyncio.Task[None] | None = None  # ``layer.coordinator.evict``
+        self._left = False  # left the cluster's group (``_leave``)
 
     @property
     def rounds(self) -> int:
@@ -387,13 +397,35 @@ class Coordinator:
         assert self._pump_task is not None
         await self._pump_task
 
-    async def stop(self) -> None:
+    async def leaving(self) -> None:
+        """A graceful stop, while the API still serves: leave the cluster (no other member may
+        take this one for dead meanwhile, ``Membership.leaving``), handing its queues over, so
+        the clients of the queues follow them at once instead of after the API's stop."""
+        if self._evict_task is not None:
+            self._evict_task.cancel()
+        if self._membership is None or self._left:
+            return
+        await self._membership.leaving()
+        await self._leave()
+
+    async def _leave(self) -> None:
+        """Stop the standby, then leave the group: the queues are handed over (their last
+        changes durable, their leases returned) while the rounds still run; after a failure
+        (fenced) the member leaves without handing over, so the others need not wait for its
+        session to time out."""
+        self._left = True
+        if self._standby_task is not None:
+            self._standby_task.cancel()
+        if self._standby is not None:
+            await asyncio.to_thread(self._standby.close)
         if self._membership is not None:
-            # leave the group first: the queues are handed over (their last changes durable,
-            # their leases returned) while the rounds still run; after a failure (fenced) the
-            # member leaves without handing over, so the others need not wait for its session
-            # to time out
             await asyncio.to_thread(self._membership.close, self._rounds.failed is not None)
+
+    async def stop(self) -> None:
+        if self._evict_task is not None:
+            self._evict_task.cancel()
+        if not self._left:
+            await self._leave()
         self._stopping = True
         self._interrupt.set()
         self.health.stopping()
@@ -818,6 +850,11 @@ class Coordinator:
             await self._apply_plan(the_plan, applied, reason)
             self._config = replace(self._config, source=file_source)
         ended = self._cluster.take_ended_temporary() - set(self._runtimes)
+        if self._standby is not None:
+            # a copy of a deleted queue stops before its state and changelog topic go (a
+            # consumer assigned a deleted topic crashed librdkafka on the embedded broker)
+            self._want_standbys()
+            await self._standby.release(ended, unassigned=True)
         if ended:
             try:
                 await self._discard_state(ended)
@@ -1050,11 +1087,9 @@ class Coordinator:
             return
         assert self._loop is not None
         member = Member(cfg.coordinator.id, address, self._new_writer_id())
-        session: dict[str, Any] = {}
-        if (ms := cfg.broker.session_timeout_ms) is not None:
-            # the group's session bounds how fast a dead member's queues move: the profile's
-            # unless set (a longer one rides out pauses; on Tansu each rebalance takes half of it)
-            session = {"session.timeout.ms": ms, "heartbeat.interval.ms": max(100, ms // 3)}
+        # the group's session bounds how fast a dead member's queues move: the profile's
+        # unless set (a longer one rides out pauses; on Tansu each rebalance takes half of it)
+        session = cluster_group_settings(self._profile, cfg.broker.session_timeout_ms)
         self._membership = Membership(
             cluster,
             member,
@@ -1069,6 +1104,24 @@ class Coordinator:
             on_revoked=self._revoked,
         )
         await self._membership.open()
+        removal = kafka_python_settings(self._base_settings)
+        if removal is None:
+            log.warning(
+                "cluster %s: a member whose API refuses connections is left to its session"
+                " timeout (a [broker.kafka] setting has no kafka-python counterpart)",
+                cluster,
+            )
+        else:
+            evictions = Evictions(self._membership, partial(remove_member, removal))
+            self._evict_task = asyncio.create_task(
+                evictions.run(lambda: self._stopping), name="evictions"
+            )
+        if cfg.coordinator.standby_replicas > 0:
+            self._standby = Standby(
+                self._store, consumer_settings(self._base_settings, self._profile)
+            )
+            self._standby.start()
+            self._standby_task = asyncio.create_task(self._follow_standbys(), name="standby")
         try:
             await asyncio.wait_for(self._membership.first_assignment.wait(), timeout)
         except TimeoutError:
@@ -1097,6 +1150,38 @@ class Coordinator:
         async with self._reload_lock:
             self._owned |= partitions
             await self._apply_definitions("assigned to this member")
+
+    async def _follow_standbys(self) -> None:
+        """Keep the standby tailing the queues of the partitions this member is a standby of
+        (not while the queues move: a handover's last commit writes the store meanwhile)."""
+        membership, standby, cluster = self._membership, self._standby, self._cluster
+        assert membership is not None and standby is not None and cluster is not None
+        while not self._stopping:
+            if not self._reload_lock.locked():
+                self._want_standbys()
+            await asyncio.sleep(STANDBY_REFRESH_S)
+
+    def _want_standbys(self) -> None:
+        """Tell the standby the queues it is to tail now: those of the partitions this member
+        is a standby of, defined, and not served here."""
+        membership, standby, cluster = self._membership, self._standby, self._cluster
+        assert membership is not None and standby is not None and cluster is not None
+        replicas = self._config.coordinator.standby_replicas
+        mine = standby_partitions(membership.map, membership.member.id, replicas)
+        mine -= self._owned or set()
+        latest = cluster.definitions.latest
+        standby.want(
+            {
+                q.name: self._config.coordinator.changelog_topic(q.name)
+                for q in cluster.served()  # a partitioned queue's shards
+                if partition_of(q.name) in mine
+                and q.name not in self._runtimes
+                # not a temporary queue: its changelog topic is deleted with it, and a consumer
+                # that had read a deleted topic crashed librdkafka (segfault) on the embedded
+                # broker
+                and not getattr(latest.get(q.name), "temporary", False)
+            }
+        )
 
     def _fence(self, transactional_id: str) -> None:
         """Start (and close) a writer with another member's transactional id: what it left
@@ -1240,6 +1325,8 @@ class Coordinator:
         """What can fail (topics, restores) first, while nothing has changed; then the rest at
         once, between two rounds; then the removed queues' last records and readers."""
         await self._ensure_topics([*the_plan.added, *the_plan.changed])
+        if self._standby is not None:  # its copy stops here: the restore reads on from it
+            await self._standby.release({q.name for q in the_plan.added})
         added = [await self._restore.queue(q, starting=False) for q in the_plan.added]
         for rt in added:
             self._runtimes[rt.name] = rt

@@ -41,7 +41,7 @@ from layer.exceptions import RecoveryError, SerializationError, StateError
 from layer.state.base import ENTRIES, Store, StoreBatch, pack_offset, partition_prefix
 from layer.state.snapshot import Subject, decode_confirm, decode_part
 
-__all__ = ["RestoreResult", "replay", "restore", "take_batch"]
+__all__ = ["RestoreResult", "Tail", "replay", "restore", "take_batch"]
 
 logger = logging.getLogger(__name__)
 
@@ -184,6 +184,35 @@ class _Restorer:
         batch.delete_entries_below(queue, tp, low_water)
         self._low_water(queue, tp)
         self.low_water[(queue, tp)] = low_water
+
+
+class Tail:
+    """Applies a changelog topic's records to a store as they come (a standby's warm copy,
+    ``layer.coordinator.standby``), after a ``restore`` brought the store to some offset: each
+    batch goes in one store write with the offsets it reaches, exactly as a restore's do, so a
+    later ``restore`` resumes where the tail stopped. Only records the consumer delivers from
+    each partition's stored offset on may be given (snapshots are passed over, as in a resumed
+    restore). One ``Tail`` per topic while it is tailed; nothing else writes those queues."""
+
+    def __init__(self, store: Store, changelog_topic: str) -> None:
+        self._restorer = _Restorer(store, changelog_topic, None)
+
+    def apply(self, messages: Sequence[Message]) -> int:
+        """Apply records of this topic (errors and events are the caller's); returns how many."""
+        restorer = self._restorer
+        batch = StoreBatch()
+        reached: dict[int, int] = {}
+        for msg in messages:
+            partition, offset = msg.partition(), msg.offset()
+            if partition is None or offset is None:
+                raise RecoveryError(f"changelog {restorer.topic}: a record without an offset")
+            restorer.apply(batch, msg.key(), msg.value(), partition, offset)
+            reached[partition] = offset + 1
+        for partition, next_offset in reached.items():
+            batch.set_changelog_offset(restorer.topic, partition, next_offset)
+        if reached:
+            restorer.store.write(batch)
+        return len(messages)
 
 
 def restore(

@@ -19,7 +19,7 @@ from typing import Any
 from layer.codec import decode_key, encode_change, encode_run
 from layer.engine.model import Bookmark, LowWater, TopicPartition
 from layer.state.memory import MemoryStore
-from layer.state.recovery import replay
+from layer.state.recovery import Tail, replay
 from tests.unit.test_snapshot import CL, Bench, _traffic, state
 
 GOLDEN = Path(__file__).parent / "data" / "changelog-format2-20261126.json"
@@ -99,3 +99,39 @@ def generate() -> dict[str, Any]:
 
 if __name__ == "__main__":
     print(json.dumps(generate(), indent=1))
+
+
+class _Record:
+    """What a consumer hands ``Tail``: a changelog record of partition 0 at an offset."""
+
+    def __init__(self, offset: int, key: bytes, value: bytes | None) -> None:
+        self._offset, self._key, self._value = offset, key, value
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+
+def test_a_standby_tail_after_a_restore_ends_where_a_whole_restore_does() -> None:
+    """A standby's copy (``layer.coordinator.standby``): restored up to some offset, then the
+    rest applied a few records at a time by a ``Tail``; the store holds what a restore of the
+    whole changelog gives, and the offset a later restore resumes from."""
+    golden = json.loads(GOLDEN.read_text())
+    records = _records(golden)
+    for cut in (0, 1, len(records) // 3, len(records) - 1):
+        store = MemoryStore()
+        replay(store, CL, records[:cut], from_snapshot=True)
+        tail = Tail(store, CL)
+        rest = [_Record(cut + i, k, v) for i, (k, v) in enumerate(records[cut:])]
+        for start in range(0, len(rest), 7):
+            assert tail.apply(rest[start : start + 7]) == len(rest[start : start + 7])  # type: ignore[arg-type]
+        assert state(store) == _expected(golden), cut
+        assert store.changelog_offset(CL, 0) == len(records)

@@ -1,0 +1,363 @@
+"""qlayer cluster failover (issue 12): stop the owner of a queue again and again while a consumer
+follows the queue and a publisher feeds it; how long from the stop to the first delivery from
+the new owner.
+
+1. ``--members`` coordinator processes of one cluster over the embedded broker (or
+   ``--bootstrap``), one queue, default config (``standby_replicas = 1``).
+2. A publisher thread publishes ``--rate`` messages a second through the cluster; a consumer
+   (``QueueClient`` given every member's address) follows the queue and acks each message,
+   waiting for the confirmation.
+3. ``--kills`` times: the member owning the queue is stopped (``--how kill``: SIGKILL,
+   ``term``: SIGTERM, ``both``: alternately), the time to the first delivery from another
+   member is taken, then the stopped member is started again on its state directory and the
+   next round waits until every member holds partitions again.
+4. Correctness over the run: acks confirmed twice, and messages delivered again after their
+   ack was confirmed (both must be 0); messages delivered again after a stop are counted
+   (at-least-once: what the stopped owner had leased).
+
+``python -m bench.failover [--members 2] [--kills 5] [--how both]``; results in
+``bench/results/failover-<time>.json`` with p50 / max per kind of stop and the load average.
+Every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench.harness import loadavg
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+
+
+class Member:
+    """One ``qlayer coordinator`` process of the cluster."""
+
+    def __init__(self, home: Path, bootstrap: str, cluster: str, queue: str, first: bool) -> None:
+        self.home = home
+        home.mkdir(parents=True, exist_ok=True)
+        self.config = home / "qlayer.toml"
+        lines = [
+            "[broker]",
+            f'bootstrap_servers = "{bootstrap}"',
+            "[coordinator]",
+            f'id = "bench-{uuid.uuid4().hex[:6]}"',
+            f'cluster = "{cluster}"',
+        ]
+        if first:
+            lines += [
+                "[[queue]]",
+                f'name = "{queue}"',
+                f'underlying_topic = "{queue}"',
+                'message_type = "bytes"',
+                'lease_period = "60s"',
+            ]
+        self.config.write_text("\n".join(lines) + "\n")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.address = ""
+        # a member restarts where its clients know it (as under a supervisor)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.listen = f"127.0.0.1:{s.getsockname()[1]}"
+
+    def start(self, timeout: float = 120.0) -> None:
+        with open(self.home / "coordinator.log", "ab") as err:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable, "-m", "layer.cli", "coordinator", "--config",
+                    str(self.config), "--state-dir", str(self.home / "state"),
+                    "--listen", self.listen,
+                ],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=err,
+            )  # fmt: skip
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        for raw in self.proc.stdout:
+            line = raw.decode(errors="replace").strip()
+            if line.startswith("qlayer coordinator serving on "):
+                self.address = line.rsplit(" ", 1)[1]
+                break
+            if time.monotonic() > deadline:
+                break
+        if not self.address:
+            raise RuntimeError(f"member in {self.home} did not start")
+        out = self.proc.stdout
+        threading.Thread(target=lambda: [None for _ in out], daemon=True).start()
+
+    def stop(self, how: str) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL if how == "kill" else signal.SIGTERM)
+        self.proc.wait(60)
+        self.address = ""
+
+
+def wait(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+        except Exception:  # a member restarting: ask again
+            value = None
+        if value:
+            return value
+        time.sleep(0.1)
+    raise RuntimeError(f"timed out: {what}")
+
+
+def run(members: int, kills: int, how: str, rate: float, bootstrap: str | None) -> dict[str, Any]:
+    from connectors import start_broker
+    from layer.client import QueueClient
+    from layer.exceptions import LeaseLost, QLayerError
+
+    broker = start_broker("external", bootstrap) if bootstrap else start_broker("embedded")
+    work = Path(tempfile.mkdtemp(prefix="qlayer-failover-"))
+    cluster, queue = f"bench-{uuid.uuid4().hex[:6]}", f"failover-{uuid.uuid4().hex[:6]}"
+    procs = [
+        Member(work / f"m{i}", broker.bootstrap_servers, cluster, queue, i == 0)
+        for i in range(members)
+    ]
+    stop = threading.Event()
+    lock = threading.Lock()
+    state: dict[str, Any] = {"stopped_at": None, "owner": None, "took": None}
+    confirmed: set[str] = set()
+    events = {"acked_twice": 0, "redelivered_after_ack": 0, "redelivered": 0, "lease_lost": 0}
+    seen: set[str] = set()
+    rounds: list[dict[str, Any]] = []
+    try:
+        for p in procs:
+            p.start()
+        admin = QueueClient([p.address for p in procs])
+
+        def settled() -> bool:
+            info = admin.cluster()
+            # split evenly: a rebalance after a restart is over (cooperative: two rounds)
+            up = [m for m in info.members if len(m.partitions) == 12 // members]
+            owner = next((o.address for o in info.queues if o.queue == queue), "")
+            live = {p.address for p in procs if p.address}
+            return len(up) == members and owner in live and bool(admin.stats(queue))
+
+        wait(settled, 120, "the cluster to settle")
+
+        def publish() -> None:
+            with QueueClient([p.address for p in procs]) as pub:
+                i = 0
+                while not stop.is_set():
+                    try:
+                        pub.publish(queue, f"m{i}".encode())
+                        i += 1
+                    except QLayerError:
+                        pass  # moving: the next one goes through
+                    stop.wait(1.0 / rate)
+
+        def consume() -> None:
+            with (
+                QueueClient([p.address for p in procs]) as client,
+                client.subscribe(queue, 5) as sub,
+            ):
+                while not stop.is_set():
+                    msg = sub.next(timeout=1)
+                    if msg is None:
+                        continue
+                    with lock:
+                        stopped, owner = state["stopped_at"], state["owner"]
+                        if stopped is not None and state["took"] is None and sub.address != owner:
+                            state["took"] = time.monotonic() - stopped
+                        if msg.bookmark in confirmed:
+                            events["redelivered_after_ack"] += 1
+                        elif msg.bookmark in seen:
+                            events["redelivered"] += 1
+                        seen.add(msg.bookmark)
+                    try:
+                        msg.ack(wait=True, timeout=60)
+                    except LeaseLost:
+                        events["lease_lost"] += 1
+                        continue
+                    except QLayerError:
+                        continue
+                    with lock:
+                        if msg.bookmark in confirmed:
+                            events["acked_twice"] += 1
+                        confirmed.add(msg.bookmark)
+
+        threads = [threading.Thread(target=f, daemon=True) for f in (publish, consume)]
+        for t in threads:
+            t.start()
+        wait(lambda: len(confirmed) > rate, 60, "the first deliveries")
+        for k in range(kills):
+            kind = how if how != "both" else ("kill" if k % 2 == 0 else "term")
+            wait(settled, 120, "the cluster to settle")
+            time.sleep(2.0)  # the standby catches up with the latest commits
+            owner_address = wait(
+                lambda: next((o.address for o in admin.cluster().queues if o.queue == queue), None),
+                30,
+                "the owner",
+            )
+            victim = next(p for p in procs if p.address == owner_address)
+            load = loadavg()
+            with lock:
+                state.update(stopped_at=None, owner=owner_address, took=None)
+            t0 = time.monotonic()
+            victim.stop(kind)
+            with lock:
+                # a SIGTERMed member hands over before it exits: timed from the signal
+                state["stopped_at"] = t0
+            took = wait(lambda: state["took"], 120, "a delivery from the new owner")
+            rounds.append({"how": kind, "seconds": round(took, 3), "loadavg": load})
+            print(f"{kind}: first delivery from the new owner {took:.2f}s after the stop")
+            victim.start()
+        stop.set()
+        for t in threads:
+            t.join(30)
+        admin.close()
+    finally:
+        stop.set()
+        for p in procs:
+            if p.proc is not None and p.proc.poll() is None:
+                p.stop("term")
+        broker.stop()
+    summary: dict[str, Any] = {}
+    for kind in ("kill", "term"):
+        times = [r["seconds"] for r in rounds if r["how"] == kind]
+        if times:
+            summary[kind] = {
+                "n": len(times),
+                "p50": round(statistics.median(times), 3),
+                "max": max(times),
+                "min": min(times),
+            }
+    return {
+        "bench": "failover",
+        "members": members,
+        "rate": rate,
+        "rounds": rounds,
+        "summary": summary,
+        "confirmed": len(confirmed),
+        **events,
+        "cpus": os.cpu_count(),
+    }
+
+
+def soak(members: int, seconds: float, burners: int, rate: float) -> dict[str, Any]:
+    """No member is taken for dead while the machine is busy: ``members`` members serve a
+    followed queue for ``seconds`` next to ``burners`` busy-looping processes; the members'
+    logs are searched for removals, fences and partitions revoked or lost."""
+    from connectors import start_broker
+    from layer.client import QueueClient
+    from layer.exceptions import QLayerError
+
+    broker = start_broker("embedded")
+    work = Path(tempfile.mkdtemp(prefix="qlayer-soak-"))
+    cluster, queue = f"bench-{uuid.uuid4().hex[:6]}", f"soak-{uuid.uuid4().hex[:6]}"
+    procs = [
+        Member(work / f"m{i}", broker.bootstrap_servers, cluster, queue, i == 0)
+        for i in range(members)
+    ]
+    busy: list[subprocess.Popen[bytes]] = []
+    acked = 0
+    try:
+        for p in procs:
+            p.start()
+        client = QueueClient([p.address for p in procs])
+        wait(
+            lambda: (
+                all(len(m.partitions) == 12 // members for m in client.cluster().members)
+                and len(client.cluster().members) == members
+            ),
+            120,
+            "the cluster to settle",
+        )
+        marks = {p.home: (p.home / "coordinator.log").stat().st_size for p in procs}
+        busy = [
+            subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(burners)
+        ]
+        loads = [loadavg()]
+        deadline = time.monotonic() + seconds
+        with client.subscribe(queue, 5) as sub:
+            while time.monotonic() < deadline:
+                try:
+                    client.publish(queue, b"x")
+                    msg = sub.next(timeout=1)
+                    if msg is not None:
+                        msg.ack(wait=True, timeout=30)
+                        acked += 1
+                except QLayerError:
+                    pass
+                time.sleep(1.0 / rate)
+        loads.append(loadavg())
+        client.close()
+        counts = {"removed": 0, "fenced": 0, "revoked_or_lost": 0}
+        for p in procs:
+            with open(p.home / "coordinator.log", "rb") as f:
+                f.seek(marks[p.home])
+                text = f.read().decode(errors="replace")
+            counts["removed"] += text.count("refuses connections")
+            counts["fenced"] += text.count("fencing the last owner")
+            counts["revoked_or_lost"] += text.count("] revoked") + text.count("] lost")
+    finally:
+        for b in busy:
+            b.kill()
+        for p in procs:
+            if p.proc is not None and p.proc.poll() is None:
+                p.stop("term")
+        broker.stop()
+    return {
+        "bench": "failover-soak",
+        "members": members,
+        "seconds": seconds,
+        "burners": burners,
+        "acked": acked,
+        "loadavg": loads,
+        **counts,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--members", type=int, default=2)
+    parser.add_argument("--kills", type=int, default=5, help="stops of the owner")
+    parser.add_argument("--how", choices=("kill", "term", "both"), default="both")
+    parser.add_argument("--rate", type=float, default=50.0, help="messages published a second")
+    parser.add_argument("--bootstrap", default=None, help="an external broker (default: embedded)")
+    parser.add_argument(
+        "--soak", type=float, default=0, help="instead: serve this long next to busy processes"
+    )
+    parser.add_argument("--burners", type=int, default=4, help="busy processes of --soak")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    started = time.strftime("%Y%m%d-%H%M%S")
+    if args.soak:
+        result = soak(args.members, args.soak, args.burners, args.rate)
+        result["date"] = started
+        out = RESULTS / f"failover-soak-{args.members}m-{started}.json"
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result))
+        return
+    result = run(args.members, args.kills, args.how, args.rate, args.bootstrap)
+    result["date"] = started
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"failover-{args.members}m-{started}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["summary"]), f"acked twice {result['acked_twice']},")
+    print(f"redelivered after ack {result['redelivered_after_ack']}; results in {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Which members a survivor removes from the group (``layer.coordinator.evict``), with a
+scripted probe instead of sockets."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+from layer.coordinator.evict import REFUSALS, Evictions
+from layer.coordinator.membership import (
+    ClusterMap,
+    Member,
+    group_write,
+    member_write,
+    owner_write,
+)
+
+A, B, C = (Member(x, f"{x}:7070", f"{x}-changelog") for x in "abc")
+
+
+def membership(*writes: Any) -> Any:
+    cmap = ClusterMap("a")
+    for offset, w in enumerate(writes):
+        cmap.apply(w.key, w.value, offset)
+    return SimpleNamespace(map=cmap, member=A, cluster="c1")
+
+
+def test_a_member_refusing_connections_in_a_row_is_removed_once() -> None:
+    m = membership(
+        member_write(A), member_write(B), member_write(C),
+        owner_write(0, A, False), owner_write(1, B, False), owner_write(2, C, False),
+        group_write(B, "gid-b"), group_write(C, "gid-c"),
+    )  # fmt: skip
+    refusing = {"b:7070"}
+    removed: list[tuple[str, str]] = []
+
+    async def probe(address: str) -> bool:
+        return address in refusing
+
+    def remove(group: str, gid: str) -> str:
+        removed.append((group, gid))
+        return "ok"
+
+    evictions = Evictions(m, remove, probe=probe)
+
+    async def steps(n: int) -> None:
+        for _ in range(n):
+            await evictions.step()
+
+    asyncio.run(steps(REFUSALS - 1))
+    assert removed == []  # not yet: one refusal may be a restart
+    asyncio.run(steps(1))
+    assert removed == [("qlayer.c1", "gid-b")]
+    asyncio.run(steps(REFUSALS * 2))
+    assert removed == [("qlayer.c1", "gid-b")]  # once per group member id
+
+
+def test_a_member_that_answers_or_left_is_never_removed() -> None:
+    # c answers between refusals; b took its group id out (a graceful stop); a is this member
+    m = membership(
+        member_write(A), member_write(B), member_write(C),
+        owner_write(0, A, False), owner_write(1, B, False), owner_write(2, C, False),
+        group_write(A, "gid-a"), group_write(B, "gid-b"), group_write(B, None),
+        group_write(C, "gid-c"),
+    )  # fmt: skip
+    answers = iter([True, False] * 10)
+    removed: list[str] = []
+
+    async def probe(address: str) -> bool:
+        return True if address != "c:7070" else next(answers)
+
+    evictions = Evictions(m, lambda group, gid: removed.append(gid) or "", probe=probe)
+
+    async def steps() -> None:
+        for _ in range(REFUSALS * 4):
+            await evictions.step()
+
+    asyncio.run(steps())
+    assert removed == []
