@@ -339,13 +339,19 @@ class Membership:
             return  # failed: the next owner fences this member and restores from the changelog
         self._call(self._on_revoked(gone, graceful), "handing over")
 
+    def abandon(self) -> None:
+        """Leave the group now without handing anything over (not blocking): this member lost
+        its partitions and stops; it must not rejoin and be given queues it cannot serve."""
+        self._abandon = True
+        self._stop.set()
+
     def close(self, abandon: bool = False) -> None:
         """Leave the group (blocking: the handover of what this member owns runs on the loop
         meanwhile), then stop reading the members topic. ``abandon``: this member failed (its
         changelog writer fenced or dead), so it hands nothing over and does not mark its
         partitions released; it still leaves the group at once, so the others take its queues
         now rather than after the session timeout."""
-        self._abandon = abandon
+        self._abandon = self._abandon or abandon
         self._stop.set()
         if self._thread is not None:
             self._thread.join(60)

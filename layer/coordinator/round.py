@@ -499,7 +499,7 @@ class Rounds:
         except BaseException as exc:
             self.failed = exc
             self._signal.fail(QLayerError("the coordinator failed; retry"))
-            if self._interrupt.is_set() and isinstance(exc, StateError):
+            if self._interrupt.is_set() and isinstance(exc, StateError) and self._fatal is None:
                 # stopping while a commit waited for Kafka: its round was never answered, and
                 # the next start aborts the transaction it left open
                 log.warning("stopped with a round not committed: %s", exc)

@@ -1200,6 +1200,23 @@ class Coordinator:
         member's claim is ignored (``ClusterMap``)."""
         membership = self._membership
         assert membership is not None and self._owned is not None
+        if not graceful:
+            # Lost (the session ran out: a member stopped past it): another member takes these
+            # queues and fences this one first, so their last changes can no longer commit; on
+            # Tansu the fenced writer's commit never ends (it would hold the group's thread,
+            # so the member neither exits nor rejoins). Stop now, as a fenced member does (the
+            # rounds fail, the process exits, a supervisor restarts it). It leaves the group at
+            # once: rejoined, it would be given queues back while a commit under way runs out;
+            # and that commit (to a fenced writer, which may never answer) is interrupted.
+            membership.abandon()
+            self._interrupt.set()
+            self._writer_dead(
+                StateError(
+                    f"control partitions {sorted(partitions)} lost (session timed out): the"
+                    " next owner fences this member; stopping"
+                )
+            )
+            return
         async with self._reload_lock:
             self._owned -= partitions
             await self._apply_definitions("moved to another member of the cluster")

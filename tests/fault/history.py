@@ -70,6 +70,15 @@ an instance id drawn at each process start (layer/coordinator/subscriptions.py),
 learns each coordinator's instance by subscribing to it once it serves. Unlike times (a frame
 sent by one coordinator can be read after its successor started, when a proxy held it), the id
 cannot name the wrong process.
+
+A cluster (``check(..., cluster=True)``, tests/fault/test_cluster_history.py). Each process of
+each member is an epoch of its own, and several are alive at once: a member's death or stop ends
+only the leases it granted, and "granted while down" is asked of the granting member alone (no
+grant while it is SIGSTOPped, none after its death). A member stopped past the group's session
+is fenced by the one that takes its queues over, which hands their leases out again: the leases
+the stopped one granted end at its stop. The harness records ``rebalance`` {why} (a fault that
+may end streams: a member starts, is SIGTERMed, wakes) and ``coordinator_term`` {epoch}; a
+subscription's epoch comes from the member address it logged and its instance id.
 """
 
 from __future__ import annotations
@@ -105,7 +114,7 @@ _NEVER = math.inf
 # durations) may be off from the times of the operations around it
 _DROP_SKEW = 0.05
 # harness events that begin a fault that may end subscriptions' streams
-_FAULT_BEGINS = ("coordinator_kill", "coordinator_stop", "broker_stop")
+_FAULT_BEGINS = ("coordinator_kill", "coordinator_stop", "broker_stop", "rebalance")
 _PROXY_FAULTS = ("drop", "stall", "refuse")
 
 
@@ -186,9 +195,12 @@ def _v(kind: str, b: str | None, detail: str, *events: Event) -> Violation:
 class _Index:
     """One queue's history, indexed for the checks."""
 
-    def __init__(self, history: Iterable[Event], spec: QueueSpec, skew: float) -> None:
+    def __init__(
+        self, history: Iterable[Event], spec: QueueSpec, skew: float, cluster: bool = False
+    ) -> None:
         self.spec = spec
         self.skew = skew
+        self.cluster = cluster
         self.published: dict[str, Event] = {}
         self.deliveries: dict[str, list[_Delivery]] = defaultdict(list)
         self.ops: dict[tuple[str, Any], _Op] = {}
@@ -250,7 +262,7 @@ class _Index:
             elif ev == "coordinator_start":
                 self.starts[int(e["epoch"])] = e
             elif ev == "coordinator_kill":
-                self.kills[int(e["epoch"])] = t
+                self.kills[int(e["epoch"])] = min(self.kills.get(int(e["epoch"]), _NEVER), t)
             elif ev == "coordinator_dead":
                 self.deaths[int(e["epoch"])] = t
             elif ev == "coordinator_stop":
@@ -356,6 +368,8 @@ class _Index:
         ends.append(self.sub_end.get((w, sub), _NEVER))
         if d.epoch is not None:
             ends.append(self.kills.get(d.epoch, _NEVER))
+            if self.cluster:  # a member stopped past its session is fenced: its leases revoked
+                ends.extend(lo for lo, _hi, e in self.stops if e == d.epoch and lo >= d.start)
         return min(ends)
 
     def acted_on(self, op: _Op) -> _Delivery | None:
@@ -367,9 +381,15 @@ class _Index:
                 target = d
         return target
 
-    def down_windows(self) -> list[tuple[float, float, str]]:
+    def down_windows(self, epoch: int | None = None) -> list[tuple[float, float, str]]:
         """Times when no coordinator could grant anything: dead (reaped, not restarted yet) or
-        SIGSTOPped."""
+        SIGSTOPped. In a cluster (the members' epochs overlap), the times when the member of
+        ``epoch`` could not: stopped, or dead for good."""
+        if self.cluster:
+            windows = [(a, b, f"member {e} stopped") for a, b, e in self.stops if e == epoch]
+            if epoch in self.deaths:
+                windows.append((self.deaths[epoch], _NEVER, f"member {epoch} dead"))
+            return windows
         windows = [(a, b, f"coordinator {epoch} stopped") for a, b, epoch in self.stops]
         for epoch, dead in self.deaths.items():
             nxt = self.starts.get(epoch + 1)
@@ -392,10 +412,12 @@ class _Index:
 
 
 def check(
-    history: Iterable[Event], spec: QueueSpec, *, skew: float = DEFAULT_SKEW
+    history: Iterable[Event], spec: QueueSpec, *, skew: float = DEFAULT_SKEW, cluster: bool = False
 ) -> list[Violation]:
-    """Every violation of the queue's guarantees that ``history`` shows (none: a correct run)."""
-    ix = _Index(history, spec, skew)
+    """Every violation of the queue's guarantees that ``history`` shows (none: a correct run).
+
+    ``cluster``: the epochs are members of one cluster, alive at once (see "A cluster" above)."""
+    ix = _Index(history, spec, skew, cluster)
     out: list[Violation] = []
     out += _check_dead_letters(ix, skew)
     out += _check_confirmed_after_end(ix)
@@ -485,7 +507,7 @@ def _check_leases(ix: _Index, skew: float) -> list[Violation]:
             if d.grant is None:
                 out.append(_v("lease_without_deadline", b, "no lease deadline", d.event))
                 continue
-            for lo, hi, what in windows:
+            for lo, hi, what in ix.down_windows(d.epoch) if ix.cluster else windows:
                 if lo + skew < d.grant < hi - skew:
                     detail = f"granted at {d.grant:.3f} while {what} ({lo:.3f}..{hi:.3f})"
                     out.append(_v("granted_while_down", b, detail, d.event))
@@ -584,7 +606,8 @@ def _check_at_most_once(ix: _Index, skew: float) -> list[Violation]:
             if b not in handed:
                 detail = "delivered without a done record"
                 out.append(_v("handed_out_not_durable", b, detail, ds[0].event))
-        windows = ix.down_windows()
+        # in a cluster a done record does not name the member that handed the message out
+        windows = [] if ix.cluster else ix.down_windows()
         for b, r in handed.items():
             for lo, hi, what in windows:
                 if lo + skew < float(r["t"]) < hi - skew:

@@ -86,9 +86,11 @@ class Worker:
                 time.sleep(0.05)
                 continue
             epoch, addr = found
+            # several addresses, comma-separated: the members of a cluster
+            target = addr.split(",") if "," in addr else addr
             try:
                 with QueueClient(
-                    addr, timeout=30, reconnect=self.args.reconnect, reconnect_max_delay=1.0,
+                    target, timeout=30, reconnect=self.args.reconnect, reconnect_max_delay=1.0,
                     on_reconnect=self.on_reconnect,
                 ) as client:  # fmt: skip
                     self.serve(client)
@@ -103,7 +105,8 @@ class Worker:
         with self.lock:  # on_reconnect waits until the session is known
             sub = client.subscribe(self.args.queue, max_backlog=self.args.backlog)
             self.session = session = Session(self, sub)
-        self.log("subscribed", sub=sub.id, proxied=self.args.reconnect)
+        # the member it is on (a cluster's: tells the harness which process made it)
+        self.log("subscribed", sub=sub.id, proxied=self.args.reconnect, addr=sub.address)
         try:
             session.serve()
         except Broken as exc:
@@ -141,7 +144,8 @@ class Session:
         lost_at = time.time() - event.downtime_s
         self.w.log("reconnected", sub=old, new=self.sub.id, lost_at=lost_at,
                    error=str(event.error)[:200])  # fmt: skip
-        self.w.log("subscribed", sub=self.sub.id, proxied=self.w.args.reconnect)
+        self.w.log("subscribed", sub=self.sub.id, proxied=self.w.args.reconnect,
+                   addr=self.sub.address)  # fmt: skip
 
     def sub_of(self, msg: Message) -> tuple[str, int]:
         """The subscription id a message was leased to, and its connection number."""

@@ -129,6 +129,9 @@ SETUPS = [
 class Run:
     """One randomized run: the processes, the faults, and the events the harness records."""
 
+    setups = SETUPS  # the queues
+    rate = PROFILE.rate  # messages per second and queue
+
     def __init__(self, tmp: Path, broker: Tansu, seed: int) -> None:
         self.tmp = tmp
         self.broker = broker
@@ -139,9 +142,9 @@ class Run:
         self.lock = threading.Lock()
         suffix = uuid.uuid4().hex[:8]
         self.coordinator_id = f"hist-{suffix}"
-        self.queues = {s.key: f"{s.key}-{suffix}" for s in SETUPS}
-        self.topics = {s.key: f"hist-{s.key}-{suffix}" for s in SETUPS}
-        self.dlqs = {s.key: f"hist-{s.key}-{suffix}.dlq" for s in SETUPS}
+        self.queues = {s.key: f"{s.key}-{suffix}" for s in self.setups}
+        self.topics = {s.key: f"hist-{s.key}-{suffix}" for s in self.setups}
+        self.dlqs = {s.key: f"hist-{s.key}-{suffix}.dlq" for s in self.setups}
         self.probe_queue = f"probe-{suffix}"  # never published to: tells coordinators apart
         self.addr_file = tmp / "addr"  # "EPOCH HOST:PORT" of the coordinator, empty while down
         self.proxy_addr_file = tmp / "proxy-addr"  # the client proxy's address, for good
@@ -158,7 +161,7 @@ class Run:
         self._got = 0
         admin = TopicAdmin(admin_settings(client_settings(bootstrap, {})))
         admin.ensure_topics(
-            [TopicSpec(self.topics[s.key], s.partitions) for s in SETUPS]
+            [TopicSpec(self.topics[s.key], s.partitions) for s in self.setups]
             + [TopicSpec(self.probe_queue, 1)]
         )
         queues = [
@@ -169,7 +172,7 @@ class Run:
                 "max_per_subscription_backlog": 20,
                 **s.options,
             }
-            for s in SETUPS
+            for s in self.setups
         ]
         queues.append({"name": self.probe_queue, "underlying_topic": self.probe_queue})
         config = write_config(tmp / "qlayer.toml", bootstrap, queues, {"id": self.coordinator_id})
@@ -230,7 +233,7 @@ class Run:
     def diagnose(self) -> str:
         """How far each changelog reads, committed and uncommitted, from the beginning."""
         lines = []
-        for s in SETUPS:
+        for s in self.setups:
             topic = f"qlayer.changelog.{self.coordinator_id}.{self.queues[s.key]}"
             for isolation in ("read_committed", "read_uncommitted"):
                 c = Consumer(
@@ -390,12 +393,12 @@ class Run:
 
             return delivered
 
-        interval = 1 / PROFILE.rate
+        interval = 1 / self.rate
         started = time.monotonic()
         for i in itertools.count():
             if stop.is_set():
                 break
-            for s in SETUPS:
+            for s in self.setups:
                 roll = rng.random()
                 kind = "poison" if roll < 0.01 else "cancel" if roll < 0.02 else "ok"
                 kind = "expire" if 0.02 <= roll < 0.03 else kind
@@ -462,7 +465,7 @@ class Run:
     def changelog_tails(self, profile: Any) -> list[Consumer]:
         settings = self.reader_settings(profile)
         tails = []
-        for s in SETUPS:
+        for s in self.setups:
             topic = f"qlayer.changelog.{self.coordinator_id}.{self.queues[s.key]}"
             tail = Consumer(settings)
             tail.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
@@ -505,7 +508,7 @@ class Run:
         events: list[dict[str, Any]] = []
         with self.lock:
             reported = {e["b"] for e in self.events if e["ev"] == "publish"}
-        for s in SETUPS:
+        for s in self.setups:
             queue = self.queues[s.key]
             # what the publisher's delivery reports missed: a producer's retry across a cut
             # connection can write a message twice (both are queued, so both are published)

@@ -558,3 +558,32 @@ def test_at_most_once_violations(spoil: Callable[[History], Any], expected: list
     h = amo()
     spoil(h)
     assert kinds(h.check()) == expected
+
+
+def test_in_a_cluster_a_stopped_member_is_fenced_and_only_its_own_grants_are_checked() -> None:
+    """Members 1 and 2 alive at once: member 1 stopped past its session, member 2 takes the
+    queue over and leases the message again while member 1 is still stopped."""
+
+    def run(cluster: bool, granter: int = 2, regrant: float = 5.0) -> list[str]:
+        h = History().start(1, 0).start(2, 0.1).publish("t/0/0")
+        h.subscribe("A", epoch=1).subscribe("B", epoch=granter)
+        h.got("A", "t/0/0", 1.0)
+        h.add("coordinator_stop", 2.0, epoch=1).add("coordinator_cont", 20.0, epoch=1)
+        h.got("B", "t/0/0", regrant).acked("B", "t/0/0", regrant + 1)
+        return kinds(check(h.events, h.spec, cluster=cluster))
+
+    assert run(cluster=True) == []
+    # one coordinator: the stop is everyone's, and its lease was valid until 11
+    assert run(cluster=False) == ["double_lease", "granted_while_down"]
+    # in a cluster the stopped member itself grants nothing while stopped
+    assert run(cluster=True, granter=1, regrant=15.0) == ["granted_while_down"]
+
+
+def test_in_a_cluster_a_dead_member_grants_nothing_but_the_others_do() -> None:
+    h = History().start(1, 0).start(2, 0.1).publish("t/0/0")
+    h.subscribe("A", epoch=1).subscribe("B", epoch=2)
+    h.got("A", "t/0/0", 1.0).kill_coordinator(1, 2.0)
+    h.got("B", "t/0/0", 3.0).acked("B", "t/0/0", 3.5)
+    assert check(h.events, h.spec, cluster=True) == []
+    h.publish("t/0/1").got("A", "t/0/1", 4.0).acked("A", "t/0/1", 4.5)  # after its death
+    assert kinds(check(h.events, h.spec, cluster=True)) == ["granted_while_down"]
