@@ -19,8 +19,9 @@ It reads every record of its partitions, so it suits small topics, such as a que
 topic (a record per coordinator round, ~12 bytes a change), not a topic of messages.
 
 The consumer is made anew whenever the set of partitions changes (a stream goes on into a new
-view generation, or stops reading an old one), so it never stays on a topic it stopped reading:
-librdkafka crashed on Tansu when a topic was deleted under a consumer.
+view generation, or stops reading an old one; ``retain`` drops the generations a planned
+micro-batch finishes as soon as it is planned), so it never stays on a topic it stopped reading:
+librdkafka crashes the process on Tansu when a topic is deleted under an assigned consumer.
 """
 
 from __future__ import annotations
@@ -119,6 +120,18 @@ class EndFollower:
             if high is not None and high >= 0:
                 bounds[(topic, partition)] = int(high)
         return bounds
+
+    def retain(self, partitions: Sequence[TP]) -> None:
+        """Follow only those of the followed partitions that are in ``partitions``: the others
+        are closed now (a new consumer on the rest, from their known ends)."""
+        keep = self._assigned & frozenset(partitions)
+        if self._consumer is None or keep == self._assigned:
+            return
+        if keep:
+            self._follow(keep)
+        else:
+            self.close()
+            self._assigned = keep
 
     def earliest(self, partitions: Sequence[TP]) -> Offsets | None:
         """Low watermarks of ``partitions`` through the follower's consumer, or None when it

@@ -19,8 +19,9 @@ fails) is fetched by offset as before (``connectors.spark_kafka.view.fetch_messa
 The same tails read a stream's ranges of the view topic itself (``span``): each micro-batch's
 range starts where the last one ended, so the tail is there already (a new consumer per
 micro-batch cost 80-500 ms under load). A tail no task used for ``TAIL_IDLE_S`` is closed, and a
-view generation's when the stream reads a newer one: the coordinator deletes old generations,
-and librdkafka crashed on Tansu when a topic was deleted under a consumer.
+view generation's once the stream's last range of it is read (or when a task reads a newer
+one): the coordinator deletes old generations, and librdkafka crashes the process on Tansu when
+a topic is deleted under an assigned consumer.
 """
 
 from __future__ import annotations
@@ -207,12 +208,15 @@ def span(
     start: int,
     end: int,
     related: Callable[[str], bool] = lambda _topic: False,
+    keep: bool = True,
 ) -> list[Message] | None:
     """The records of offsets ``[start, end)`` of a (view-topic) partition, in order, read
     forward by this process's tail of it (a stream's next micro-batch starts where the last
     ended, so the tail is there already); None when that is not possible (the caller reads the
     range by a consumer of its own). The tails of ``related`` topics (the other generations
-    of the same view topic) are closed first: a stream does not go back to an older one."""
+    of the same view topic) are closed first: a stream does not go back to an older one. With
+    ``keep`` false the tail is closed once the range is read (the stream's last range of an old
+    generation, which the coordinator may delete)."""
     if end - start > SPAN_LIMIT:
         return None
     config = kafka.consumer_config()
@@ -228,10 +232,13 @@ def span(
     try:
         if tail is None:
             tail = _TAILS[tail_key] = Tail(config, topic, partition, start)
-        return tail.span(start, end, min(kafka.poll_timeout_ms / 1000, TAIL_TIMEOUT_S))
+        records = tail.span(start, end, min(kafka.poll_timeout_ms / 1000, TAIL_TIMEOUT_S))
     except (KafkaException, TimeoutError):
         _drop(tail_key)
         return None
+    if not keep:
+        _drop(tail_key)
+    return records
 
 
 def follow(

@@ -166,7 +166,8 @@ class ViewInputPartition(KafkaInputPartition):
     """A range of a view topic; ``snapshot``: read it as the live contents at its end;
     ``continuation``: a stream goes on into a newer generation, whose snapshot records only
     repeat what it has read (they are skipped); ``stream``: a stream's (the next one starts
-    where it ends)."""
+    where it ends); ``last``: the stream's last range of an old generation (the worker closes
+    its consumer of it once read: the coordinator may delete the topic)."""
 
     def __init__(
         self,
@@ -179,12 +180,14 @@ class ViewInputPartition(KafkaInputPartition):
         shard: int = 0,
         shards: int = 1,
         stream: bool = False,
+        last: bool = False,
     ) -> None:
         super().__init__(topic, partition, start, end)
         self.snapshot = snapshot
         self.continuation = continuation
         self.shard, self.shards = shard, shards  # a snapshot's messages: this share of them
         self.stream = stream
+        self.last = last
 
     def __repr__(self) -> str:
         kind = "snapshot" if self.snapshot else "after" if self.continuation else "changes"
@@ -262,6 +265,19 @@ def _floor(options: KafkaSourceOptions, offsets: Mapping[tuple[str, int], int]) 
             begun = [number for number, offset in named if offset > 0]
             floor[view_topic] = max(begun) if begun else min(number for number, _o in named)
     return floor
+
+
+def _done(options: KafkaSourceOptions, topic: str, offsets: Mapping[tuple[str, int], int]) -> bool:
+    """Whether ``topic`` is a generation a stream at ``offsets`` has read all of (older than
+    its ``_floor``): the coordinator may delete it (``layer.viewgen``), so nothing of the stream
+    may stay on it. librdkafka (2.16) crashes the process when a topic is deleted under a
+    consumer assigned to it (a null topic name in its metadata cache on Tansu)."""
+    floor = _floor(options, offsets)
+    for view_topic in options.subscription.topics:
+        number = generation_of(view_topic, topic)
+        if number is not None:
+            return number < floor.get(view_topic, number)
+    return False
 
 
 def _superseded(
@@ -386,6 +402,7 @@ def _records(options: ViewSourceOptions, task: KafkaInputPartition) -> Iterable[
             task.start,
             task.end,
             lambda topic: any(generation_of(v, topic) is not None for v in family),
+            keep=not task.last,
         )
         if records is not None:
             return [records]
@@ -667,7 +684,14 @@ class ViewStreamReader(KafkaStreamReader):
             start = self._initial_offsets()
         with self._broker() as broker:
             self._options = _reading(self._view.kafka, broker, _floor(self._view.kafka, start))
-            return self._latest(broker, *args)
+            latest = self._latest(broker, *args)
+        if self._follower is not None and _generational(self._view.kafka):
+            # The micro-batch to ``latest`` finishes the older generations it reads into a newer
+            # one: stop following them now, not at the next call (the coordinator may delete
+            # one while the micro-batch runs, and a consumer on it would crash the process).
+            end = offsets_from_json(latest)
+            self._follower.retain([tp for tp in end if not _done(self._view.kafka, tp[0], end)])
+        return latest
 
     def _ends(self, broker: BrokerView, partitions: Sequence[TP]) -> Offsets:
         if self._follower is None:
@@ -717,6 +741,9 @@ class ViewStreamReader(KafkaStreamReader):
                 for (topic, partition), at in sorted(until.items())
             ]
         self._warmed = self._warmed or bool(marked)
+        if _generational(kafka):
+            for task in marked:
+                task.last = _done(kafka, task.topic, until)
         return marked
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -115,3 +115,36 @@ def test_a_tail_reads_a_stream_s_view_ranges_forward(
     finally:
         following.close()
     assert following._TAILS == {}
+
+
+def test_a_generation_a_stream_finished_can_be_deleted_under_it(
+    broker, topic_factory, topic_admin, producer_factory, monkeypatch
+) -> None:
+    """librdkafka crashes the process when a topic is deleted under a consumer assigned to it:
+    the follower drops a finished generation (``retain``) and a worker closes its tail of one
+    after the last range (``keep=False``), so the coordinator may delete it at once."""
+    monkeypatch.setattr(following, "_TAILS", {})
+    older, newer = topic_factory(prefix="view"), topic_factory(prefix="view")
+    producer = producer_factory()
+    for topic in (older, newer):
+        producer.produce(topic, b"r", partition=0)
+    assert producer.flush(10) == 0
+    kafka = _options(broker, older)
+    follower = EndFollower(kafka.consumer_config(), timeout=20.0)
+    try:
+        assert follower.ends([(older, 0), (newer, 0)]) == {(older, 0): 1, (newer, 0): 1}
+        follower.retain([(newer, 0)])
+        assert follower.earliest([(older, 0)]) is None
+        last = following.span(kafka, older, 0, 0, 1, keep=False)
+        assert [m.value() for m in last or []] == [b"r"]
+        assert following._TAILS == {}
+        topic_admin.delete_topics([older])
+        producer.produce(newer, b"s", partition=0)
+        assert producer.flush(10) == 0
+        _until(lambda: follower.ends([(newer, 0)]) == {(newer, 0): 2}, "the end moved to 2")
+        watch = time.monotonic() + 1.0  # librdkafka learns of the deletion in the background
+        while time.monotonic() < watch:
+            assert follower.ends([(newer, 0)]) == {(newer, 0): 2}
+    finally:
+        follower.close()
+        following.close()
