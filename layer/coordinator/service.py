@@ -119,6 +119,10 @@ log = logging.getLogger(__name__)
 
 REPLAY_THREADS = 8  # replays reading at once; more wait their turn a batch at a time
 STANDBY_REFRESH_S = 0.5  # how often the queues a standby tails are worked out again
+#: a member that loses its control partitions within this long of Kafka's reachability changing
+#: (or while Kafka is away) was evicted by the outage and rides it out; otherwise it was stopped
+#: past its session, and exits at once (``Coordinator._revoked``)
+OUTAGE_MEMORY_S = 30.0
 
 T = TypeVar("T")
 
@@ -149,6 +153,7 @@ class Coordinator:
             client_settings(bootstrap_servers, dict(config.broker.kafka))
         )
         self._interrupt = threading.Event()  # set when stopping: a waiting commit gives up
+        self._kafka_changed_at: float | None = None
         self._watch = KafkaWatch(self._base_settings, self.health, on_change=self._kafka_changed)
         self._durable = DurableChangelog(
             self._new_writer,
@@ -321,8 +326,18 @@ class Coordinator:
 
     def _kafka_changed(self, reachable: bool) -> None:
         """The watch's verdict changed (its thread): publishes waiting on Kafka fail now."""
+        self._kafka_changed_at = time.monotonic()
         if not reachable and self._loop is not None:
             self._loop.call_soon_threadsafe(self._publisher.fail_waiting)
+
+    def _outage_lately(self) -> bool:
+        """(Blocking: a probe.) Whether Kafka is unreachable now or was within the last
+        ``OUTAGE_MEMORY_S``: what tells a member evicted by an outage (every member's session
+        ran out) from one evicted because it stopped (a pause past its session)."""
+        if not self._watch.probe():
+            return True
+        changed = self._kafka_changed_at
+        return changed is not None and time.monotonic() - changed < OUTAGE_MEMORY_S
 
     def _start_reader(self, rt: QueueRuntime) -> IngestReader:
         q = rt.config
@@ -1197,11 +1212,13 @@ class Coordinator:
         it fenced first (its successor did not wait), the commit fails and it exits. Without a
         release, the members that rejoin after an outage would fence each other (each member
         has one writer for all its queues) and all exit. A release written after another
-        member's claim is ignored (``ClusterMap``)."""
+        member's claim is ignored (``ClusterMap``). Lost while Kafka stayed reachable (no
+        outage now or within ``OUTAGE_MEMORY_S``: this member was stopped past its session)
+        it exits at once instead."""
         membership = self._membership
         assert membership is not None and self._owned is not None
-        if not graceful:
-            # Lost (the session ran out: a member stopped past it): another member takes these
+        if not graceful and not await asyncio.to_thread(self._outage_lately):
+            # Lost with Kafka reachable (this member stopped past its session): another takes these
             # queues and fences this one first, so their last changes can no longer commit; on
             # Tansu the fenced writer's commit never ends (it would hold the group's thread,
             # so the member neither exits nor rejoins). Stop now, as a fenced member does (the
