@@ -22,7 +22,7 @@ from tests.helpers import wait_until
 
 pytestmark = pytest.mark.fault
 
-STALL_BOUND_S = 75.0  # the stall bound (20 s here), a rebalance and restores, on a loaded machine
+STALL_BOUND_S = 50.0  # the stall bound (20 s here), a rebalance and claims, on a loaded machine
 
 
 def test_the_group_assigns_again_after_its_leader_leaves_mid_rebalance(
