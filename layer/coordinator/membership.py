@@ -393,8 +393,11 @@ class Membership:
         for p in set(self._unowned_since) - unowned:
             del self._unowned_since[p]
         for p in unowned:
-            self._unowned_since.setdefault(p, max(now, self._assigned_at))
-        old = sorted(p for p, t in self._unowned_since.items() if now - t > self.stall_s)
+            self._unowned_since.setdefault(p, now)
+        # counted from this member's last assignment or revocation too: the group is live
+        # while it moves partitions (e.g. after a Kafka outage)
+        seen = self._assigned_at
+        old = sorted(p for p, t in self._unowned_since.items() if now - max(t, seen) > self.stall_s)
         if old:
             return f"control partitions {old} unowned for more than {self.stall_s:.0f}s"
         return None
@@ -452,6 +455,7 @@ class Membership:
             "revoked" if graceful else "lost",
         )
         self.owned -= gone
+        self._assigned_at = time.monotonic()  # the group moves partitions: it is live
         if self._abandon:
             return  # failed: the next owner fences this member and restores from the changelog
         self._call(self._on_revoked(gone, graceful), "handing over")
