@@ -62,7 +62,7 @@ def test_the_group_assigns_again_after_its_leader_leaves_mid_rebalance(
 
     # the two members left own every partition again (stalled, the group moves to the next
     # epoch: 20 s on Tansu's 2 s session, and a rebalance); before the fix, none was assigned
-    # for 80 s and more
+    # for 68-85 s
     wait_until(
         lambda: owned(2), timeout=STALL_BOUND_S, message=lambda: f"partitions unowned: {info()}"
     )
