@@ -112,7 +112,7 @@ class Evictions:
             if self._refused[gid] < REFUSALS:
                 continue
             self._removed.add(gid)
-            group = f"qlayer.{self._membership.cluster}"
+            group = self._membership.group
             try:
                 answer = await asyncio.to_thread(self._remove, group, gid)
             except Exception as exc:  # the session will expire anyway

@@ -24,6 +24,17 @@ neither grant a lease nor confirm an ack.
 
 Tansu answers ``DescribeConsumerGroups`` without members, so the group itself cannot be the
 host map there: hence the members topic.
+
+**A wedged group is replaced.** Tansu keeps a leader that left the group (LeaveGroup, e.g. a
+SIGTERM) in the middle of a rebalance as the leader of the next generation: every JoinGroup,
+from old and new members alike, answers that departed leader, nobody sends the assignment, each
+SyncGroup fails with "rebalance in progress", and the group never assigns again (the members
+that still hold partitions keep them; the rest stay unowned). A fresh member id does not help.
+So the group's name carries an **epoch** (``epoch`` in the members topic, 0 at first): a member
+that sees the group stall (no assignment ``stall_s`` after it joined, or a control partition
+released or never claimed for ``stall_s``) writes the next epoch, and every member, on reading
+it, leaves the old group (handing over what it holds, as on a graceful stop) and joins the
+group of the new epoch. A takeover still fences an owner that did not release.
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -66,6 +78,11 @@ CONTROL_PARTITIONS = 12
 #: how long a member's handover or takeover may keep the group waiting (librdkafka's
 #: ``max.poll.interval.ms``: a member that takes longer is evicted and its partitions move)
 REBALANCE_BUDGET_MS = 300_000
+
+#: the least time a group may give no assignment (or leave a control partition unowned) before
+#: a member replaces it with the next epoch's; it is at least ``STALL_SESSIONS`` sessions
+STALL_MIN_S = 20.0
+STALL_SESSIONS = 10
 
 
 def control_topic(cluster: str) -> str:
@@ -114,6 +131,8 @@ class ClusterMap:
     # member -> its id in the group (``group/<id>``, while it serves: what a survivor removes
     # from the group when the member's API refuses connections, ``layer.coordinator.evict``)
     group_ids: dict[str, str] = field(default_factory=dict)
+    # the group's epoch: members join ``group_name(cluster, epoch)``
+    epoch: int = 0
     next_offset: int = 0
 
     def apply(self, key: bytes | None, value: bytes | None, offset: int) -> None:
@@ -134,6 +153,9 @@ class ClusterMap:
                     self.group_ids.pop(rest, None)
                 else:
                     self.group_ids[rest] = str(body["member_id"])
+            elif kind == "epoch":
+                if body is not None:
+                    self.epoch = max(self.epoch, int(body["epoch"]))
             elif kind == "owner":
                 p = int(rest)
                 if body is None:
@@ -160,6 +182,15 @@ class ClusterMap:
         if owner is None or owner.released:
             return None
         return self.members.get(owner.member)
+
+
+def group_name(cluster: str, epoch: int) -> str:
+    """The consumer group of a cluster at an epoch (a wedged group is replaced by the next)."""
+    return f"qlayer.{cluster}" if epoch == 0 else f"qlayer.{cluster}.{epoch}"
+
+
+def epoch_write(epoch: int) -> Write:
+    return Write(b"epoch", json.dumps({"epoch": epoch}).encode())
 
 
 def member_write(member: Member) -> Write:
@@ -204,9 +235,10 @@ class Membership:
         self.member = member
         self.map = ClusterMap(member.id)
         self._admin_settings = dict(admin_settings)
+        session_s = float(group_settings.get("session.timeout.ms", 45_000)) / 1000
+        self.stall_s = max(STALL_MIN_S, STALL_SESSIONS * session_s)
         self._group_settings = {
             **group_settings,
-            "group.id": f"qlayer.{cluster}",
             "partition.assignment.strategy": "cooperative-sticky",
             "max.poll.interval.ms": REBALANCE_BUDGET_MS,
             "client.id": f"qlayer-{member.id}",
@@ -226,6 +258,17 @@ class Membership:
         self.owned: set[int] = set()
         self._group_id: str | None = None  # as written to the members topic
         self._leaving = False
+        self.epoch = 0  # of the group this member's consumer is in
+        self._joined_at = time.monotonic()  # when the consumer subscribed
+        self._assigned_at: float | None = None  # its last assignment since
+        self._unowned_since: dict[int, float] = {}
+        self._bumped_at = 0.0
+        self._watch_task: asyncio.Task[None] | None = None
+
+    @property
+    def group(self) -> str:
+        """The consumer group this member is in now."""
+        return group_name(self.cluster, self.epoch)
 
     # --- the members topic ---------------------------------------------------------------
 
@@ -238,6 +281,7 @@ class Membership:
         await self.write([member_write(self.member)])
         self._thread = threading.Thread(target=self._run, name="membership", daemon=True)
         self._thread.start()
+        self._watch_task = asyncio.create_task(self._watch(), name="group-watch")
 
     def _ensure(self) -> None:
         self._log.ensure()
@@ -265,23 +309,98 @@ class Membership:
 
     # --- the group -----------------------------------------------------------------------
 
-    def _run(self) -> None:
-        consumer = self._consumer = Consumer(self._group_settings)
+    def _subscribe(self, epoch: int) -> Consumer:
+        self.epoch = epoch
+        settings = {**self._group_settings, "group.id": group_name(self.cluster, epoch)}
+        consumer = self._consumer = Consumer(settings)
+        self._assigned_at = None
+        self._joined_at = time.monotonic()
         consumer.subscribe(
             [control_topic(self.cluster)],
             on_assign=self._assign,
             on_revoke=self._revoke,
             on_lost=self._lost,
         )
-        while not self._stop.is_set():
-            try:
-                consumer.poll(0.2)
-            except KafkaException as exc:
-                log.warning("control topic %s: %s", control_topic(self.cluster), exc)
+        return consumer
+
+    def _leave(self, consumer: Consumer) -> None:
         try:
             consumer.close()  # leaves the group: revokes (hands over) what this member owns
         except KafkaException as exc:
             log.warning("leaving the group of cluster %s: %s", self.cluster, exc)
+
+    def _run(self) -> None:
+        consumer = self._subscribe(self.map.epoch)
+        while not self._stop.is_set():
+            epoch = self.map.epoch
+            if epoch > self.epoch:
+                log.warning(
+                    "cluster %s: the group moves to epoch %d: leaving %s (handing over %s)",
+                    self.cluster,
+                    epoch,
+                    self.group,
+                    sorted(self.owned),
+                )
+                self._leave(consumer)
+                if self._stop.is_set():
+                    return
+                consumer = self._subscribe(epoch)
+                continue
+            try:
+                consumer.poll(0.2)
+            except KafkaException as exc:
+                log.warning("control topic %s: %s", control_topic(self.cluster), exc)
+        self._leave(consumer)
+
+    async def _watch(self) -> None:
+        """Replace a wedged group (module doc): write the next epoch when this member had no
+        assignment ``stall_s`` after joining, or a control partition stayed released or
+        unclaimed that long while this member was in the group."""
+        while not self._stop.is_set():
+            await asyncio.sleep(1.0)
+            try:
+                why = self._stalled(time.monotonic())
+                if why is None or self._leaving or self._stop.is_set():
+                    continue
+                epoch = max(self.epoch, self.map.epoch) + 1
+                log.warning(
+                    "cluster %s: group %s stalled (%s): moving the group to epoch %d",
+                    self.cluster,
+                    self.group,
+                    why,
+                    epoch,
+                )
+                self._bumped_at = time.monotonic()
+                await self.write([epoch_write(epoch)])
+            except Exception:
+                log.exception("cluster %s: watching the group failed", self.cluster)
+
+    def _stalled(self, now: float) -> str | None:
+        """Why the group looks wedged (None: it does not)."""
+        if self.map.epoch > self.epoch or now - self._bumped_at < self.stall_s:
+            self._unowned_since.clear()
+            return None  # moving to a new group already
+        if self._assigned_at is None:
+            self._unowned_since.clear()
+            if now - self._joined_at > self.stall_s:
+                return f"no assignment {now - self._joined_at:.0f}s after joining"
+            return None
+        unowned = {
+            p
+            for p in range(CONTROL_PARTITIONS)
+            if (o := self.map.owners.get(p)) is None or o.released
+        }
+        for p in set(self._unowned_since) - unowned:
+            del self._unowned_since[p]
+        for p in unowned:
+            self._unowned_since.setdefault(p, now)
+        # counted from this member's last assignment or revocation too: the group is live
+        # while it moves partitions (e.g. after a Kafka outage)
+        seen = self._assigned_at
+        old = sorted(p for p, t in self._unowned_since.items() if now - max(t, seen) > self.stall_s)
+        if old:
+            return f"control partitions {old} unowned for more than {self.stall_s:.0f}s"
+        return None
 
     def _call(self, step: Awaitable[None], what: str) -> None:
         """Run a step on the loop and wait for it (the group waits with this thread)."""
@@ -292,6 +411,7 @@ class Membership:
 
     def _assign(self, consumer: Consumer, partitions: list[KafkaPartition]) -> None:
         got = {p.partition for p in partitions}
+        self._assigned_at = time.monotonic()
         if got:
             log.info("cluster %s: control partitions assigned %s", self.cluster, sorted(got))
             self.owned |= got
@@ -335,6 +455,7 @@ class Membership:
             "revoked" if graceful else "lost",
         )
         self.owned -= gone
+        self._assigned_at = time.monotonic()  # the group moves partitions: it is live
         if self._abandon:
             return  # failed: the next owner fences this member and restores from the changelog
         self._call(self._on_revoked(gone, graceful), "handing over")
@@ -353,6 +474,8 @@ class Membership:
         now rather than after the session timeout."""
         self._abandon = self._abandon or abandon
         self._stop.set()
+        if self._watch_task is not None:
+            self._loop.call_soon_threadsafe(self._watch_task.cancel)
         if self._thread is not None:
             self._thread.join(60)
         try:

@@ -6,6 +6,8 @@ from layer.coordinator.membership import (
     CONTROL_PARTITIONS,
     ClusterMap,
     Member,
+    epoch_write,
+    group_name,
     member_write,
     owner_write,
     partition_of,
@@ -68,3 +70,12 @@ def test_a_release_written_after_another_members_claim_is_ignored() -> None:
     feed(cmap, owner_write(5, A, released=False), owner_write(5, A, released=True))
     feed(cmap, owner_write(5, B, released=False))
     assert cmap.owners[5].member == "b" and not cmap.owners[5].released
+
+
+def test_the_group_epoch_is_the_highest_written_and_names_the_group() -> None:
+    cmap = ClusterMap("a")
+    assert cmap.epoch == 0 and group_name("c1", cmap.epoch) == "qlayer.c1"
+    for offset, epoch in enumerate([2, 1]):  # two members moving at once: the highest holds
+        w = epoch_write(epoch)
+        cmap.apply(w.key, w.value, offset)
+    assert cmap.epoch == 2 and group_name("c1", cmap.epoch) == "qlayer.c1.2"
