@@ -24,7 +24,9 @@ from typing import Any, Protocol
 from layer.api.service import DeadLetter, DeliveredMessage, QueueService, QueueStats, bytes_json
 from layer.config import QueueConfig
 from layer.coordinator.http import HttpError, Request, Response, Router
+from layer.coordinator.partitioned import sum_stats
 from layer.exceptions import InvalidRequest, QLayerError, UnknownQueue
+from layer.shards import shards_in
 
 __all__ = ["ConsoleService", "console_routes"]
 
@@ -45,6 +47,8 @@ class ConsoleService(QueueService, Protocol):
     def subscriptions_of(self, queue: str, leases: int = 100) -> list[dict[str, object]]: ...
 
     def queue_config(self, queue: str) -> QueueConfig: ...
+
+    def subscribers_elsewhere(self, queue: str) -> list[str]: ...
 
 
 def _static_files() -> dict[str, tuple[bytes, str]]:
@@ -165,7 +169,15 @@ def console_routes(
 
     async def queues(request: Request) -> object:
         svc = coordinator()
-        stats = {s.queue: s for s in await svc.stats()}
+        # every queue of the cluster, each from its owner (alone: those served here); a
+        # partitioned queue as one line summed over its shards
+        lines = {s.queue: s for s in (await svc.cluster_stats()).queues}
+        stats: dict[str, QueueStats] = {}
+        for info in svc.queues():
+            if info.name in lines:
+                stats[info.name] = lines[info.name]
+            elif parts := [lines[s] for s in shards_in(info.name, list(lines))]:
+                stats[info.name] = sum_stats(info.name, parts)
         shown = set(stats) if visible is None else visible(request, stats)
         return [
             {**_stats(stats[info.name]), "config": dataclasses.asdict(info)}
@@ -182,6 +194,9 @@ def console_routes(
             **_stats(stats),
             "config": {f.name: _plain(getattr(config, f.name)) for f in dataclasses.fields(config)},
             "subscribers": svc.subscriptions_of(name),  # "subscriptions" is their count
+            # in a cluster: members serving the queue (or shards of it) whose subscribers are
+            # listed by their own console
+            "subscribers_elsewhere": svc.subscribers_elsewhere(name),
         }
 
     async def browse(request: Request) -> object:

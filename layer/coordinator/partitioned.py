@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
-from layer.api.service import DeliveredMessage, QueueStats
+from layer.api.service import DeadLetter, DeliveredMessage, QueueStats
 
-__all__ = ["browse_shards", "stats_of_shards", "sum_stats"]
+__all__ = ["browse_shards", "dead_letters_of_shards", "stats_of_shards", "sum_stats"]
 
 # measures that combine as the largest of the shards' (every other extra figure is summed)
 _MAX_SUFFIXES = ("_s", "_ms")
@@ -65,5 +65,20 @@ async def browse_shards(
     merged = sorted(
         (m for messages in answers for m in messages),
         key=lambda m: (m.timestamp_ms, m.bookmark.partition, m.bookmark.offset),
+    )
+    return merged if limit is None else merged[:limit]
+
+
+async def dead_letters_of_shards(
+    shards: Sequence[str],
+    dead_letters: Callable[[str], Awaitable[list[DeadLetter]]],
+    limit: int | None,
+) -> list[DeadLetter]:
+    """The shards' dead letters merged in the order they were dead-lettered, at most
+    ``limit``."""
+    answers = await asyncio.gather(*(dead_letters(s) for s in shards))
+    merged = sorted(
+        (d for letters in answers for d in letters),
+        key=lambda d: (d.dead_lettered_at_ms, d.bookmark),
     )
     return merged if limit is None else merged[:limit]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from layer.api.service import DeliveredMessage, QueueStats
+from layer.api.service import DeadLetter, DeliveredMessage, QueueStats
 from layer.client._common import tls_credentials
 from layer.client.aio import AsyncQueueClient
 from layer.config import CoordinatorConfig
@@ -124,6 +124,11 @@ class Peers:
             )
             for m in browsed
         ]
+
+    async def dead_letters(
+        self, address: str, queue: str, filter: str | None, limit: int | None
+    ) -> list[DeadLetter]:
+        return await self._client(address).dead_letters(queue, filter, limit)
 
     async def publish(
         self,

@@ -70,7 +70,11 @@ from layer.coordinator.membership import (
     partition_of,
 )
 from layer.coordinator.outage import KafkaWatch, until_reachable
-from layer.coordinator.partitioned import browse_shards, stats_of_shards
+from layer.coordinator.partitioned import (
+    browse_shards,
+    dead_letters_of_shards,
+    stats_of_shards,
+)
 from layer.coordinator.peers import Peers, peer_tls
 from layer.coordinator.publish import Publisher
 from layer.coordinator.publish_route import PublishRoute, routes_publishes
@@ -609,6 +613,13 @@ class Coordinator:
         """Read the queue's dead-letter topic from the start (``read_dead_letters``): a scan of
         the topic per call, for operators, not for a hot path."""
         self._check_alive()
+        if shards := self._shards(queue):
+            return await dead_letters_of_shards(
+                shards, lambda shard: self.dead_letters(shard, filter, limit), limit
+            )
+        owner = self._owner_elsewhere(queue)
+        if owner is not None:
+            return await self._peers.dead_letters(owner, queue, filter, limit)
         rt = self._lookup(queue)
         topic = rt.config.dead_letter_topic
         if topic is None:
@@ -782,6 +793,15 @@ class Coordinator:
     def subscriptions_of(self, queue: str, leases: int = 100) -> list[dict[str, object]]:
         """The web console's view of a queue's subscriptions, each with up to ``leases`` of
         the messages it holds (read-only)."""
+        if shards := self._shards(queue):  # a partitioned queue: its shards served here
+            return [
+                {**sub, "queue": shard}
+                for shard in shards
+                if shard in self._runtimes
+                for sub in self.subscriptions_of(shard, leases)
+            ]
+        if self._owner_elsewhere(queue) is not None:
+            return []  # listed by the member serving it (``subscribers_elsewhere``)
         rt = self._lookup(queue)
         out: list[dict[str, object]] = []
         for sub in rt.subscriptions.values():
@@ -801,7 +821,27 @@ class Coordinator:
             )
         return out
 
+    def subscribers_elsewhere(self, queue: str) -> list[str]:
+        """The members (``id at address``) serving ``queue``, or shards of it, other than this
+        one: the web console lists only the subscriptions held here."""
+        membership = self._membership
+        if membership is None:
+            return []
+        names = self._shards(queue) or [queue]
+        owners = (membership.map.owner_of(name) for name in names if name not in self._runtimes)
+        return sorted(
+            {f"{o.id} at {o.address}" for o in owners if o and o.id != membership.member.id}
+        )
+
     def queue_config(self, queue: str) -> QueueConfig:
+        """The configuration of a queue served here, or (in a cluster) as defined for it."""
+        rt = self._runtimes.get(queue)
+        if rt is not None:
+            return rt.config
+        if self._cluster is not None:
+            defined = self._cluster.definitions.queues.get(queue)
+            if defined is not None:
+                return defined
         return self._lookup(queue).config
 
     def queues(self) -> list[QueueInfo]:

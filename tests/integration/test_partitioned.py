@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +45,13 @@ def publish(client: QueueClient, q: str, n: int) -> set[str]:
     return {client.publish(q, f"m{i}".encode(), key=f"k{i}") for i in range(n)}
 
 
+def console_json(proc: Any, path: str) -> Any:
+    """A GET of the web console's JSON API (200, or the test fails naming the answer)."""
+    with urllib.request.urlopen(f"http://{proc.http_address}{path}", timeout=30) as answer:
+        assert answer.status == 200
+        return json.loads(answer.read())
+
+
 def partitions_of(bookmarks: set[str]) -> set[int]:
     return {int(b.split("/")[-2]) for b in bookmarks}
 
@@ -51,8 +59,8 @@ def partitions_of(bookmarks: set[str]) -> set[int]:
 def test_one_coordinator_serves_every_shard(
     coordinator_factory: Any, names: Callable[[str], str]
 ) -> None:
-    q = names("parts")
-    proc = coordinator_factory([table(q, 3)])
+    q, dlq = names("parts"), names("parts-dlq")
+    proc = coordinator_factory([{**table(q, 3), "dead_letter_topic": dlq}], http="127.0.0.1:0")
     shards = [shard_name(q, i) for i in range(3)]
     with QueueClient(str(proc.address)) as client:
         published = publish(client, q, 30)
@@ -74,6 +82,22 @@ def test_one_coordinator_serves_every_shard(
         with client.subscribe(q, max_backlog=4) as sub:
             assert isinstance(sub, PartitionedSubscription)
             assert [s.queue for s in sub.shards] == shards
+            # the web console's page of the queue: its definition, summed figures, the
+            # subscription of each shard (before: 503, "name a shard")
+            page = console_json(proc, f"/api/queues/{q}")
+            assert page["config"]["partitions"] == 3
+            assert page["available"] + page["leased"] == 30
+            wait_until(
+                lambda: (
+                    {s["queue"] for s in console_json(proc, f"/api/queues/{q}")["subscribers"]}
+                    == set(shards)
+                ),
+                timeout=30,
+            )
+            assert page["subscribers_elsewhere"] == []
+            overview = {row["queue"]: row for row in console_json(proc, "/api/queues")}
+            assert overview[q]["available"] + overview[q]["leased"] == 30
+            assert console_json(proc, f"/api/queues/{q}/dead-letters") == []
             deadline = time.monotonic() + DEADLINE_S
             while set(confirmed) != published and time.monotonic() < deadline:
                 msg = sub.next(timeout=5)
@@ -120,8 +144,11 @@ def test_two_members_share_the_shards_and_a_consumer_follows_a_stop(
     # seven shards on seven consecutive control partitions of twelve: each member's six
     # partitions hold at least one of them
     n_shards, n = 7, 42
+    dlq = names("split-dlq")
     procs = [
-        coordinator_factory([table(q, n_shards)], cluster=cluster),
+        coordinator_factory(
+            [{**table(q, n_shards), "dead_letter_topic": dlq}], cluster=cluster, http="127.0.0.1:0"
+        ),
         coordinator_factory([], cluster=cluster),
     ]
     shards = [shard_name(q, i) for i in range(n_shards)]
@@ -137,8 +164,16 @@ def test_two_members_share_the_shards_and_a_consumer_follows_a_stop(
 
         owners = wait_until(settled, timeout=90, message=lambda: f"not split: {admin.cluster()}")
         assert set(owners.values()) == set(addresses), "the shards are not on both members"
+        # the console of one member: the queue's page names the other member for the
+        # subscriptions of the shards it serves; dead letters come from both (forwarded)
+        page = console_json(procs[0], f"/api/queues/{q}")
+        assert page["subscribers_elsewhere"] == [f"{p_id(admin, addresses[1])} at {addresses[1]}"]
+        assert console_json(procs[0], f"/api/queues/{q}/dead-letters") == []
         published = publish(admin, q, n)
         wait_until(lambda: admin.stats(q)[0].available == n, timeout=60)
+        # the overview of one member's console sums the shards of both
+        overview = {row["queue"]: row for row in console_json(procs[0], "/api/queues")}
+        assert overview[q]["available"] == n
         assert set(admin.stats(q)[0].owner.split(",")) == {p_id(admin, a) for a in addresses}
     # the CLI's stats and browse of the queue work against any member
     for address in addresses:

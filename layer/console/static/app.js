@@ -170,6 +170,13 @@ async function drawQueue(name) {
     cell(row, s.stalled ? "yes" : "no");
     cell(row, s.leases.map((l) => l.bookmark).join(", "), "value");
   }
+  // in a cluster, a member lists the subscriptions it holds; the others are on their owners
+  for (const member of q.subscribers_elsewhere || []) {
+    const row = subs.insertRow();
+    row.className = "elsewhere";
+    const td = cell(row, `subscriptions on member ${member}: see its console`);
+    td.colSpan = 6;
+  }
   const config = $("#q-config tbody");
   config.replaceChildren();
   for (const [key, value] of Object.entries(q.config)) {
