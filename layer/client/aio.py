@@ -508,14 +508,14 @@ class _Subscribing:
     ) -> None:
         self._client, self._queue, self._max_backlog = client, queue, max_backlog
         self._filter = filter
-        self._subscription: AsyncSubscription | AsyncPartitionedSubscription | None = None
+        self._subscription: AsyncSubscription | AsyncMergedSubscription | None = None
 
     def __await__(
         self,
-    ) -> Generator[Any, None, AsyncSubscription | AsyncPartitionedSubscription]:
+    ) -> Generator[Any, None, AsyncSubscription | AsyncMergedSubscription]:
         return self._client._open(self._queue, self._max_backlog, self._filter).__await__()
 
-    async def __aenter__(self) -> AsyncSubscription | AsyncPartitionedSubscription:
+    async def __aenter__(self) -> AsyncSubscription | AsyncMergedSubscription:
         self._subscription = await self._client._open(self._queue, self._max_backlog, self._filter)
         return self._subscription
 
@@ -567,7 +567,7 @@ class AsyncQueueClient:
         self._tls_client_cert = tls_client_cert
         self._tls = tls_root_cert is not None or tls_client_cert is not None
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self._subscriptions: list[AsyncSubscription | AsyncPartitionedSubscription] = []
+        self._subscriptions: list[AsyncSubscription | AsyncMergedSubscription] = []
         self._view = ClusterView(self._addresses)
         self._locate_timeout = locate_timeout(self._policy, timeout)
 
@@ -592,10 +592,15 @@ class AsyncQueueClient:
 
     async def _open(
         self, queue: str, max_backlog: int, filter: str | None = None
-    ) -> AsyncSubscription | AsyncPartitionedSubscription:
-        subscription: AsyncSubscription | AsyncPartitionedSubscription
+    ) -> AsyncSubscription | AsyncMergedSubscription:
+        subscription: AsyncSubscription | AsyncMergedSubscription
+        streams = await self._regex_streams(queue) if queue.startswith("^") else None
         shards = [] if queue.startswith("^") else self._view.shards_of(queue)
-        if not shards:
+        if streams is not None:
+            subscription = await AsyncRegexSubscription.open(
+                self, queue, streams, max_backlog, filter
+            )
+        elif not shards:
             subscription = AsyncSubscription(self, queue, max_backlog, filter)
             try:
                 await subscription._start()
@@ -611,6 +616,12 @@ class AsyncQueueClient:
         self._subscriptions = [s for s in self._subscriptions if not s.closed]
         self._subscriptions.append(subscription)
         return subscription
+
+    async def _regex_streams(self, regex: str) -> list[str] | None:
+        """As ``QueueClient._regex_streams``."""
+        if await self._locate(regex) is None:
+            return None
+        return self._view.regex_streams(regex)
 
     async def publish(
         self,
@@ -802,4 +813,8 @@ class AsyncQueueClient:
 
 
 # the merged face of a partitioned queue's shards (imported last: it builds on AsyncSubscription)
-from layer.client.partitioned import AsyncPartitionedSubscription  # noqa: E402
+from layer.client.partitioned import (  # noqa: E402
+    AsyncMergedSubscription,
+    AsyncPartitionedSubscription,
+    AsyncRegexSubscription,
+)
