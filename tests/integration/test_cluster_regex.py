@@ -204,3 +204,43 @@ def test_the_asyncio_client_merges_too_and_a_deleted_queue_leaves(
     confirmed = asyncio.run(scenario())
     assert len(confirmed) == len(set(confirmed)), "a message acked twice"
     assert set(confirmed) == c.published
+
+
+def test_a_partitioned_queue_is_taken_whole_and_a_coordinator_alone_resolves_it_itself(
+    coordinator_factory: Any, names: Callable[[str], str]
+) -> None:
+    prefix = names("rx")
+    plain, parts = f"{prefix}-plain", f"{prefix}-parts"
+    tables = [table(plain), {**table(parts), "distribution": "partitioned", "partitions": 3}]
+    member = coordinator_factory(tables, cluster=names("cluster"))  # a cluster of one
+    solo = f"{prefix}-solo"
+    alone = coordinator_factory([table(solo)])
+    regex = f"^{re.escape(prefix)}-"
+    with QueueClient(str(member.address)) as client:
+        shards = [f"{parts}#{i}" for i in range(3)]
+        wait_until(lambda: serving(client, [plain, *shards]), timeout=90)
+        published = {client.publish(plain, b"p")}
+        published |= {client.publish(parts, f"k{i}".encode(), key=f"k{i}") for i in range(9)}
+        with client.subscribe(regex, 4) as sub:
+            assert isinstance(sub, RegexSubscription)
+            # the partitioned queue matched by its own name, with every shard
+            assert [s.queue for s in sub.shards] == [*shards, plain]
+            assert [s.max_backlog for s in sub.shards] == [1, 1, 1, 1]
+            confirmed: list[str] = []
+            deadline = time.monotonic() + DEADLINE_S
+            while set(confirmed) != published and time.monotonic() < deadline:
+                msg = sub.next(timeout=5)
+                if msg is not None:
+                    assert msg.queue in {plain, *shards}
+                    sub.ack(msg.bookmark, wait=True, timeout=60)
+                    confirmed.append(msg.bookmark)
+            assert sorted(confirmed) == sorted(published)
+    # a coordinator alone: one stream, the regex resolved by the coordinator, as before
+    with QueueClient(str(alone.address)) as client:
+        client.publish(solo, b"alone")
+        with client.subscribe(regex, 4) as one:
+            assert not isinstance(one, RegexSubscription)
+            assert one.queue == regex and one.backlog == 4
+            msg = one.next(timeout=60)
+            assert msg is not None and msg.queue == solo and msg.data == b"alone"
+            msg.ack(wait=True, timeout=60)
