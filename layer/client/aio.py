@@ -812,7 +812,7 @@ class AsyncQueueClient:
         await self.close()
 
 
-# the merged face of a partitioned queue's shards (imported last: it builds on AsyncSubscription)
+# the merged faces of several streams (imported last: they build on AsyncSubscription)
 from layer.client.partitioned import (  # noqa: E402
     AsyncMergedSubscription,
     AsyncPartitionedSubscription,
