@@ -147,9 +147,17 @@ def test_a_regex_subscription_merges_both_members_and_follows_a_kill(
                 unconfirmed.append(msg.bookmark)
         finished_at = time.monotonic()
         assert killed_at, f"not killed: delivered by {served_by}"
-        # every stream follows to the survivor (one with nothing left to deliver may still
-        # be on its way when the last message is confirmed)
-        wait_until(lambda: sub.address == str(given.address), timeout=90)
+        # every stream of the victim's follows to the survivor (one with nothing left to
+        # deliver may still be on its way when the last message is confirmed; a stream shows
+        # its next address as it starts reconnecting, so its reconnect is what tells)
+        followed = [s for s in sub.shards if c.owners[s.queue] == str(victim.address)]
+        wait_until(
+            lambda: sub.address == str(given.address) and all(s.reconnects for s in followed),
+            timeout=90,
+            message=lambda: (
+                f"not followed: {[(s.queue, s.address, s.reconnects) for s in followed]}"
+            ),
+        )
         assert sub.reconnects >= 1 and not sub.closed
         assert sub.acked_count == len(confirmed)
         assert sub.next(timeout=3) is None  # nothing confirmed comes back
