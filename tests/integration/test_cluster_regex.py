@@ -14,7 +14,7 @@ import asyncio
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -97,85 +97,168 @@ def settled_after(admin: QueueClient, c: Cluster) -> bool:
         return False
 
 
-def test_a_regex_subscription_merges_both_members_and_follows_a_kill(
-    coordinator_factory: Any, names: Callable[[str], str]
-) -> None:
-    c = two_members(coordinator_factory, names)
-    given, victim = c.procs
-    addresses = {str(p.address) for p in c.procs}
-    confirmed: list[str] = []
-    unconfirmed: list[str] = []  # LeaseLost: the kill came before the ack's answer
-    again: list[str] = []  # confirmed, then delivered again
-    moved: list[str] = []  # delivered after the kill from a queue the victim served
-    served_by: set[str] = set()
-    killed_at = 0.0
-    with QueueClient(str(given.address)) as client, client.subscribe(c.regex, 10) as sub:
-        assert isinstance(sub, RegexSubscription)
+@dataclass
+class KillRun:
+    """A consumer of the regex given the first member, SIGKILLing the second mid-stream; the
+    same bookkeeping for the blocking and the asyncio client."""
+
+    c: Cluster
+    confirmed: list[str] = field(default_factory=list)
+    unconfirmed: list[str] = field(default_factory=list)  # LeaseLost: killed before the answer
+    again: list[str] = field(default_factory=list)  # confirmed, then delivered again
+    moved: list[str] = field(default_factory=list)  # after the kill, from a victim's queue
+    served_by: set[str] = field(default_factory=set)
+    killed_at: float = 0.0
+    finished_at: float = 0.0
+
+    @property
+    def given(self) -> CoordinatorProcess:
+        return self.c.procs[0]
+
+    @property
+    def victim(self) -> CoordinatorProcess:
+        return self.c.procs[1]
+
+    @property
+    def addresses(self) -> set[str]:
+        return {str(p.address) for p in self.c.procs}
+
+    def opened(self, sub: Any) -> None:
+        c = self.c
         assert [s.queue for s in sub.shards] == c.queues
-        assert set(sub.address.split(",")) == addresses  # streams on both members
+        assert set(sub.address.split(",")) == self.addresses  # streams on both members
         assert [s.address for s in sub.shards] == [c.owners[q] for q in c.queues]
         # the backlog of 10 is split over the seven queues, at least 1 each
         assert [s.max_backlog for s in sub.shards] == [2, 2, 2, 1, 1, 1, 1]
         assert sub.max_backlog == 10
+
+    def done(self) -> bool:
+        return set(self.confirmed) == self.c.published
+
+    def maybe_done(self) -> bool:
+        """Nothing came for a while: an ack the kill cut short may have taken effect all the
+        same; then its message is done, not delivered again, and the queues show it."""
+        return set(self.confirmed) | set(self.unconfirmed) >= self.c.published
+
+    def took(self, msg: Any) -> None:
+        """A message came: checked, and the victim killed when the time has come."""
+        c = self.c
+        assert msg.queue in c.queues, f"{msg.queue} is not one of the regex's queues"
+        assert msg.bookmark.startswith(f"{msg.queue}/")
+        if msg.bookmark in self.confirmed:
+            self.again.append(msg.bookmark)
+        self.served_by.add(msg._subscription.address)
+        victim = str(self.victim.address)
+        if self.killed_at and c.owners[msg.queue] == victim:
+            self.moved.append(msg.bookmark)  # from a queue the survivor took over
+        # killed once a third is confirmed and both members have delivered, holding a
+        # message of the victim's: its ack cannot be confirmed, it must come again
+        third = len(self.confirmed) >= len(c.published) // 3
+        held = msg._subscription.address == victim
+        if not self.killed_at and third and self.served_by == self.addresses and held:
+            self.victim.kill()  # SIGKILL: the survivor fences it and takes its queues
+            self.killed_at = time.monotonic()
+
+    def followed(self, sub: Any) -> bool:
+        """Every stream of the victim's is on the survivor (a stream shows its next address
+        as it starts reconnecting, so its reconnect is what tells)."""
+        victim = str(self.victim.address)
+        streams = [s for s in sub.shards if self.c.owners[s.queue] == victim]
+        return sub.address == str(self.given.address) and all(s.reconnects for s in streams)
+
+    def check(self) -> None:
+        assert self.killed_at, f"not killed: delivered by {self.served_by}"
+        assert self.served_by == self.addresses, "not received from both members"
+        assert self.unconfirmed, "the ack of the message held at the kill was confirmed"
+        assert set(self.unconfirmed) <= set(self.moved), "a message held did not come again"
+        assert self.again == [], f"confirmed acks delivered again: {self.again}"
+        assert len(self.confirmed) == len(set(self.confirmed)), "a message acked twice"
+        done_unanswered = self.c.published - set(self.confirmed)  # the answer lost
+        assert done_unanswered <= set(self.unconfirmed), f"never delivered: {done_unanswered}"
+        print(
+            f"confirmed {len(self.confirmed)}, unconfirmed at the kill {len(self.unconfirmed)}"
+            f" (of which done all the same {len(done_unanswered)}), delivered from the"
+            f" victim's queues after the kill {len(self.moved)},"
+            f" all done {self.finished_at - self.killed_at:.1f}s after the kill"
+        )
+
+
+def settled(run: KillRun) -> bool:
+    """``settled_after`` through a blocking client of its own (for the asyncio test)."""
+    with QueueClient(str(run.given.address)) as admin:
+        return settled_after(admin, run.c)
+
+
+def test_a_regex_subscription_merges_both_members_and_follows_a_kill(
+    coordinator_factory: Any, names: Callable[[str], str]
+) -> None:
+    c = two_members(coordinator_factory, names)
+    run = KillRun(c)
+    with QueueClient(str(run.given.address)) as client, client.subscribe(c.regex, 10) as sub:
+        assert isinstance(sub, RegexSubscription)
+        run.opened(sub)
         deadline = time.monotonic() + DEADLINE_S
-        while set(confirmed) != c.published and time.monotonic() < deadline:
+        while not run.done() and time.monotonic() < deadline:
             msg = sub.next(timeout=5)
             if msg is None:
-                # an ack the kill cut short may have taken effect all the same: then its
-                # message is done, not delivered again, and the queues show it
-                if set(confirmed) | set(unconfirmed) >= c.published and settled_after(client, c):
+                if run.maybe_done() and settled_after(client, c):
                     break
                 continue
-            assert msg.queue in c.queues, f"{msg.queue} is not one of the regex's queues"
-            assert msg.bookmark.startswith(f"{msg.queue}/")
-            if msg.bookmark in confirmed:
-                again.append(msg.bookmark)
-            served_by.add(msg._subscription.address)
-            if killed_at and c.owners[msg.queue] == str(victim.address):
-                moved.append(msg.bookmark)  # from a queue the survivor took over
-            # killed once a third is confirmed and both members have delivered, holding a
-            # message of the victim's: its ack cannot be confirmed, it must come again
-            third = len(confirmed) >= len(c.published) // 3
-            held = msg._subscription.address == str(victim.address)
-            if not killed_at and third and served_by == addresses and held:
-                victim.kill()  # SIGKILL: the survivor fences it and takes its queues
-                killed_at = time.monotonic()
+            run.took(msg)
             try:
                 msg.ack(wait=True, timeout=60)
-                confirmed.append(msg.bookmark)
+                run.confirmed.append(msg.bookmark)
             except LeaseLost:
-                unconfirmed.append(msg.bookmark)
-        finished_at = time.monotonic()
-        assert killed_at, f"not killed: delivered by {served_by}"
-        # every stream of the victim's follows to the survivor (one with nothing left to
-        # deliver may still be on its way when the last message is confirmed; a stream shows
-        # its next address as it starts reconnecting, so its reconnect is what tells)
-        followed = [s for s in sub.shards if c.owners[s.queue] == str(victim.address)]
-        wait_until(
-            lambda: sub.address == str(given.address) and all(s.reconnects for s in followed),
-            timeout=90,
-            message=lambda: (
-                f"not followed: {[(s.queue, s.address, s.reconnects) for s in followed]}"
-            ),
-        )
+                run.unconfirmed.append(msg.bookmark)
+        run.finished_at = time.monotonic()
+        # one stream with nothing left to deliver may still be on its way
+        wait_until(lambda: run.followed(sub), timeout=90, message="not followed")
         assert sub.reconnects >= 1 and not sub.closed
-        assert sub.acked_count == len(confirmed)
+        assert sub.acked_count == len(run.confirmed)
         assert sub.next(timeout=3) is None  # nothing confirmed comes back
-        with QueueClient(str(given.address)) as admin:
-            wait_until(lambda: settled_after(admin, c), timeout=60)
-    assert served_by == addresses, "not received from both members"
-    assert unconfirmed, "the ack of the message held at the kill was confirmed"
-    assert set(unconfirmed) <= set(moved), "a message held at the kill did not come again"
-    assert again == [], f"confirmed acks delivered again: {again}"
-    assert len(confirmed) == len(set(confirmed)), "a message acked twice"
-    done_unanswered = c.published - set(confirmed)  # acked, the answer lost with the kill
-    assert done_unanswered <= set(unconfirmed), f"never delivered: {done_unanswered}"
-    print(
-        f"confirmed {len(confirmed)}, unconfirmed at the kill {len(unconfirmed)}"
-        f" (of which done all the same {len(done_unanswered)}), delivered from the"
-        f" victim's queues after the kill {len(moved)},"
-        f" all done {finished_at - killed_at:.1f}s after the kill"
-    )
+        wait_until(lambda: settled_after(client, c), timeout=60)
+    run.check()
+
+
+def test_an_async_regex_subscription_follows_a_kill_too(
+    coordinator_factory: Any, names: Callable[[str], str]
+) -> None:
+    c = two_members(coordinator_factory, names)
+    run = KillRun(c)
+
+    async def scenario() -> None:
+        async with (
+            AsyncQueueClient(str(run.given.address)) as client,
+            client.subscribe(c.regex, 10) as sub,
+        ):
+            assert isinstance(sub, AsyncRegexSubscription)
+            run.opened(sub)
+            deadline = time.monotonic() + DEADLINE_S
+            while not run.done() and time.monotonic() < deadline:
+                msg = await sub.next(timeout=5)
+                if msg is None:
+                    if run.maybe_done() and await asyncio.to_thread(settled, run):
+                        break
+                    continue
+                run.took(msg)
+                try:
+                    await msg.ack(wait=True, timeout=60)
+                    run.confirmed.append(msg.bookmark)
+                except LeaseLost:
+                    run.unconfirmed.append(msg.bookmark)
+            run.finished_at = time.monotonic()
+            deadline = time.monotonic() + 90
+            while not run.followed(sub) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert run.followed(sub), "not followed"
+            assert sub.reconnects >= 1 and not sub.closed
+            assert sub.acked_count == len(run.confirmed)
+            assert await sub.next(timeout=3) is None  # nothing confirmed comes back
+
+    asyncio.run(scenario())
+    with QueueClient(str(run.given.address)) as admin:
+        wait_until(lambda: settled_after(admin, c), timeout=60)
+    run.check()
 
 
 def test_the_asyncio_client_merges_too_and_a_deleted_queue_leaves(
