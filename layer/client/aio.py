@@ -416,7 +416,7 @@ class AsyncSubscription(SubscriptionFields):
                 self._apply(self._core.on_frame(frame))
         except grpc.RpcError as exc:
             if not self._core.closing:  # once closing, how the call ended no longer matters
-                error = error_from_rpc(exc)
+                error = await self._stream_error(exc, writer, address)
         except asyncio.CancelledError:
             call.cancel()
             raise
@@ -431,7 +431,8 @@ class AsyncSubscription(SubscriptionFields):
         return error
 
     @staticmethod
-    async def _write(call: Any, outgoing: asyncio.Queue[ClientFrame | None]) -> None:
+    async def _write(call: Any, outgoing: asyncio.Queue[ClientFrame | None]) -> bool:
+        """Send the frames queued, until None; True if a write failed (the call ended)."""
         try:
             while (frame := await outgoing.get()) is not None:
                 await call.write(frame)
@@ -440,6 +441,25 @@ class AsyncSubscription(SubscriptionFields):
             raise
         except Exception as exc:  # the reader sees the call fail and handles it
             log.debug("subscription write ended error=%r", exc)
+            return True
+        return False
+
+    @staticmethod
+    async def _stream_error(
+        exc: grpc.RpcError, writer: asyncio.Task[bool], address: str
+    ) -> QLayerError:
+        """What a stream that failed with ``exc`` ended with. grpc's asyncio face reports a
+        write that fails because the connection dropped (a coordinator SIGKILLed while an ack
+        was being sent) as ``INTERNAL: Internal error from Core``, in place of the status the
+        call ended with (grpc/grpc#36066): a stream that ended so after a failed write, with
+        no qlayer code (every refusal of a coordinator carries one), lost its connection and
+        is reconnected as such, not ended."""
+        error = error_from_rpc(exc)
+        if type(error) is ClientError and exc.code() == grpc.StatusCode.INTERNAL:
+            await asyncio.wait([writer], timeout=1.0)  # the failed write ends it at once
+            if writer.done() and not writer.cancelled() and writer.result():
+                return ConnectionLost(f"the connection to {address} dropped under a write: {error}")
+        return error
 
     async def _on_reconnect(self, event: Reconnected | None) -> None:
         result = call_back(self._client._on_reconnect, event)
