@@ -12,13 +12,15 @@ reaches it, so it is not added to the addresses to try).
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from layer.api.service import ClusterInfo
 from layer.client._core import Addresses, ReconnectPolicy, SubscriptionCore
-from layer.exceptions import NotOwner, QLayerError, QueueRemoved
-from layer.shards import shards_in
+from layer.exceptions import InvalidRequest, NotOwner, QLayerError, QueueRemoved, UnknownQueue
+from layer.shards import parse_shard, queue_of, shards_in
 
 __all__ = [
     "FOLLOW_FIRST_S",
@@ -26,6 +28,7 @@ __all__ = [
     "Located",
     "is_cluster",
     "locate_timeout",
+    "matching_queues",
     "may_have_moved",
     "moved_unless_asked",
 ]
@@ -75,6 +78,27 @@ def moved_unless_asked(
     return None
 
 
+def matching_queues(regex: str, names: Sequence[str]) -> list[str]:
+    """The queues (and shards) of ``names`` (a cluster's queue list) a subscription to the
+    regex ``regex`` opens one stream on: each queue whose name it matches (``re.search``, as a
+    coordinator matches it), a partitioned queue by its own name (``orders``, not
+    ``orders#0``) and then with every shard, so it is consumed whole. ``InvalidRequest`` for
+    a bad regex, ``UnknownQueue`` when nothing matches (as a coordinator alone says)."""
+    try:
+        pattern = re.compile(regex)
+    except re.error as exc:
+        raise InvalidRequest(f"queue pattern {regex!r} is not a regex: {exc}") from None
+    found = [name for name in names if pattern.search(queue_of(name))]
+    if not found:
+        listed = sorted({queue_of(name) for name in names})
+        raise UnknownQueue(
+            f"queue pattern {regex!r} matches no queue of the cluster"
+            f" (its queues: {', '.join(listed) or 'none'})"
+        )
+    # a partitioned queue's shards in shard order (the cluster lists them by name: #10 < #2)
+    return sorted(found, key=lambda n: (queue_of(n), (parse_shard(n) or ("", -1))[1]))
+
+
 @dataclass(frozen=True, slots=True)
 class Located:
     """Where a queue is served, as one member's ``Cluster`` answer says: ``defined`` (the
@@ -93,6 +117,7 @@ class ClusterView:
         self.asked = False  # a Cluster call was answered (or refused) at least once
         self._owners: dict[str, str] = {}
         self._names: list[str] = []  # the queues (and shards) of the last answer
+        self._from_cluster = False  # the last answer came from a cluster (not one alone)
 
     def shards_of(self, queue: str) -> list[str]:
         """The shards of ``queue`` as last learned (empty: not a partitioned queue, or not
@@ -105,6 +130,12 @@ class ClusterView:
         self._names = [q.queue for q in info.queues]
         return self.shards_of(queue)
 
+    def regex_streams(self, regex: str) -> list[str] | None:
+        """The queues a subscription to ``regex`` opens a stream on, from the last answer
+        (``matching_queues``); None when that answer came from a coordinator alone, which
+        resolves the regex itself in one subscription."""
+        return matching_queues(regex, self._names) if self._from_cluster else None
+
     def owner(self, queue: str) -> str | None:
         """The address of ``queue``'s owner as last learned (None: not known)."""
         return self._owners.get(queue)
@@ -114,7 +145,8 @@ class ClusterView:
         other members' addresses to those the client tries."""
         self.asked = True
         self._names = [q.queue for q in info.queues]
-        if not is_cluster(info):
+        self._from_cluster = is_cluster(info)
+        if not self._from_cluster:
             return
         self.clustered = True
         self.addresses.learn(m.address for m in info.members if m.id != info.member and m.address)

@@ -416,7 +416,7 @@ class AsyncSubscription(SubscriptionFields):
                 self._apply(self._core.on_frame(frame))
         except grpc.RpcError as exc:
             if not self._core.closing:  # once closing, how the call ended no longer matters
-                error = error_from_rpc(exc)
+                error = await self._stream_error(exc, writer, address)
         except asyncio.CancelledError:
             call.cancel()
             raise
@@ -431,7 +431,8 @@ class AsyncSubscription(SubscriptionFields):
         return error
 
     @staticmethod
-    async def _write(call: Any, outgoing: asyncio.Queue[ClientFrame | None]) -> None:
+    async def _write(call: Any, outgoing: asyncio.Queue[ClientFrame | None]) -> bool:
+        """Send the frames queued, until None; True if a write failed (the call ended)."""
         try:
             while (frame := await outgoing.get()) is not None:
                 await call.write(frame)
@@ -440,6 +441,25 @@ class AsyncSubscription(SubscriptionFields):
             raise
         except Exception as exc:  # the reader sees the call fail and handles it
             log.debug("subscription write ended error=%r", exc)
+            return True
+        return False
+
+    @staticmethod
+    async def _stream_error(
+        exc: grpc.RpcError, writer: asyncio.Task[bool], address: str
+    ) -> QLayerError:
+        """What a stream that failed with ``exc`` ended with. grpc's asyncio face reports a
+        write that fails because the connection dropped (a coordinator SIGKILLed while an ack
+        was being sent) as ``INTERNAL: Internal error from Core``, in place of the status the
+        call ended with (grpc/grpc#36066): a stream that ended so after a failed write, with
+        no qlayer code (every refusal of a coordinator carries one), lost its connection and
+        is reconnected as such, not ended."""
+        error = error_from_rpc(exc)
+        if type(error) is ClientError and exc.code() == grpc.StatusCode.INTERNAL:
+            await asyncio.wait([writer], timeout=1.0)  # the failed write ends it at once
+            if writer.done() and not writer.cancelled() and writer.result():
+                return ConnectionLost(f"the connection to {address} dropped under a write: {error}")
+        return error
 
     async def _on_reconnect(self, event: Reconnected | None) -> None:
         result = call_back(self._client._on_reconnect, event)
@@ -508,14 +528,14 @@ class _Subscribing:
     ) -> None:
         self._client, self._queue, self._max_backlog = client, queue, max_backlog
         self._filter = filter
-        self._subscription: AsyncSubscription | AsyncPartitionedSubscription | None = None
+        self._subscription: AsyncSubscription | AsyncMergedSubscription | None = None
 
     def __await__(
         self,
-    ) -> Generator[Any, None, AsyncSubscription | AsyncPartitionedSubscription]:
+    ) -> Generator[Any, None, AsyncSubscription | AsyncMergedSubscription]:
         return self._client._open(self._queue, self._max_backlog, self._filter).__await__()
 
-    async def __aenter__(self) -> AsyncSubscription | AsyncPartitionedSubscription:
+    async def __aenter__(self) -> AsyncSubscription | AsyncMergedSubscription:
         self._subscription = await self._client._open(self._queue, self._max_backlog, self._filter)
         return self._subscription
 
@@ -567,7 +587,7 @@ class AsyncQueueClient:
         self._tls_client_cert = tls_client_cert
         self._tls = tls_root_cert is not None or tls_client_cert is not None
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self._subscriptions: list[AsyncSubscription | AsyncPartitionedSubscription] = []
+        self._subscriptions: list[AsyncSubscription | AsyncMergedSubscription] = []
         self._view = ClusterView(self._addresses)
         self._locate_timeout = locate_timeout(self._policy, timeout)
 
@@ -592,10 +612,15 @@ class AsyncQueueClient:
 
     async def _open(
         self, queue: str, max_backlog: int, filter: str | None = None
-    ) -> AsyncSubscription | AsyncPartitionedSubscription:
-        subscription: AsyncSubscription | AsyncPartitionedSubscription
+    ) -> AsyncSubscription | AsyncMergedSubscription:
+        subscription: AsyncSubscription | AsyncMergedSubscription
+        streams = await self._regex_streams(queue) if queue.startswith("^") else None
         shards = [] if queue.startswith("^") else self._view.shards_of(queue)
-        if not shards:
+        if streams is not None:
+            subscription = await AsyncRegexSubscription.open(
+                self, queue, streams, max_backlog, filter
+            )
+        elif not shards:
             subscription = AsyncSubscription(self, queue, max_backlog, filter)
             try:
                 await subscription._start()
@@ -611,6 +636,12 @@ class AsyncQueueClient:
         self._subscriptions = [s for s in self._subscriptions if not s.closed]
         self._subscriptions.append(subscription)
         return subscription
+
+    async def _regex_streams(self, regex: str) -> list[str] | None:
+        """As ``QueueClient._regex_streams``."""
+        if await self._locate(regex) is None:
+            return None
+        return self._view.regex_streams(regex)
 
     async def publish(
         self,
@@ -801,5 +832,9 @@ class AsyncQueueClient:
         await self.close()
 
 
-# the merged face of a partitioned queue's shards (imported last: it builds on AsyncSubscription)
-from layer.client.partitioned import AsyncPartitionedSubscription  # noqa: E402
+# the merged faces of several streams (imported last: they build on AsyncSubscription)
+from layer.client.partitioned import (  # noqa: E402
+    AsyncMergedSubscription,
+    AsyncPartitionedSubscription,
+    AsyncRegexSubscription,
+)

@@ -584,7 +584,7 @@ class QueueClient:
         self._tls_client_cert = tls_client_cert
         self._tls = tls_root_cert is not None or tls_client_cert is not None
         self._channels: dict[str, grpc.Channel] = {}
-        self._subscriptions: list[Subscription | PartitionedSubscription] = []
+        self._subscriptions: list[Subscription | MergedSubscription] = []
         self._lock = threading.Lock()
         self._view = ClusterView(self._addresses)
         self._locate_timeout = locate_timeout(self._policy, timeout)
@@ -604,7 +604,7 @@ class QueueClient:
 
     def subscribe(
         self, queue: str, max_backlog: int = 1, filter: str | None = None
-    ) -> Subscription | PartitionedSubscription:
+    ) -> Subscription | MergedSubscription:
         """Open a subscription; at most ``max_backlog`` messages (capped by the queue) are
         leased to it and unacknowledged at a time. With ``filter`` (a content filter such as
         ``"/symbol = 'IBM' AND /qty > 100"``) only matching messages are delivered. A
@@ -615,10 +615,17 @@ class QueueClient:
 
         A partitioned queue (``distribution = "partitioned"``) gets one stream per shard,
         each on the member that serves it and following it, merged into one iterator
-        (``PartitionedSubscription``; ``max_backlog`` holds per shard)."""
-        subscription: Subscription | PartitionedSubscription
-        shards = [] if queue.startswith("^") else self._view.shards_of(queue)
-        if shards:
+        (``PartitionedSubscription``; ``max_backlog`` holds per shard). In a cluster a regex
+        gets one such stream per matching queue (``RegexSubscription``; ``max_backlog`` split
+        over them, at least 1 each)."""
+        subscription: Subscription | MergedSubscription
+        if queue.startswith("^"):
+            streams = self._regex_streams(queue)
+            if streams is not None:
+                subscription = RegexSubscription(self, queue, streams, max_backlog, filter)
+            else:
+                subscription = Subscription(self, queue, max_backlog, filter)
+        elif shards := self._view.shards_of(queue):
             subscription = PartitionedSubscription(self, queue, shards, max_backlog, filter)
         else:
             try:
@@ -633,6 +640,14 @@ class QueueClient:
             self._subscriptions = [s for s in self._subscriptions if not s.closed]
             self._subscriptions.append(subscription)
         return subscription
+
+    def _regex_streams(self, regex: str) -> list[str] | None:
+        """The queues a subscription to ``regex`` opens a stream on, from the cluster's queue
+        list as a member says now; None for a coordinator alone (it resolves the regex itself,
+        in one subscription) or when no member answers (the subscribe says why)."""
+        if self._locate(regex) is None:
+            return None
+        return self._view.regex_streams(regex)
 
     def publish(
         self,
@@ -876,5 +891,9 @@ class QueueClient:
         self.close()
 
 
-# the merged face of a partitioned queue's shards (imported last: it builds on Subscription)
-from layer.client.partitioned import PartitionedSubscription  # noqa: E402
+# the merged faces of several streams (imported last: they build on Subscription)
+from layer.client.partitioned import (  # noqa: E402
+    MergedSubscription,
+    PartitionedSubscription,
+    RegexSubscription,
+)
