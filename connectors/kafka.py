@@ -67,27 +67,17 @@ class BrokerProfile:
         return max(100, self.session_timeout_ms // 3)
 
 
-#: the heartbeat of a cluster's group: how soon the survivors learn that the group rebalances
-#: (a member left or was removed), so a dead member's queues move up to this much sooner
-CLUSTER_HEARTBEAT_MS = 100
-
-
 def cluster_group_settings(
     profile: BrokerProfile, session_timeout_ms: int | None
 ) -> dict[str, int]:
     """The session settings of a cluster's group: ``session_timeout_ms`` (the profile's when
-    None), with a heartbeat every ``CLUSTER_HEARTBEAT_MS`` (at least four a session), so a
-    member is evicted only after missing many, and learns of a rebalance within 0.1 s (the
-    heartbeat's answer says so; with a quarter of Tansu's 2 s session, up to 0.5 s of every
-    failover went there). A session bounds how fast a hung member's queues move (on Tansu:
-    1.5 x session + ~0.8 s from a kill to the survivors' new assignment, its JoinGroup held
-    half a session, at least 1 s); a member whose API refuses connections is removed from the
-    group at once (``layer.coordinator.evict``)."""
+    None), with four heartbeats a session, so a member is evicted only after missing several.
+    A session bounds how fast a hung member's queues move (on Tansu: 1.5 x session + ~0.8 s
+    from a kill to the survivors' new assignment, its JoinGroup held half a session); a member
+    whose API refuses connections is removed from the group at once (``layer.coordinator.
+    evict``)."""
     ms = session_timeout_ms or profile.session_timeout_ms
-    return {
-        "session.timeout.ms": ms,
-        "heartbeat.interval.ms": max(1, min(CLUSTER_HEARTBEAT_MS, ms // 4)),
-    }
+    return {"session.timeout.ms": ms, "heartbeat.interval.ms": max(100, ms // 4)}
 
 
 TANSU = BrokerProfile(
