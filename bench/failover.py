@@ -14,6 +14,13 @@ the new owner.
 4. Correctness over the run: acks confirmed twice, and messages delivered again after their
    ack was confirmed (both must be 0); messages delivered again after a stop are counted
    (at-least-once: what the stopped owner had leased).
+5. Where the time went: each round's ``stages``, seconds from the stop, read from the members'
+   logs (``stage_times``): a SIGKILLed owner ``detected`` (a survivor found its port refusing)
+   and ``removed`` from the group; a SIGTERMed one ``revoked`` and ``handed_over`` its queues
+   and ``exited``; then the new owner's ``assigned`` (the group gave it the queue's control
+   partition), ``claimed`` (written to the members topic), ``fenced`` (the last owner's
+   transactional id, after a kill), ``serving`` (restored, reading), the client's
+   ``subscribed`` (its stream to the new owner open) and ``delivered`` (its first message).
 
 ``python -m bench.failover [--members 2] [--kills 5] [--how both]``; results in
 ``bench/results/failover-<time>.json`` with p50 / max per kind of stop and the load average.
@@ -23,9 +30,11 @@ Every wait has a deadline.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import statistics
@@ -53,11 +62,13 @@ class Member:
         self.home = home
         home.mkdir(parents=True, exist_ok=True)
         self.config = home / "qlayer.toml"
+        self.log = home / "coordinator.log"
+        self.id = f"bench-{uuid.uuid4().hex[:6]}"
         lines = [
             "[broker]",
             f'bootstrap_servers = "{bootstrap}"',
             "[coordinator]",
-            f'id = "bench-{uuid.uuid4().hex[:6]}"',
+            f'id = "{self.id}"',
             f'cluster = "{cluster}"',
         ]
         if first:
@@ -77,7 +88,7 @@ class Member:
             self.listen = f"127.0.0.1:{s.getsockname()[1]}"
 
     def start(self, timeout: float = 120.0) -> None:
-        with open(self.home / "coordinator.log", "ab") as err:
+        with open(self.log, "ab") as err:
             self.proc = subprocess.Popen(
                 [
                     sys.executable, "-m", "layer.cli", "coordinator", "--config",
@@ -109,6 +120,82 @@ class Member:
         self.address = ""
 
 
+_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ [\w.]+: (.*)$")
+_SERVING = re.compile(
+    r"cluster: serving control partitions \[([\d, ]*)\]: claimed in ([\d.]+)s, fenced (\d+) in"
+    r" ([\d.]+)s, restored and serving in ([\d.]+)s"
+)
+_REMOVED = re.compile(r"member '([^']+)' at \S+ refuses connections: .* answered in ([\d.]+)s\)")
+
+
+def _log_lines(path: Path, start: int) -> list[tuple[float, str]]:
+    """(wall time, message) of a coordinator log from byte ``start`` on."""
+    out = []
+    with open(path, "rb") as f:
+        f.seek(start)
+        for raw in f:
+            m = _LINE.match(raw.decode(errors="replace").rstrip())
+            if m is not None:
+                at = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f")
+                out.append((at.timestamp(), m.group(2)))
+    return out
+
+
+def _partitions(text: str) -> set[int]:
+    return {int(p) for p in text.split(",") if p.strip()}
+
+
+def stage_times(
+    victim: list[tuple[float, str]],
+    survivors: dict[str, list[tuple[float, str]]],
+    owner: str,
+    victim_id: str,
+    partition: int,
+    stopped: float,
+) -> dict[str, float]:
+    """Seconds from ``stopped`` (wall time) to each stage of a failover, from the logs of the
+    stopped member (``victim``) and of the others (``survivors``, by id; ``owner`` the new
+    owner's id): see the module doc. A stage not found is left out."""
+    stages: dict[str, float] = {}
+
+    def mark(name: str, at: float) -> None:
+        if at >= stopped - 0.5 and name not in stages:
+            stages[name] = round(at - stopped, 3)
+
+    for at, text in victim:
+        if " revoked" in text and (m := re.search(r"partitions \[([\d, ]*)\]", text)):
+            if partition in _partitions(m.group(1)):
+                mark("revoked", at)
+        elif text.startswith("cluster: handed over control partitions") and "revoked" in stages:
+            mark("handed_over", at)
+    removals = []
+    for lines in survivors.values():
+        for at, text in lines:
+            m = _REMOVED.search(text)
+            if m is not None and m.group(1) == victim_id:
+                removals.append((at - float(m.group(2)), at))
+    if removals:
+        mark("detected", min(r[0] for r in removals))
+        mark("removed", min(r[1] for r in removals))
+    for at, text in survivors.get(owner, []):
+        if at < stopped - 0.5:
+            continue
+        if (m := re.search(r"control partitions assigned \[([\d, ]*)\]", text)) is not None:
+            if partition in _partitions(m.group(1)) and "assigned" not in stages:
+                mark("assigned", at)
+        elif (
+            (m := _SERVING.search(text)) is not None
+            and partition in _partitions(m.group(1))
+            and "serving" not in stages
+        ):
+            restore, fence = float(m.group(5)), float(m.group(4))
+            mark("claimed", at - restore - fence)
+            if int(m.group(3)):
+                mark("fenced", at - restore)
+            mark("serving", at)
+    return stages
+
+
 def wait(predicate: Any, timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -125,6 +212,7 @@ def wait(predicate: Any, timeout: float, what: str) -> Any:
 def run(members: int, kills: int, how: str, rate: float, bootstrap: str | None) -> dict[str, Any]:
     from connectors import start_broker
     from layer.client import QueueClient
+    from layer.coordinator.membership import partition_of
     from layer.exceptions import LeaseLost, QLayerError
 
     broker = start_broker("external", bootstrap) if bootstrap else start_broker("embedded")
@@ -136,9 +224,21 @@ def run(members: int, kills: int, how: str, rate: float, bootstrap: str | None) 
     ]
     stop = threading.Event()
     lock = threading.Lock()
-    state: dict[str, Any] = {"stopped_at": None, "owner": None, "took": None}
+    state: dict[str, Any] = {
+        "stopped_at": None,
+        "owner": None,
+        "took": None,
+        "new_owner": None,
+        "subscribed": None,
+    }
     confirmed: set[str] = set()
-    events = {"acked_twice": 0, "redelivered_after_ack": 0, "redelivered": 0, "lease_lost": 0}
+    events = {
+        "acked_twice": 0,
+        "redelivered_after_ack": 0,
+        "redelivered": 0,
+        "lease_lost": 0,
+        "exited_on_their_own": 0,
+    }
     seen: set[str] = set()
     rounds: list[dict[str, Any]] = []
     try:
@@ -167,9 +267,14 @@ def run(members: int, kills: int, how: str, rate: float, bootstrap: str | None) 
                         pass  # moving: the next one goes through
                     stop.wait(1.0 / rate)
 
+        def reconnected(event: Any) -> None:
+            with lock:
+                if state["stopped_at"] is not None and state["subscribed"] is None:
+                    state["subscribed"] = time.monotonic() - state["stopped_at"]
+
         def consume() -> None:
             with (
-                QueueClient([p.address for p in procs]) as client,
+                QueueClient([p.address for p in procs], on_reconnect=reconnected) as client,
                 client.subscribe(queue, 5) as sub,
             ):
                 while not stop.is_set():
@@ -179,6 +284,7 @@ def run(members: int, kills: int, how: str, rate: float, bootstrap: str | None) 
                     with lock:
                         stopped, owner = state["stopped_at"], state["owner"]
                         if stopped is not None and state["took"] is None and sub.address != owner:
+                            state["new_owner"] = sub.address
                             state["took"] = time.monotonic() - stopped
                         if msg.bookmark in confirmed:
                             events["redelivered_after_ack"] += 1
@@ -203,6 +309,13 @@ def run(members: int, kills: int, how: str, rate: float, bootstrap: str | None) 
         wait(lambda: len(confirmed) > rate, 60, "the first deliveries")
         for k in range(kills):
             kind = how if how != "both" else ("kill" if k % 2 == 0 else "term")
+            for p in procs:
+                # a member that exited on its own (its session expired on an overloaded
+                # machine: it lost its partitions and stops) is started again, as a
+                # supervisor would; counted
+                if p.proc is not None and p.proc.poll() is not None:
+                    events["exited_on_their_own"] += 1
+                    p.start()
             wait(settled, 120, "the cluster to settle")
             time.sleep(2.0)  # the standby catches up with the latest commits
             owner_address = wait(
@@ -212,16 +325,38 @@ def run(members: int, kills: int, how: str, rate: float, bootstrap: str | None) 
             )
             victim = next(p for p in procs if p.address == owner_address)
             load = loadavg()
+            marks = {p.id: p.log.stat().st_size for p in procs}
             with lock:
-                state.update(stopped_at=None, owner=owner_address, took=None)
-            t0 = time.monotonic()
+                state.update(
+                    stopped_at=None, owner=owner_address, took=None, new_owner=None, subscribed=None
+                )
+            t0, wall = time.monotonic(), time.time()
             victim.stop(kind)
+            exited = time.monotonic() - t0
             with lock:
                 # a SIGTERMed member hands over before it exits: timed from the signal
                 state["stopped_at"] = t0
             took = wait(lambda: state["took"], 120, "a delivery from the new owner")
-            rounds.append({"how": kind, "seconds": round(took, 3), "loadavg": load})
+            new_owner = next(p for p in procs if p.address == state["new_owner"])
+            stages = stage_times(
+                _log_lines(victim.log, marks[victim.id]),
+                {p.id: _log_lines(p.log, marks[p.id]) for p in procs if p is not victim},
+                new_owner.id,
+                victim.id,
+                partition_of(queue),
+                wall,
+            )
+            if kind == "term":
+                stages["exited"] = round(exited, 3)
+            if state["subscribed"] is not None:
+                stages["subscribed"] = round(state["subscribed"], 3)
+            stages["delivered"] = round(took, 3)
+            stages = dict(sorted(stages.items(), key=lambda kv: kv[1]))
+            rounds.append(
+                {"how": kind, "seconds": round(took, 3), "loadavg": load, "stages": stages}
+            )
             print(f"{kind}: first delivery from the new owner {took:.2f}s after the stop")
+            print("  " + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()))
             victim.start()
         stop.set()
         for t in threads:
@@ -242,6 +377,7 @@ def run(members: int, kills: int, how: str, rate: float, bootstrap: str | None) 
                 "p50": round(statistics.median(times), 3),
                 "max": max(times),
                 "min": min(times),
+                "stages": stage_summary([r["stages"] for r in rounds if r["how"] == kind]),
             }
     return {
         "bench": "failover",
@@ -252,6 +388,29 @@ def run(members: int, kills: int, how: str, rate: float, bootstrap: str | None) 
         "confirmed": len(confirmed),
         **events,
         "cpus": os.cpu_count(),
+    }
+
+
+def stage_summary(rounds: list[dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Per stage: p50 and max of its time from the stop, and p50 and max of the time it
+    took after the stage before it in the same round (so the largest step shows)."""
+    order: dict[str, list[float]] = {}
+    steps: dict[str, list[float]] = {}
+    for stages in rounds:
+        last = 0.0
+        for name, at in stages.items():
+            order.setdefault(name, []).append(at)
+            steps.setdefault(name, []).append(at - last)
+            last = at
+    return {
+        name: {
+            "n": len(ats),
+            "p50": round(statistics.median(ats), 3),
+            "max": round(max(ats), 3),
+            "step_p50": round(statistics.median(steps[name]), 3),
+            "step_max": round(max(steps[name]), 3),
+        }
+        for name, ats in sorted(order.items(), key=lambda kv: statistics.median(kv[1]))
     }
 
 
@@ -309,7 +468,9 @@ def soak(members: int, seconds: float, burners: int, rate: float) -> dict[str, A
                 f.seek(marks[p.home])
                 text = f.read().decode(errors="replace")
             counts["removed"] += text.count("refuses connections")
-            counts["fenced"] += text.count("fencing the last owner")
+            counts["fenced"] += text.count("fencing the last owner") + text.count(
+                "ahead of its takeover"
+            )
             counts["revoked_or_lost"] += text.count("] revoked") + text.count("] lost")
     finally:
         for b in busy:

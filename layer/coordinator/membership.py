@@ -128,6 +128,10 @@ class ClusterMap:
     members: dict[str, Member] = field(default_factory=dict)
     owners: dict[int, Owner] = field(default_factory=dict)
     taken_from: dict[int, Owner | None] = field(default_factory=dict)
+    # the offset of each partition's owner record in force, and of the one ``taken_from`` holds
+    # (a fence made after this member had read that record covers the owner that wrote it)
+    owner_offsets: dict[int, int] = field(default_factory=dict)
+    taken_from_offset: dict[int, int | None] = field(default_factory=dict)
     # member -> its id in the group (``group/<id>``, while it serves: what a survivor removes
     # from the group when the member's API refuses connections, ``layer.coordinator.evict``)
     group_ids: dict[str, str] = field(default_factory=dict)
@@ -160,6 +164,7 @@ class ClusterMap:
                 p = int(rest)
                 if body is None:
                     self.owners.pop(p, None)
+                    self.owner_offsets.pop(p, None)
                     return
                 owner = Owner(
                     str(body["member"]), str(body["transactional_id"]), bool(body["released"])
@@ -171,7 +176,9 @@ class ClusterMap:
                     return
                 if owner.member == self.me and not owner.released:
                     self.taken_from[p] = self.owners.get(p)
+                    self.taken_from_offset[p] = self.owner_offsets.get(p)
                 self.owners[p] = owner
+                self.owner_offsets[p] = offset
         except (ValueError, KeyError, TypeError) as exc:
             log.error("members topic record %r at offset %d skipped: %r", name, offset, exc)
 

@@ -13,6 +13,7 @@ certificate must be good for client authentication too (no extended key usage, o
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 import grpc
@@ -22,6 +23,7 @@ from layer.api.service import DeadLetter, DeliveredMessage, QueueStats
 from layer.client._common import tls_credentials
 from layer.client.aio import AsyncQueueClient
 from layer.config import CoordinatorConfig
+from layer.coordinator.evict import refuses
 from layer.engine.model import Bookmark
 
 __all__ = ["PROBE_TIMEOUT", "PeerTls", "Peers", "peer_tls"]
@@ -56,6 +58,12 @@ def peer_tls(c: CoordinatorConfig) -> PeerTls | None:
     )
 
 
+def _retrieved(task: asyncio.Future[object]) -> None:
+    """Take a probe's outcome that nobody awaits (it was refused at once meanwhile)."""
+    if not task.cancelled():
+        task.exception()
+
+
 class Peers:
     def __init__(self, token: str | None, tls: PeerTls | None = None) -> None:
         self._token = token
@@ -76,14 +84,25 @@ class Peers:
                 creds = tls_credentials(self._tls.root_cert, self._tls.client_cert)
                 channel = grpc.aio.secure_channel(address, creds, _PROBE_OPTIONS)
             self._probes[address] = channel
-        try:
-            # waits (within the timeout) for a channel that is reconnecting: a member back at
-            # its address is alive at the next probe, not after gRPC's backoff
-            await health_pb2_grpc.HealthStub(channel).Check(
+        # waits (within the timeout) for a channel that is reconnecting: a member back at its
+        # address is alive at the next probe, not after gRPC's backoff. So a killed member
+        # (its port refuses connections) would cost the whole timeout: a plain connect
+        # beside it says so at once (the ``Cluster`` call a client asks while following a
+        # queue that moved would otherwise wait a second for its dead owner)
+        check = asyncio.ensure_future(
+            health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(), timeout=timeout, wait_for_ready=True
             )
+        )
+        check.add_done_callback(_retrieved)
+        try:
+            if await refuses(address, timeout):
+                return False
+            await check
         except grpc.RpcError:
             return False
+        finally:
+            check.cancel()
         return True
 
     def _client(self, address: str) -> AsyncQueueClient:

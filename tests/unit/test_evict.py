@@ -78,3 +78,32 @@ def test_a_member_that_answers_or_left_is_never_removed() -> None:
 
     asyncio.run(steps())
     assert removed == []
+
+
+def test_a_removed_member_is_fenced_once_as_it_is_removed() -> None:
+    m = membership(
+        member_write(A), member_write(B), owner_write(0, A, False), owner_write(1, B, False),
+        group_write(B, "gid-b"),
+    )  # fmt: skip
+    fenced: list[str] = []
+    removed: list[str] = []
+
+    async def probe(address: str) -> bool:
+        return address == "b:7070"
+
+    async def fence(member: Member) -> None:
+        fenced.append(member.transactional_id)
+
+    evictions = Evictions(m, lambda g, gid: removed.append(gid) or "", probe=probe, fence=fence)
+
+    async def steps() -> None:
+        for _ in range(REFUSALS):
+            assert not fenced
+            await evictions.step()
+        assert evictions.suspect is False  # removed: not probed again soon
+        for _ in range(REFUSALS * 2):
+            await evictions.step()
+        await asyncio.sleep(0)  # the fence runs as its own task
+
+    asyncio.run(steps())
+    assert removed == ["gid-b"] and fenced == ["b-changelog"]

@@ -47,6 +47,8 @@ def test_a_claim_over_an_unreleased_one_names_the_owner_to_fence() -> None:
     before = cmap.taken_from[3]
     assert before is not None and not before.released
     assert before.transactional_id == "a-changelog"
+    # the offset of the claim taken over: a fence begun after it was read covers its writer
+    assert cmap.taken_from_offset[3] == 1 and cmap.owner_offsets[3] == 2
 
 
 def test_a_member_that_left_has_no_address_and_a_bad_record_is_skipped() -> None:
