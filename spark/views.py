@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from connectors.spark_kafka.view import VIEW_FORMAT
 from layer.exceptions import ConfigError
 from spark.kafka_path import read_changes
-from spark.messages import SchemaLike, message_column
+from spark.messages import SchemaLike, with_message
 from spark.session import prepare
 from spark.settings import ConfigLike, ViewSettings, view_settings
 
@@ -200,8 +200,7 @@ def _settings(
 
 def _with_message(frame: DataFrame, settings: ViewSettings, schema: SchemaLike) -> DataFrame:
     where = f"queue {settings.queue!r}"
-    message = message_column(settings.message_type, schema, settings.avro_schema, where)
-    return frame.withColumn("message", message)
+    return with_message(frame, settings.message_type, schema, settings.avro_schema, where)
 
 
 def _kafka(spark: SparkSession, kafka_format: str) -> str:
