@@ -521,18 +521,22 @@ class QueueEngine(Queries, Holding, Leases, Intake):
         expiration = self._expiration
         ttl = self._ttl
         alo = self._alo
+        # the picker is asked for a quota only when it picks the one it picked last: with
+        # subscriptions taking turns, quota would answer 1 each time, at a cost
+        last: Subscriber | None = None
         while self._available:
             sub = picker.pick()
             if sub is None:
                 return
-            if alo:
+            if alo and last is not None and last is sub:
                 n = picker.quota(sub)
                 if n > 1:
                     entries = order.pop_many(min(n, self._available))
                     if not entries:  # unreachable while the available count is right
                         return
-                    self._lease_many(sub, entries, now)
+                    self._lease_many(last, entries, now)
                     continue
+            last = sub
             entry = order.pop()
             if entry is None:  # unreachable while the available count is right
                 return
