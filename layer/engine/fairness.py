@@ -79,8 +79,15 @@ class Picker(ABC):
         """The subscription that gets the next message, or None when none has room."""
 
     def served(self, sub: Subscriber) -> None:
-        """``sub`` was just handed a message (its outstanding count already went up)."""
+        """``sub`` was just handed a message, or several in a row (its outstanding count
+        already went up)."""
         self.update(sub)
+
+    def quota(self, sub: Subscriber) -> int:
+        """How many messages in a row ``sub`` (just picked) gets before ``pick`` would choose
+        another, if nothing else changes: they may go to it at once, ``served`` told once.
+        At least 1; 1 when the picker cannot tell cheaply."""
+        return 1
 
     def choose(self, candidates: Sequence[Subscriber]) -> Subscriber:
         """The one of ``candidates`` (non-empty, all with room) that gets the next message when
@@ -118,6 +125,9 @@ class FastPicker(_OrderedPicker):
     def pick(self) -> Subscriber | None:
         return self._by_index[self._ready[0]] if self._ready else None
 
+    def quota(self, sub: Subscriber) -> int:
+        return max(1, sub.backlog - sub.outstanding)  # the first with room until it is full
+
 
 class RoundRobinPicker(_OrderedPicker):
     """The next subscription with room after the one served last, in subscribe order."""
@@ -136,6 +146,10 @@ class RoundRobinPicker(_OrderedPicker):
     def served(self, sub: Subscriber) -> None:
         self._last = sub.index
         self.update(sub)
+
+    def quota(self, sub: Subscriber) -> int:
+        # alone with room: everything it has room for; else one, then the next one's turn
+        return max(1, sub.backlog - sub.outstanding) if len(self._ready) == 1 else 1
 
     def choose(self, candidates: Sequence[Subscriber]) -> Subscriber:
         after = [s for s in candidates if s.index > self._last]
@@ -175,6 +189,29 @@ class ProportionalPicker(Picker):
             heappop(heap)
         return None
 
+    def quota(self, sub: Subscriber) -> int:
+        room = sub.backlog - sub.outstanding
+        subs = self._subs
+        if room <= 1 or len(subs) > _QUOTA_SUBS:
+            return 1
+        # the next in line: the least loaded other subscription with room
+        rival: tuple[float, int] | None = None
+        for other in subs.values():
+            if other is not sub and other.outstanding < other.backlog:
+                load = (other.outstanding / other.backlog, other.index)
+                if rival is None or load < rival:
+                    rival = load
+        if rival is None:
+            return room
+        # sub keeps its turn while its load, as ``update`` computes it, stays below the rival's
+        backlog, index, outstanding = sub.backlog, sub.index, sub.outstanding
+        n = max(1, min(room, int(rival[0] * backlog) - outstanding))
+        while n > 1 and ((outstanding + n - 1) / backlog, index) > rival:
+            n -= 1
+        while n < room and ((outstanding + n) / backlog, index) < rival:
+            n += 1
+        return n
+
     def choose(self, candidates: Sequence[Subscriber]) -> Subscriber:
         return min(candidates, key=_load)
 
@@ -185,6 +222,10 @@ class ProportionalPicker(Picker):
             if s.outstanding < s.backlog
         ]
         heapify(self._heap)
+
+
+# ProportionalPicker.quota looks at every subscription: beyond this many, it answers 1
+_QUOTA_SUBS = 16
 
 
 def _subscribe_order(sub: Subscriber) -> int:

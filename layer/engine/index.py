@@ -184,6 +184,31 @@ class FifoOrder:
             fresh.popleft()
         return entry
 
+    def pop_many(self, n: int) -> list[Entry]:
+        """Up to ``n`` messages, as ``pop`` would give them one by one: a run at the front with
+        nothing returned before it gives them in one piece."""
+        out: list[Entry] = []
+        fresh, returned = self._fresh, self._returned
+        while len(out) < n:
+            fresh_key = self._front()
+            if returned and (fresh_key is None or returned[0][0] < fresh_key):
+                out.append(_take(returned))
+                continue
+            if fresh_key is None:
+                break
+            item = fresh[0]
+            if type(item) is Entry:
+                out.append(fresh.popleft())
+                continue
+            # the run's messages up to the first key a returned message goes before
+            take = min(n - len(out), item.hi - item.lo)
+            if returned:
+                take = 1
+            out.extend(item.take_many(take))
+            if item.lo >= item.hi:
+                fresh.popleft()
+        return out
+
     def browse(self, limit: int | None) -> list[Entry]:
         returned = sorted(
             (e.key, e) for _, item in self._returned if _live(item) for e in _expand(item)
@@ -227,6 +252,17 @@ class PriorityOrder:
         heap = self._heap
         _settle(heap)
         return _take(heap) if heap else None
+
+    def pop_many(self, n: int) -> list[Entry]:
+        """Up to ``n`` messages, as ``pop`` gives them one by one."""
+        out: list[Entry] = []
+        heap = self._heap
+        while len(out) < n:
+            _settle(heap)
+            if not heap:
+                break
+            out.append(_take(heap))
+        return out
 
     def browse(self, limit: int | None) -> list[Entry]:
         items = sorted((e.key, e) for _, item in self._heap for e in _expand(item))

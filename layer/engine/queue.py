@@ -520,10 +520,23 @@ class QueueEngine(Queries, Holding, Leases, Intake):
         picker, order = self._picker, self._order
         expiration = self._expiration
         ttl = self._ttl
+        alo = self._alo
+        # the picker is asked for a quota only when it picks the one it picked last: with
+        # subscriptions taking turns, quota would answer 1 each time, at a cost
+        last: Subscriber | None = None
         while self._available:
             sub = picker.pick()
             if sub is None:
                 return
+            if alo and last is not None and last is sub:
+                n = picker.quota(sub)
+                if n > 1:
+                    entries = order.pop_many(min(n, self._available))
+                    if not entries:  # unreachable while the available count is right
+                        return
+                    self._lease_many(last, entries, now)
+                    continue
+            last = sub
             entry = order.pop()
             if entry is None:  # unreachable while the available count is right
                 return
@@ -642,6 +655,43 @@ class QueueEngine(Queries, Holding, Leases, Intake):
             self._deliveries.append(Delivery(sub.name, bm, entry.deliveries, entry.cancels, None))
         sub.outstanding += 1
         self._picker.served(sub)
+
+    def _lease_many(self, sub: Subscriber, entries: list[Entry], now: float) -> None:
+        """At-least-once, no router: ``_deliver`` of each of ``entries`` to ``sub`` (those not
+        expired), the picker told once."""
+        expiration = self._expiration
+        ttl = self._ttl
+        deadline = now + self._lease_period
+        name = sub.name
+        leases = sub.leases
+        push = self._leases.push
+        changes, deliveries = self._changes, self._deliveries
+        viewed = self._view is not None
+        count = 0
+        for entry in entries:
+            if (expiration is not None and now - entry.timestamp >= expiration) or (
+                ttl and entry.expires is not None and now >= entry.expires
+            ):
+                self._finish(entry, DoneReason.EXPIRATION, now)
+                continue
+            bm = entry.bookmark
+            n = entry.deliveries = entry.deliveries + 1
+            entry.state = LEASED
+            entry.holder = sub
+            entry.deadline = deadline
+            leases[entry] = None
+            push(entry, deadline)
+            if viewed:
+                self._viewed(entry, -1)
+            changes.append(Leased(bm, name, deadline, n, entry.cancels))
+            deliveries.append(Delivery(name, bm, n, entry.cancels, deadline))
+            count += 1
+        if count:
+            self._delivered_total += count
+            self._available -= count
+            self._leased += count
+            sub.outstanding += count
+            self._picker.served(sub)
 
     def _requeue(self, entry: Entry) -> None:
         """Back into the main delivery order (the router's callback; ``gen`` already bumped)."""

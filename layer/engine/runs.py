@@ -99,6 +99,28 @@ class Run:
         self.detail[self.start + i] = entry
         return entry
 
+    def take_many(self, n: int) -> list[Entry]:
+        """Materialize the first ``n`` plain messages (the run must have them): ``take_front``
+        ``n`` times, without a call per message."""
+        i = self.lo
+        end = i + n
+        self.lo = end
+        tp = self.tp
+        topic, partition = tp.topic, tp.partition
+        start, seq0, rank, times = self.start, self.seq0, self.rank, self.times
+        if rank is None:
+            entries = [
+                Entry(Bookmark(topic, partition, start + j), seq0 + j, times[j], 0, 0)
+                for j in range(i, end)
+            ]
+        else:
+            entries = [
+                Entry(Bookmark(topic, partition, start + j), (rank, seq0 + j), times[j], 0, 0)
+                for j in range(i, end)
+            ]
+        self.detail.update(zip(range(start + i, start + end), entries, strict=True))
+        return entries
+
     def take(self, offset: int) -> tuple[Entry, Run | None]:
         """Materialize the plain message at ``offset``. One inside the plain region splits the
         run: the part after it is returned as a new run (the caller indexes it)."""

@@ -9,7 +9,7 @@ changelog). After every step it checks the effects and the engine's state agains
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, event, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -19,6 +19,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from layer.engine.fairness import Subscriber, make_picker
 from layer.engine.index import DONE, Entry
 from layer.engine.model import (
     AckError,
@@ -622,3 +623,42 @@ EngineMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestEngineProperties = EngineMachine.TestCase
+
+
+# -- a picker's quota: the run of picks one subscription gets ------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    fairness=st.sampled_from(Fairness),
+    subs=st.lists(
+        st.tuples(st.integers(0, 12), st.integers(1, 12)), min_size=1, max_size=5
+    ),  # (outstanding, backlog)
+)
+def test_quota_is_the_run_of_picks_one_by_one(
+    fairness: Fairness, subs: list[tuple[int, int]]
+) -> None:
+    """``quota`` (what dispatch hands one subscription at once) is the number of picks in a
+    row the picker gives it when served one message at a time."""
+    picker = make_picker(fairness)
+    subscribers = []
+    for i, (outstanding, backlog) in enumerate(subs):
+        sub = Subscriber(f"s{i}", i, backlog)
+        sub.outstanding = min(outstanding, backlog)
+        picker.update(sub)
+        subscribers.append(sub)
+    first = picker.pick()
+    if first is None:
+        assert all(s.outstanding >= s.backlog for s in subscribers)
+        return
+    quota = picker.quota(first)
+    assert quota >= 1
+    run = 0
+    while (sub := picker.pick()) is first:
+        run += 1
+        sub.outstanding += 1
+        picker.served(sub)
+    if quota > 1:  # 1: the picker does not say (it may give more)
+        assert run == quota
+    else:
+        assert run >= 1
