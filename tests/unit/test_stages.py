@@ -81,13 +81,18 @@ def test_an_ack_is_timed_from_received_to_confirmed_per_acked_message() -> None:
         handle, _sink = await b.subscribe()
         fetch(b.rt, [b'{"n": 0}', b'{"n": 1}', b'{"n": 2}'])
         await b.rounds.one()
+        sent = time.time()
         ack = asyncio.ensure_future(handle.ack(AckOp.ACK, [OffsetRuns("orders", 0, [0, 0, 2, 2])]))
         await asyncio.sleep(0.01)  # taken, waiting on the next commit: not confirmed yet
         assert not ack.done() and not sum(b.rt.stages._counts["ack"])
         await b.rounds.one()
         assert await ack == []
+        took = time.time() - sent
         assert sum(b.rt.stages._counts["ack"]) == 2
+        # timed from the ack's arrival (not from the delivery, before it) to its confirmation
+        # (after the round): within the call's own time, reported at a bucket's upper bound
+        # (5% above); when the ack arrives on a loaded machine is not known more closely
         p50, _p99 = b.rt.stages.percentiles("ack") or []
-        assert 0.01 <= p50 < 60.0
+        assert 0 < p50 <= took * 1.06 + 1e-4
 
     asyncio.run(scenario())
