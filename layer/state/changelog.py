@@ -257,12 +257,34 @@ class ChangelogWriter:
                 if not self._patient and time.monotonic() >= deadline:
                     raise
 
+    def _abort_transaction(self, producer: Producer) -> None:
+        """``abort_transaction`` in short calls, so an interrupt is seen (a timed-out abort
+        may be called again: librdkafka resumes it)."""
+        deadline = time.monotonic() + self._timeout
+        while True:
+            if self._interrupt.is_set():
+                raise _Interrupted("abort not confirmed: stopping")
+            left = max(deadline - time.monotonic(), 0.1)
+            try:
+                producer.abort_transaction(min(left, 1.0))
+                return
+            except KafkaException as exc:
+                err = _kafka_error(exc)
+                if err is None or not err.retriable() or time.monotonic() >= deadline:
+                    raise
+
     def _abort(self, producer: Producer, cause: BaseException) -> None:
         err = _kafka_error(cause)
         if err is not None and err.fatal():
             return  # a fatal error leaves nothing to abort; _fail marks the writer failed
         try:
-            producer.abort_transaction(self._timeout)
+            self._abort_transaction(producer)
+        except _Interrupted:
+            # stopping: the next incarnation's init_transactions (or the next owner's fence)
+            # aborts what is left open; a fenced writer's abort may never be answered (Tansu)
+            self._failed = "interrupted while aborting"
+            logger.warning("changelog abort given up: stopping transactional_id=%s", self._id)
+            return
         except KafkaException as exc:
             abort_err = _kafka_error(exc)
             if abort_err is not None and abort_err.code() in _FENCED_CODES:
