@@ -412,6 +412,17 @@ class Coordinator:
         assert self._pump_task is not None
         await self._pump_task
 
+    async def deliverable(self) -> bool:
+        """Whether messages this coordinator pushes may be written now (the API awaits it):
+        False once it failed (its writer fenced: what it decided is another's now); a cluster
+        member that may have lost its session waits until the group confirms it or takes its
+        partitions (False: ``layer.coordinator.session_guard``)."""
+        if self._rounds.failed is not None:
+            return False
+        if self._membership is None:
+            return True
+        return await self._membership.guard.wait() and self._rounds.failed is None
+
     async def leaving(self) -> None:
         """A graceful stop, while the API still serves: leave the cluster (no other member may
         take this one for dead meanwhile, ``Membership.leaving``), handing its queues over, so
