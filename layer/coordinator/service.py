@@ -1224,11 +1224,16 @@ class Coordinator:
         release, the members that rejoin after an outage would fence each other (each member
         has one writer for all its queues) and all exit. A release written after another
         member's claim is ignored (``ClusterMap``). Lost while Kafka stayed reachable (no
-        outage now or within ``OUTAGE_MEMORY_S``: this member was stopped past its session)
-        it exits at once instead."""
+        outage now or within ``OUTAGE_MEMORY_S``), or after this member did not run for most
+        of a session (``SessionGuard.suspect``: it was stopped past its session), it exits at
+        once instead."""
         membership = self._membership
         assert membership is not None and self._owned is not None
-        if not graceful and not await asyncio.to_thread(self._outage_lately):
+        # a member that did not run for most of a session was stopped, whatever its Kafka
+        # probe says: a probe under way at the stop times out at the wake
+        if not graceful and (
+            membership.guard.suspect() or not await asyncio.to_thread(self._outage_lately)
+        ):
             # Lost with Kafka reachable (this member stopped past its session): another takes these
             # queues and fences this one first, so their last changes can no longer commit; on
             # Tansu the fenced writer's commit never ends (it would hold the group's thread,

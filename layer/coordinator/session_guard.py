@@ -87,6 +87,13 @@ class SessionGuard:
                 )
             self._suspect_since = now
 
+    def suspect(self) -> bool:
+        """Whether this member did not run for most of a session lately (a loss of its
+        partitions now is its own stop's doing, not a Kafka outage's)."""
+        with self._lock:
+            self._check_gap(self._clock())
+            return self._suspect_since is not None
+
     def deliverable(self, losses: int) -> bool | None:
         """True: push; None: hold (ask again); False: drop (partitions were lost since
         ``losses`` was read)."""

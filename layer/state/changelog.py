@@ -44,6 +44,9 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 
+#: how long closing a failed (fenced) writer may take before the process exits without it
+CLOSE_FAILED_S = 5.0
+
 _FENCED_CODES = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
 
 
@@ -322,16 +325,37 @@ class ChangelogWriter:
     def close(self) -> None:
         with self._lock:
             producer, self._producer = self._producer, None
-        if producer is not None:
-            try:
-                if self._failed is None:
-                    producer.flush(self._timeout)
-                producer.close()
-            except Exception as exc:  # a fenced producer can fail to close; it is gone anyway
+        if producer is None:
+            return
+        if self._failed is None:
+            self._close(producer)
+        else:
+            # close() aborts the transaction left open, waiting for the broker as long as it
+            # takes: a fenced writer's abort may never be answered (Tansu), so a failed writer
+            # is given CLOSE_FAILED_S and then left to the process's exit
+            closing = threading.Thread(
+                target=self._close, args=(producer,), name="changelog-close", daemon=True
+            )
+            closing.start()
+            closing.join(CLOSE_FAILED_S)
+            if closing.is_alive():
                 logger.warning(
-                    "changelog writer close failed transactional_id=%s error=%r", self._id, exc
+                    "changelog writer close left unfinished after %.0fs transactional_id=%s",
+                    CLOSE_FAILED_S,
+                    self._id,
                 )
-            logger.info("changelog writer closed transactional_id=%s", self._id)
+                return
+        logger.info("changelog writer closed transactional_id=%s", self._id)
+
+    def _close(self, producer: Producer) -> None:
+        try:
+            if self._failed is None:
+                producer.flush(self._timeout)
+            producer.close()
+        except Exception as exc:  # a fenced producer can fail to close; it is gone anyway
+            logger.warning(
+                "changelog writer close failed transactional_id=%s error=%r", self._id, exc
+            )
 
     def __enter__(self) -> ChangelogWriter:
         return self

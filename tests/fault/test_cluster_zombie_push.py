@@ -14,7 +14,8 @@ what the stream's flow control lets through, the rest waits. Then the owner is s
 session; the consumer reads what the transport held; once the other member serves the queue and
 the consumer has had nothing for 2 s, the owner wakes. Whatever reaches the consumer after that
 was written after the wake, but for the frame the owner's writer was in the middle of writing
-at its stop (grpc has it). Before the fix the woken member wrote on until it exited.
+at its stop (grpc has it). Before the fix the woken member wrote on until it exited. It exits
+within seconds (its fenced writer's abort, unanswered on Tansu, held it 30 s before).
 """
 
 from __future__ import annotations
@@ -153,12 +154,13 @@ def test_a_woken_zombie_pushes_nothing_it_queued_before_its_stop(
             woke = time.monotonic()
             owner.proc.send_signal(signal.SIGCONT)
         wait_until(lambda: not owner.running, 120, message="the woken member to exit")
+        exited = time.monotonic() - woke
         quiet[:] = [len(receipts.times), time.monotonic()]
         wait_until(settled, 60, message="the consumer to read what came after the wake")
         after = [t for t in receipts.times if t > woke]
         print(
             f"\n{MESSAGES} leased, {before} received before the wake, {len(after)} after it"
-            f" (exit code {owner.proc.returncode}); consumer:"
+            f" (exit code {owner.proc.returncode}, {exited:.1f} s after the wake); consumer:"
             f" {[line for line in receipts.lines if not line[:1].isdigit()]}"
         )
         assert before < MESSAGES - 2 * FRAME_MESSAGES, (
@@ -168,6 +170,8 @@ def test_a_woken_zombie_pushes_nothing_it_queued_before_its_stop(
             f"the woken member pushed {len(after)} messages leased before its stop"
         )
         assert owner.proc.returncode != 0
+        # a fenced writer's abort unanswered (Tansu) held the exit 30 s before it was cut short
+        assert exited < 20, f"the woken member took {exited:.1f} s to exit"
     finally:
         if consumer is not None:
             consumer.send_signal(signal.SIGCONT)

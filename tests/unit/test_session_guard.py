@@ -94,3 +94,14 @@ def test_held_pushes_are_dropped_when_the_partitions_are_lost() -> None:
     # pushes decided after the loss (the group gave partitions back) go once the probation ends
     _run(guard, clock, 3.0)
     assert guard.deliverable(guard.losses) is True
+
+
+def test_a_loss_after_a_gap_is_the_members_own_stop() -> None:
+    guard, clock = _guard()
+    _run(guard, clock, 1.0)
+    assert not guard.suspect()
+    clock.now += 6.0  # the loss is reported before the ticker ran again
+    assert guard.suspect()
+    _run(guard, clock, 3.0)  # the group kept the partitions after all
+    assert guard.deliverable(guard.losses) is True
+    assert not guard.suspect()
