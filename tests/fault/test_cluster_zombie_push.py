@@ -102,9 +102,12 @@ def test_a_woken_zombie_pushes_nothing_it_queued_before_its_stop(
         "lease_period": "120s",
         "max_per_subscription_backlog": MESSAGES,
     }
+    # a 6 s session: a loaded machine's stalls (1-2 s seen at load 30) do not move the queue
+    # before the stop; the stop lasts until the other member serves it
+    session = {"session_timeout_ms": 6000}
     procs = [
-        coordinator_factory([table], cluster=cluster),
-        coordinator_factory([], cluster=cluster),
+        coordinator_factory([table], cluster=cluster, broker=session),
+        coordinator_factory([], cluster=cluster, broker=session),
     ]
     clients = [QueueClient(str(p.address), reconnect=False) for p in procs]
     consumer: subprocess.Popen[str] | None = None
