@@ -1162,6 +1162,21 @@ class Coordinator:
         fence each one's last owner that did not hand it over, then serve their queues."""
         membership = self._membership
         assert membership is not None and self._owned is not None
+        if membership.guard.stale_assignment():
+            # Given right after this member did not run for most of a session: librdkafka may
+            # have queued this assignment before a stop that got the member evicted, and the
+            # group given the partitions to another since. Taking them would fence that member.
+            # Stop instead, as a member that lost its partitions to another does.
+            membership.abandon()
+            self._interrupt.set()
+            self._writer_dead(
+                StateError(
+                    f"control partitions {sorted(partitions)} assigned while this member's"
+                    " session may be lost (session timed out): the assignment may predate its"
+                    " eviction; stopping"
+                )
+            )
+            return
         me = membership.member
         await membership.write([owner_write(p, me, released=False) for p in sorted(partitions)])
         self._claimed |= partitions  # read back: in the map (its queues served only later)

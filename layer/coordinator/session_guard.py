@@ -62,6 +62,8 @@ class SessionGuard:
         self._last_tick = clock()
         self._suspect_since: float | None = None
         self._losses = 0  # partitions lost so far: a push held across a loss is dropped
+        self._lost_since_gap = False  # partitions lost since the last gap was seen
+        self._gap_from: float | None = None  # the last tick before that gap
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -86,6 +88,9 @@ class SessionGuard:
                     gap,
                 )
             self._suspect_since = now
+            if self._gap_from != self._last_tick:  # a new gap, not one seen already
+                self._gap_from = self._last_tick
+                self._lost_since_gap = False
 
     def suspect(self) -> bool:
         """Whether this member did not run for most of a session lately (a loss of its
@@ -93,6 +98,14 @@ class SessionGuard:
         with self._lock:
             self._check_gap(self._clock())
             return self._suspect_since is not None
+
+    def stale_assignment(self) -> bool:
+        """Whether an assignment delivered now may predate this member's eviction: it did not
+        run for most of a session lately and has not lost its partitions since (after a loss
+        the group's next assignment is a fresh one)."""
+        with self._lock:
+            self._check_gap(self._clock())
+            return self._suspect_since is not None and not self._lost_since_gap
 
     def deliverable(self, losses: int) -> bool | None:
         """True: push; None: hold (ask again); False: drop (partitions were lost since
@@ -123,6 +136,7 @@ class SessionGuard:
         held now."""
         with self._lock:
             self._losses += 1
+            self._lost_since_gap = True
 
     def start(self) -> None:
         self._last_tick = self._clock()

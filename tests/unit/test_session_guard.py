@@ -105,3 +105,16 @@ def test_a_loss_after_a_gap_is_the_members_own_stop() -> None:
     _run(guard, clock, 3.0)  # the group kept the partitions after all
     assert guard.deliverable(guard.losses) is True
     assert not guard.suspect()
+
+
+def test_an_assignment_right_after_a_gap_may_be_stale_until_a_loss() -> None:
+    guard, clock = _guard()
+    _run(guard, clock, 1.0)
+    assert not guard.stale_assignment()
+    clock.now += 6.0  # woken: an assignment queued before the stop may come first
+    assert guard.stale_assignment()
+    guard.lose()  # the group took the partitions: its next assignment is a fresh one
+    assert not guard.stale_assignment()
+    _run(guard, clock, 0.5)
+    clock.now += 6.0  # another stop
+    assert guard.stale_assignment()
