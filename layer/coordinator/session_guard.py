@@ -58,12 +58,18 @@ class SessionGuard:
         self.gap_s = max(session_s - 2 * heartbeat_s, 2 * TICK_S)
         # without a gap for this long after one, librdkafka would have reported a loss
         self.probation_s = session_s + heartbeat_s
+        # a gap this long may have let the group evict the member and give its partitions to
+        # another (the session, less the heartbeat before the gap, and a rebalance of at least
+        # a heartbeat); the machine's own stalls stay under it (1.0-2.0 s seen at load 16-40,
+        # a 2 s session)
+        self.evicted_gap_s = session_s + heartbeat_s
         self._lock = threading.Lock()
         self._last_tick = clock()
         self._suspect_since: float | None = None
         self._losses = 0  # partitions lost so far: a push held across a loss is dropped
         self._lost_since_gap = False  # partitions lost since the last gap was seen
         self._gap_from: float | None = None  # the last tick before that gap
+        self._long_gap = False  # that gap was long enough for an eviction and a reassignment
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -91,6 +97,9 @@ class SessionGuard:
             if self._gap_from != self._last_tick:  # a new gap, not one seen already
                 self._gap_from = self._last_tick
                 self._lost_since_gap = False
+                self._long_gap = gap > self.evicted_gap_s
+            else:
+                self._long_gap = self._long_gap or gap > self.evicted_gap_s
 
     def suspect(self) -> bool:
         """Whether this member did not run for most of a session lately (a loss of its
@@ -101,11 +110,11 @@ class SessionGuard:
 
     def stale_assignment(self) -> bool:
         """Whether an assignment delivered now may predate this member's eviction: it did not
-        run for most of a session lately and has not lost its partitions since (after a loss
-        the group's next assignment is a fresh one)."""
+        run for longer than a session and a heartbeat lately and has not lost its partitions
+        since (after a loss the group's next assignment is a fresh one)."""
         with self._lock:
             self._check_gap(self._clock())
-            return self._suspect_since is not None and not self._lost_since_gap
+            return self._suspect_since is not None and self._long_gap and not self._lost_since_gap
 
     def deliverable(self, losses: int) -> bool | None:
         """True: push; None: hold (ask again); False: drop (partitions were lost since

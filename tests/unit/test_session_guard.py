@@ -118,3 +118,11 @@ def test_an_assignment_right_after_a_gap_may_be_stale_until_a_loss() -> None:
     _run(guard, clock, 0.5)
     clock.now += 6.0  # another stop
     assert guard.stale_assignment()
+
+
+def test_a_stall_too_short_for_a_reassignment_makes_no_assignment_stale() -> None:
+    guard, clock = _guard()
+    _run(guard, clock, 1.0)
+    clock.now += 2.0  # a loaded machine's stall: suspect, but no other member was given
+    assert guard.suspect()  # its partitions within it
+    assert not guard.stale_assignment()
