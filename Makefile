@@ -13,8 +13,8 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/qlayer demo
 
-# tests/fault/test_cluster_history.py runs in make soak only: it still fails in about one run
-# of four (README, "Several coordinators": three open causes), and a red run does not land
+# tests/fault/test_cluster_history.py runs in make soak only: it still failed 2 of the last 6
+# runs (README, "Several coordinators"), and a red run does not land
 test: $(STAMP)
 	$(BIN)/python -m pytest tests -q -p no:cacheprovider --ignore=tests/fault/test_cluster_history.py
 

@@ -43,7 +43,7 @@ import logging
 import re
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, NoReturn, TypeVar
 
@@ -193,6 +193,10 @@ _Outgoing = list[DeliveredMessage] | AckResult | Error | Replaced | _SinkClosed 
 #: (queue, stage, seconds, messages): a latency stage timed here (layer.coordinator.stages)
 PushTimer = Callable[[str, str, float, int], None]
 
+#: awaited before messages are written: True, write them; False, drop them (the service no
+#: longer owns what it decided to push, e.g. a cluster member that lost its session)
+DeliveryGate = Callable[[], Awaitable[bool]]
+
 
 class _StreamSink:
     """The DeliverySink of one stream: everything to write goes through one queue, so the
@@ -238,6 +242,18 @@ class _StreamSink:
         for m in ends:
             if m.timestamp_ms > 0:
                 self._pushed(queue, "server", now - m.timestamp_ms / 1000.0, count // len(ends))
+
+    def dropped(self, messages: Sequence[DeliveredMessage]) -> None:
+        """These messages are never written (the gate refused them)."""
+        left = len(messages)
+        self.unsent -= left
+        marks = self._delivered_at
+        while left > 0 and marks:
+            n = min(left, int(marks[0][1]))
+            left -= n
+            marks[0][1] -= n
+            if marks[0][1] <= 0:
+                marks.popleft()
 
     def close(self, reason: str, error: QLayerError | None = None) -> None:
         self._out.put_nowait(_SinkClosed(reason, error))
@@ -367,7 +383,8 @@ class ApiServer:
     signed by it, whose subject identifies callers without a token. The keepalive settings
     make a vanished peer (crashed host, cut network) end its streams within
     ``keepalive_time_s + keepalive_timeout_s``; a killed process is noticed at once through
-    its closed socket.
+    its closed socket. ``delivery_gate`` is awaited before each write of messages (a cluster
+    member holds its pushes while it may have lost its session, and drops them once lost).
     """
 
     def __init__(
@@ -383,8 +400,10 @@ class ApiServer:
         keepalive_time_s: float = 5.0,
         keepalive_timeout_s: float = 5.0,
         health: health_pb2_grpc.HealthServicer | None = None,
+        delivery_gate: DeliveryGate | None = None,
     ) -> None:
         self._service = service
+        self._gate = delivery_gate
         self._health = health  # grpc.health.v1, registered beside ours (no token needed)
         self._listen = listen
         if tls_client_ca is not None and tls is None:
@@ -940,16 +959,33 @@ class ApiServer:
                 return
             frames = _message_frames(messages, columns)
             if control:
-                for frame in _batched(control, frames[:1]):
+                first = frames[:1]
+                if first and not await self._may_push(first[0], sink):
+                    first = []
+                for frame in _batched(control, first):
                     writing = time.time()
                     await context.write(frame)
                     _sent(sink, frame, writing)
                 frames = frames[1:]
             for frame in frames:
+                # asked before each frame: a write may wait long for the client's window
+                if not await self._may_push(frame, sink):
+                    continue
                 # waits while the client's HTTP/2 window is full (it does not read)
                 writing = time.time()
                 await context.write(frame)
                 sink.sent(frame.messages, writing)
+
+    async def _may_push(self, frame: Messages, sink: _StreamSink) -> bool:
+        """Whether ``frame``'s messages may be written (``delivery_gate``); if not, they are
+        dropped."""
+        if self._gate is None or await self._gate():
+            return True
+        log.warning(
+            "%d messages not pushed: the coordinator no longer owns them", len(frame.messages)
+        )
+        sink.dropped(frame.messages)
+        return False
 
 
 _Control = AckResult | Error | Replaced

@@ -239,6 +239,7 @@ class CoordinatorApp:
             health=self._grpc_health.servicer,
             access=self.access,
             tls_client_ca=client_ca,
+            delivery_gate=coordinator.deliverable,
         )
         port = await self._server.start()
         # in a cluster: advertise this API and take a share of the queues

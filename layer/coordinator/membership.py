@@ -55,6 +55,7 @@ from confluent_kafka import TopicPartition as KafkaPartition
 from connectors.admin import TopicAdmin, TopicSpec
 from layer.config.model import parse_shard
 from layer.coordinator.definitions import DefinitionsLog, ReadBack, Record
+from layer.coordinator.session_guard import SessionGuard
 from layer.definitions import Write
 from layer.exceptions import BrokerError
 
@@ -244,6 +245,10 @@ class Membership:
         self._admin_settings = dict(admin_settings)
         session_s = float(group_settings.get("session.timeout.ms", 45_000)) / 1000
         self.stall_s = max(STALL_MIN_S, STALL_SESSIONS * session_s)
+        heartbeat_s = float(group_settings.get("heartbeat.interval.ms", 3_000)) / 1000
+        # pushes wait while this member may have lost its session (``layer.coordinator.
+        # session_guard``)
+        self.guard = SessionGuard(session_s, heartbeat_s)
         self._group_settings = {
             **group_settings,
             "partition.assignment.strategy": "cooperative-sticky",
@@ -286,6 +291,7 @@ class Membership:
             self.map.apply(key, value, offset)
         self._log.tail(self._on_records)
         await self.write([member_write(self.member)])
+        self.guard.start()
         self._thread = threading.Thread(target=self._run, name="membership", daemon=True)
         self._thread.start()
         self._watch_task = asyncio.create_task(self._watch(), name="group-watch")
@@ -462,6 +468,8 @@ class Membership:
             "revoked" if graceful else "lost",
         )
         self.owned -= gone
+        if not graceful:
+            self.guard.lose()  # what this member decided before is no longer its to push
         self._assigned_at = time.monotonic()  # the group moves partitions: it is live
         if self._abandon:
             return  # failed: the next owner fences this member and restores from the changelog
@@ -485,6 +493,7 @@ class Membership:
             self._loop.call_soon_threadsafe(self._watch_task.cancel)
         if self._thread is not None:
             self._thread.join(60)
+        self.guard.close()
         try:
             gone = [Write(f"member/{self.member.id}".encode(), None)]
             if self._group_id is not None:

@@ -101,6 +101,7 @@ from layer.definitions import Write, toml_literal
 from layer.documents import DocumentReader
 from layer.engine.model import AckOp, Bookmark
 from layer.exceptions import (
+    BrokerError,
     ConfigError,
     ConnectionLost,
     InvalidRequest,
@@ -129,6 +130,9 @@ STANDBY_REFRESH_S = 0.5  # how often the queues a standby tails are worked out a
 #: (or while Kafka is away) was evicted by the outage and rides it out; otherwise it was stopped
 #: past its session, and exits at once (``Coordinator._revoked``)
 OUTAGE_MEMORY_S = 30.0
+#: how long a member that lost its partitions while Kafka was reachable (it did not run for a
+#: session) may take to release them and rejoin before it stops instead (``_revoked``)
+RELEASE_LOST_S = 10.0
 
 T = TypeVar("T")
 
@@ -421,6 +425,17 @@ class Coordinator:
         """Serve until ``stop()``; raises if the coordinator failed (the process should exit)."""
         assert self._pump_task is not None
         await self._pump_task
+
+    async def deliverable(self) -> bool:
+        """Whether messages this coordinator pushes may be written now (the API awaits it):
+        False once it failed (its writer fenced: what it decided is another's now); a cluster
+        member that may have lost its session waits until the group confirms it or takes its
+        partitions (False: ``layer.coordinator.session_guard``)."""
+        if self._rounds.failed is not None:
+            return False
+        if self._membership is None:
+            return True
+        return await self._membership.guard.wait() and self._rounds.failed is None
 
     async def leaving(self) -> None:
         """A graceful stop, while the API still serves: leave the cluster (no other member may
@@ -1198,6 +1213,21 @@ class Coordinator:
         fence each one's last owner that did not hand it over, then serve their queues."""
         membership = self._membership
         assert membership is not None and self._owned is not None
+        if membership.guard.stale_assignment():
+            # Given right after this member did not run for most of a session: librdkafka may
+            # have queued this assignment before a stop that got the member evicted, and the
+            # group given the partitions to another since. Taking them would fence that member.
+            # Stop instead, as a member that lost its partitions to another does.
+            membership.abandon()
+            self._interrupt.set()
+            self._writer_dead(
+                StateError(
+                    f"control partitions {sorted(partitions)} assigned while this member's"
+                    " session may be lost (session timed out): the assignment may predate its"
+                    " eviction; stopping"
+                )
+            )
+            return
         me = membership.member
         started = time.monotonic()
         await membership.write([owner_write(p, me, released=False) for p in sorted(partitions)])
@@ -1319,27 +1349,65 @@ class Coordinator:
         release, the members that rejoin after an outage would fence each other (each member
         has one writer for all its queues) and all exit. A release written after another
         member's claim is ignored (``ClusterMap``). Lost while Kafka stayed reachable (no
-        outage now or within ``OUTAGE_MEMORY_S``: this member was stopped past its session)
-        it exits at once instead."""
+        outage now or within ``OUTAGE_MEMORY_S``), or after this member did not run for most
+        of a session (``SessionGuard.suspect``: stopped past its session), it exits at once if
+        another member claimed them, and otherwise releases them within ``RELEASE_LOST_S``
+        or exits."""
         membership = self._membership
         assert membership is not None and self._owned is not None
-        if not graceful and not await asyncio.to_thread(self._outage_lately):
-            # Lost with Kafka reachable (this member stopped past its session): another takes these
-            # queues and fences this one first, so their last changes can no longer commit; on
-            # Tansu the fenced writer's commit never ends (it would hold the group's thread,
-            # so the member neither exits nor rejoins). Stop now, as a fenced member does (the
-            # rounds fail, the process exits, a supervisor restarts it). It leaves the group at
-            # once: rejoined, it would be given queues back while a commit under way runs out;
-            # and that commit (to a fenced writer, which may never answer) is interrupted.
-            membership.abandon()
-            self._interrupt.set()
-            self._writer_dead(
-                StateError(
-                    f"control partitions {sorted(partitions)} lost (session timed out): the"
-                    " next owner fences this member; stopping"
-                )
-            )
+        # a member that did not run for most of a session was stopped, whatever its Kafka
+        # probe says: a probe under way at the stop times out at the wake
+        if graceful or not (
+            membership.guard.suspect() or not await asyncio.to_thread(self._outage_lately)
+        ):
+            await self._release(partitions, graceful)
             return
+        # Lost with Kafka reachable: this member did not run for a session (stopped, or a
+        # machine too loaded to run it). If another member claimed these partitions it fences
+        # this one before it restores them, so their last changes can no longer commit (on
+        # Tansu the fenced writer's commit never ends): stop now, as a fenced member does (the
+        # rounds fail, the process exits, a supervisor restarts it). It leaves the group at
+        # once: rejoined, it would be given queues back while a commit under way runs out;
+        # and that commit is interrupted. Claimed by nobody yet (every member lost its session
+        # in the same stall), it releases them as after an outage and rejoins; a release that
+        # does not end within RELEASE_LOST_S (fenced meanwhile) stops it all the same.
+        taken = await self._claimed_elsewhere(partitions)
+        if not taken:
+            try:
+                await asyncio.wait_for(self._release(partitions, graceful), RELEASE_LOST_S)
+                return
+            except TimeoutError:
+                taken = f"their release did not end within {RELEASE_LOST_S:.0f}s"
+        membership.abandon()
+        self._interrupt.set()
+        self._writer_dead(
+            StateError(
+                f"control partitions {sorted(partitions)} lost (session timed out): {taken};"
+                " the next owner fences this member; stopping"
+            )
+        )
+
+    async def _claimed_elsewhere(self, partitions: set[int]) -> str:
+        """Which of ``partitions`` another member claimed, as the members topic says once
+        read to a record written now ("" for none; unknown when Kafka does not answer within
+        a few seconds: taken as claimed)."""
+        membership = self._membership
+        assert membership is not None
+        me = membership.member
+        try:
+            await membership.write([member_write(me)], timeout=5.0)
+        except BrokerError as exc:
+            return f"whether another member claimed them is unknown ({exc})"
+        taken = sorted(
+            p
+            for p in partitions
+            if (o := membership.map.owners.get(p)) is not None and o.member != me.id
+        )
+        return f"partitions {taken} claimed by another member" if taken else ""
+
+    async def _release(self, partitions: set[int], graceful: bool) -> None:
+        membership = self._membership
+        assert membership is not None and self._owned is not None
         async with self._reload_lock:
             self._owned -= partitions
             await self._apply_definitions("moved to another member of the cluster")

@@ -44,6 +44,9 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 
+#: how long closing a failed (fenced) writer may take before the process exits without it
+CLOSE_FAILED_S = 5.0
+
 _FENCED_CODES = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
 
 
@@ -257,12 +260,34 @@ class ChangelogWriter:
                 if not self._patient and time.monotonic() >= deadline:
                     raise
 
+    def _abort_transaction(self, producer: Producer) -> None:
+        """``abort_transaction`` in short calls, so an interrupt is seen (a timed-out abort
+        may be called again: librdkafka resumes it)."""
+        deadline = time.monotonic() + self._timeout
+        while True:
+            if self._interrupt.is_set():
+                raise _Interrupted("abort not confirmed: stopping")
+            left = max(deadline - time.monotonic(), 0.1)
+            try:
+                producer.abort_transaction(min(left, 1.0))
+                return
+            except KafkaException as exc:
+                err = _kafka_error(exc)
+                if err is None or not err.retriable() or time.monotonic() >= deadline:
+                    raise
+
     def _abort(self, producer: Producer, cause: BaseException) -> None:
         err = _kafka_error(cause)
         if err is not None and err.fatal():
             return  # a fatal error leaves nothing to abort; _fail marks the writer failed
         try:
-            producer.abort_transaction(self._timeout)
+            self._abort_transaction(producer)
+        except _Interrupted:
+            # stopping: the next incarnation's init_transactions (or the next owner's fence)
+            # aborts what is left open; a fenced writer's abort may never be answered (Tansu)
+            self._failed = "interrupted while aborting"
+            logger.warning("changelog abort given up: stopping transactional_id=%s", self._id)
+            return
         except KafkaException as exc:
             abort_err = _kafka_error(exc)
             if abort_err is not None and abort_err.code() in _FENCED_CODES:
@@ -300,16 +325,37 @@ class ChangelogWriter:
     def close(self) -> None:
         with self._lock:
             producer, self._producer = self._producer, None
-        if producer is not None:
-            try:
-                if self._failed is None:
-                    producer.flush(self._timeout)
-                producer.close()
-            except Exception as exc:  # a fenced producer can fail to close; it is gone anyway
+        if producer is None:
+            return
+        if self._failed is None:
+            self._close(producer)
+        else:
+            # close() aborts the transaction left open, waiting for the broker as long as it
+            # takes: a fenced writer's abort may never be answered (Tansu), so a failed writer
+            # is given CLOSE_FAILED_S and then left to the process's exit
+            closing = threading.Thread(
+                target=self._close, args=(producer,), name="changelog-close", daemon=True
+            )
+            closing.start()
+            closing.join(CLOSE_FAILED_S)
+            if closing.is_alive():
                 logger.warning(
-                    "changelog writer close failed transactional_id=%s error=%r", self._id, exc
+                    "changelog writer close left unfinished after %.0fs transactional_id=%s",
+                    CLOSE_FAILED_S,
+                    self._id,
                 )
-            logger.info("changelog writer closed transactional_id=%s", self._id)
+                return
+        logger.info("changelog writer closed transactional_id=%s", self._id)
+
+    def _close(self, producer: Producer) -> None:
+        try:
+            if self._failed is None:
+                producer.flush(self._timeout)
+            producer.close()
+        except Exception as exc:  # a fenced producer can fail to close; it is gone anyway
+            logger.warning(
+                "changelog writer close failed transactional_id=%s error=%r", self._id, exc
+            )
 
     def __enter__(self) -> ChangelogWriter:
         return self
