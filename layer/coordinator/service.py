@@ -133,6 +133,9 @@ OUTAGE_MEMORY_S = 30.0
 #: how long a member that lost its partitions while Kafka was reachable (it did not run for a
 #: session) may take to release them and rejoin before it stops instead (``_revoked``)
 RELEASE_LOST_S = 10.0
+#: a call naming a queue of the cluster that no member serves right now (just created, or
+#: moving) waits this long for an owner before it answers NotOwner
+OWNER_WAIT_S = 10.0
 
 T = TypeVar("T")
 
@@ -526,6 +529,7 @@ class Coordinator:
             return await browse_shards(
                 shards, lambda shard: self.browse(shard, filter, limit), limit
             )
+        await self._settled(queue)
         owner = self._owner_elsewhere(queue)
         if owner is not None:
             return await self._peers.browse(owner, queue, filter, limit)
@@ -640,6 +644,7 @@ class Coordinator:
             return await dead_letters_of_shards(
                 shards, lambda shard: self.dead_letters(shard, filter, limit), limit
             )
+        await self._settled(queue)
         owner = self._owner_elsewhere(queue)
         if owner is not None:
             return await self._peers.dead_letters(owner, queue, filter, limit)
@@ -695,6 +700,7 @@ class Coordinator:
         if shards := self._shards(queue):
             # any shard publishes to the topic, whose partitioner picks the partition by key
             return await self.publish(shards[0], value, key, headers)
+        await self._settled(queue)
         owner = self._owner_elsewhere(queue)
         if owner is not None:
             return await self._peers.publish(owner, queue, value, key, list(headers))
@@ -786,6 +792,8 @@ class Coordinator:
         shards), or of those served here."""
         if queue is not None and (shards := self._shards(queue)):
             return await stats_of_shards(queue, shards, self.stats)
+        if queue is not None:
+            await self._settled(queue)
         owner = None if queue is None else self._owner_elsewhere(queue)
         if owner is not None:
             assert queue is not None
@@ -1106,6 +1114,24 @@ class Coordinator:
                 " (the cluster is moving it): try again shortly"
             )
         return NotOwner(f"queue {queue!r} is served by member {owner.id!r} at {owner.address}")
+
+    async def _settled(self, queue: str, within: float = OWNER_WAIT_S) -> None:
+        """Wait (at most ``within`` seconds) while ``queue`` is a queue of the cluster that
+        no member serves right now: just created, or moving (a rebalance, a takeover). A call
+        naming it then goes on as usual (``NotOwner`` if it is still unserved)."""
+        cluster, membership = self._cluster, self._membership
+        if cluster is None or membership is None or self._owned is None:
+            return
+        deadline = time.monotonic() + within
+
+        def unserved() -> bool:
+            if queue in self._runtimes or not cluster.is_served(queue):
+                return False
+            owner = membership.map.owner_of(queue)
+            return owner is None or owner.id == membership.member.id
+
+        while unserved() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
 
     def _owner_elsewhere(self, queue: str) -> str | None:
         """The API address of the member serving ``queue`` when another one does (calls are
