@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from layer.api.service import DeadLetter, DeliveredMessage, QueueStats
 
 __all__ = ["browse_shards", "dead_letters_of_shards", "stats_of_shards", "sum_stats"]
+
+T = TypeVar("T")
 
 # measures that combine as the largest of the shards' (every other extra figure is summed)
 _MAX_SUFFIXES = ("_s", "_ms")
@@ -54,6 +57,19 @@ async def stats_of_shards(
     return [sum_stats(queue, [line for lines in answers for line in lines])]
 
 
+async def _merged(
+    shards: Sequence[str],
+    call: Callable[[str], Awaitable[list[T]]],
+    order: Callable[[T], Any],
+    limit: int | None,
+) -> list[T]:
+    """Each shard asked at once (one that fails fails the call), the answers merged in
+    ``order``, at most ``limit``."""
+    answers = await asyncio.gather(*(call(s) for s in shards))
+    merged = sorted((item for items in answers for item in items), key=order)
+    return merged if limit is None else merged[:limit]
+
+
 async def browse_shards(
     shards: Sequence[str],
     browse: Callable[[str], Awaitable[list[DeliveredMessage]]],
@@ -61,12 +77,12 @@ async def browse_shards(
 ) -> list[DeliveredMessage]:
     """The shards' available messages merged, oldest (by record timestamp) first, at most
     ``limit``."""
-    answers = await asyncio.gather(*(browse(s) for s in shards))
-    merged = sorted(
-        (m for messages in answers for m in messages),
-        key=lambda m: (m.timestamp_ms, m.bookmark.partition, m.bookmark.offset),
+    return await _merged(
+        shards,
+        browse,
+        lambda m: (m.timestamp_ms, m.bookmark.partition, m.bookmark.offset),
+        limit,
     )
-    return merged if limit is None else merged[:limit]
 
 
 async def dead_letters_of_shards(
@@ -76,9 +92,4 @@ async def dead_letters_of_shards(
 ) -> list[DeadLetter]:
     """The shards' dead letters merged in the order they were dead-lettered, at most
     ``limit``."""
-    answers = await asyncio.gather(*(dead_letters(s) for s in shards))
-    merged = sorted(
-        (d for letters in answers for d in letters),
-        key=lambda d: (d.dead_lettered_at_ms, d.bookmark),
-    )
-    return merged if limit is None else merged[:limit]
+    return await _merged(shards, dead_letters, lambda d: (d.dead_lettered_at_ms, d.bookmark), limit)
