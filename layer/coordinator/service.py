@@ -529,8 +529,7 @@ class Coordinator:
             return await browse_shards(
                 shards, lambda shard: self.browse(shard, filter, limit), limit
             )
-        await self._settled(queue)
-        owner = self._owner_elsewhere(queue)
+        owner = await self._owner_settled(queue)
         if owner is not None:
             return await self._peers.browse(owner, queue, filter, limit)
         rt = self._lookup(queue)
@@ -644,8 +643,7 @@ class Coordinator:
             return await dead_letters_of_shards(
                 shards, lambda shard: self.dead_letters(shard, filter, limit), limit
             )
-        await self._settled(queue)
-        owner = self._owner_elsewhere(queue)
+        owner = await self._owner_settled(queue)
         if owner is not None:
             return await self._peers.dead_letters(owner, queue, filter, limit)
         rt = self._lookup(queue)
@@ -700,8 +698,7 @@ class Coordinator:
         if shards := self._shards(queue):
             # any shard publishes to the topic, whose partitioner picks the partition by key
             return await self.publish(shards[0], value, key, headers)
-        await self._settled(queue)
-        owner = self._owner_elsewhere(queue)
+        owner = await self._owner_settled(queue)
         if owner is not None:
             return await self._peers.publish(owner, queue, value, key, list(headers))
         rt = self._lookup(queue)
@@ -792,9 +789,7 @@ class Coordinator:
         shards), or of those served here."""
         if queue is not None and (shards := self._shards(queue)):
             return await stats_of_shards(queue, shards, self.stats)
-        if queue is not None:
-            await self._settled(queue)
-        owner = None if queue is None else self._owner_elsewhere(queue)
+        owner = None if queue is None else await self._owner_settled(queue)
         if owner is not None:
             assert queue is not None
             return await self._peers.stats(owner, queue)
@@ -1115,13 +1110,14 @@ class Coordinator:
             )
         return NotOwner(f"queue {queue!r} is served by member {owner.id!r} at {owner.address}")
 
-    async def _settled(self, queue: str, within: float = OWNER_WAIT_S) -> None:
-        """Wait (at most ``within`` seconds) while ``queue`` is a queue of the cluster that
-        no member serves right now: just created, or moving (a rebalance, a takeover). A call
-        naming it then goes on as usual (``NotOwner`` if it is still unserved)."""
+    async def _owner_settled(self, queue: str, within: float = OWNER_WAIT_S) -> str | None:
+        """``_owner_elsewhere`` once ``queue`` has an owner: while it is a queue of the
+        cluster that no member serves right now (just created, or moving: a rebalance, a
+        takeover), wait at most ``within`` seconds. A call naming it then goes on as usual
+        (``NotOwner`` if it is still unserved)."""
         cluster, membership = self._cluster, self._membership
         if cluster is None or membership is None or self._owned is None:
-            return
+            return self._owner_elsewhere(queue)
         deadline = time.monotonic() + within
 
         def unserved() -> bool:
@@ -1132,6 +1128,7 @@ class Coordinator:
 
         while unserved() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+        return self._owner_elsewhere(queue)
 
     def _owner_elsewhere(self, queue: str) -> str | None:
         """The API address of the member serving ``queue`` when another one does (calls are
