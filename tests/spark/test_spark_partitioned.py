@@ -2,7 +2,8 @@
 member writes the view topics of the shards it serves (``<view_topic>.shard-<i>``, each with
 its own generations), and ``queue_contents``, ``queue_leases`` and a running
 ``queue_contents_stream`` of the queue equal ``browse`` of the whole queue and the leases held,
-before and after a member is SIGKILLed and its shards move to the other one."""
+before and after a member is SIGKILLed and its shards move to the other one (and read through
+a Kafka source format, at the end)."""
 
 from __future__ import annotations
 
@@ -186,6 +187,9 @@ def test_views_of_a_partitioned_queue_merge_its_shards_through_a_member_kill(
             assert len(expected) == sent[0] - acked
             held = {}
             wait_until(agree, 90, interval=0.5, message=lambda: f"{seen} != {expected}, {{}}")
+            # read through a Kafka source format too (what format("kafka") would take)
+            through_kafka = queue_contents(spark, q, config=config, kafka_format="qlayer_kafka")
+            assert {r.bookmark for r in through_kafka.select("bookmark").collect()} == expected
             print(f"generations of the shards' view topics: {seen['generations']}")
         finally:
             totals.stop()
