@@ -3,7 +3,8 @@
 A partitioned queue ``q`` over a topic of ``partitions`` partitions runs as that many
 **shards**, ``q#0`` .. ``q#N-1``: shard ``i`` is an ordinary queue (its own engine, changelog
 ``<prefix><cluster>.q.shard-i`` and control partition) that reads only partition ``i`` of the
-topic. So a cluster spreads the shards over its members as it spreads queues, and order,
+topic (and, with ``view_topic = "v"``, writes the view topic ``v.shard-i`` and its
+generations). So a cluster spreads the shards over its members as it spreads queues, and order,
 priority, ``target_queue_depth``, barriers, fairness and ``exclusive`` hold per partition.
 
 The coordinator serves shards (``expand``); calls naming ``q`` itself fan out to its shards
@@ -17,9 +18,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from layer.config import QueueConfig
-from layer.config.model import parse_shard, queue_of, shard_name
+from layer.config.model import parse_shard, queue_of, shard_name, shard_view_topic
 
-__all__ = ["expand", "parse_shard", "queue_of", "shard_name", "shard_names", "shards_in"]
+__all__ = [
+    "expand",
+    "parse_shard",
+    "queue_of",
+    "shard_name",
+    "shard_names",
+    "shard_view_topic",
+    "shards_in",
+    "view_topics",
+]
 
 
 def shard_names(queue: QueueConfig) -> list[str]:
@@ -36,8 +46,26 @@ def expand(queues: Iterable[QueueConfig]) -> tuple[QueueConfig, ...]:
         if not q.partitioned or q.partitions is None:
             out.append(q)
             continue
-        out.extend(replace(q, name=shard_name(q.name, i), shard=i) for i in range(q.partitions))
+        out.extend(
+            replace(
+                q,
+                name=shard_name(q.name, i),
+                shard=i,
+                view_topic=None if q.view_topic is None else shard_view_topic(q.view_topic, i),
+            )
+            for i in range(q.partitions)
+        )
     return tuple(out)
+
+
+def view_topics(queue: QueueConfig) -> list[str]:
+    """The view topics a reader of ``queue``'s view merges: its own, or each shard's for a
+    partitioned queue (none without ``view_topic``)."""
+    if queue.view_topic is None:
+        return []
+    if not queue.partitioned or queue.partitions is None:
+        return [queue.view_topic]
+    return [shard_view_topic(queue.view_topic, i) for i in range(queue.partitions)]
 
 
 def shards_in(queue: str, names: Sequence[str]) -> list[str]:

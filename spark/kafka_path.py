@@ -9,7 +9,8 @@ them is the same.
 
 Differences from ``qlayer_view``: a stream's first micro-batch holds every change of the view
 topic's generations (``layer.viewgen``; whose signed sums are the live contents), not the
-contents reduced per bookmark; and the option ``queue`` is applied as a filter on the record key.
+contents reduced per bookmark; and the option ``queue`` is applied as a filter on the record key
+(the queue's name, or one of its shards' for a partitioned queue).
 Every generation of the view topic is read (``subscribePattern``), in order; the snapshots of the
 generations newer than the oldest one there only repeat what comes before them, so they are
 left out.
@@ -31,6 +32,7 @@ from connectors.spark_kafka.view import (
     view_columns,
     view_schema,
 )
+from layer.config.model import SHARD_MARK
 from layer.engine.model import Bookmark, ViewChange
 from layer.viewcodec import decode_round
 from layer.viewgen import SNAPSHOT_HEADER, SNAPSHOT_MARK, generations
@@ -64,13 +66,23 @@ def read_changes(
     given = {k: v for k, v in options.items() if k.lower() not in ("queue", "snapshot")}
     given.setdefault("kafka.isolation.level", "read_committed")  # the coordinator's transactions
     fetch = ViewSourceOptions.parse({**given, "queue": queue}).kafka
-    view_topic = given.pop("subscribe")
+    # one view topic, or a partitioned queue's shards' (each with its generations)
+    view_topics = [t.strip() for t in given.pop("subscribe").split(",") if t.strip()]
     with BrokerView(fetch) as broker:
-        present = generations(view_topic, broker.topics())
-    oldest = present[0][0] if present else 0
-    given["subscribePattern"] = re.escape(view_topic) + r"(\.g[1-9][0-9]*)?"
+        topics = broker.topics()
+    oldest = F.lit(0)
+    family = F.when(F.col("topic").isin(view_topics), F.col("topic")).otherwise(
+        F.regexp_replace("topic", r"\.g[0-9]+$", "")
+    )
+    for view_topic in view_topics:
+        present = generations(view_topic, topics)
+        if present:
+            oldest = F.when(family == view_topic, F.lit(present[0][0])).otherwise(oldest)
+    given["subscribePattern"] = (
+        "(" + "|".join(re.escape(t) for t in view_topics) + r")(\.g[1-9][0-9]*)?"
+    )
     reader = spark.readStream if stream else spark.read
-    generation = F.when(F.col("topic") == view_topic, F.lit(0)).otherwise(
+    generation = F.when(F.col("topic").isin(view_topics), F.lit(0)).otherwise(
         F.regexp_extract("topic", r"\.g([0-9]+)$", 1).cast("int")
     )
     snapshot_record = F.exists(
@@ -78,11 +90,17 @@ def read_changes(
     )
     # a record without headers has NULL ones: not a snapshot record (NULL would drop it)
     repeated = (generation > oldest) & F.coalesce(snapshot_record, F.lit(False))
+    # the queue's rounds, and a partitioned queue's shards' (``orders#3``)
+    key = F.col("key").cast("string")
+    shard = queue + SHARD_MARK
+    mine = (key == F.lit(queue)) | (
+        key.startswith(shard) & F.substring(key, len(shard) + 1, 1 << 20).rlike("^[0-9]+$")
+    )
     records = (
         reader.format(kafka_format)
         .options(**given, startingOffsets="earliest", includeHeaders="true")
         .load()
-        .where((F.col("key") == F.lit(queue.encode())) & ~repeated)
+        .where(mine & ~repeated)
         .select("value", "partition", "offset", generation.alias("generation"))
     )
     changes = records.mapInArrow(_expand, EXPANDED)

@@ -22,7 +22,8 @@ differences: ``startingOffsets`` defaults to ``earliest`` in streaming too;
 ``kafka.isolation.level`` defaults to ``read_committed`` (the coordinator writes in
 transactions); ``includeHeaders`` and ``maxOffsetsPerTrigger`` are refused. And two of its own:
 
-- ``queue``: only that queue's rounds (a view topic may be shared); default: every queue's.
+- ``queue``: only that queue's rounds (a view topic may be shared), and for a partitioned
+  queue its shards' (``orders#3``; ``queue`` names the shard); default: every queue's.
 - ``leases`` (default false): the set of leased messages instead of the live contents: +1 when
   a lease began, -1 when it ended, with ``lease_holder`` (the subscription holding it) and
   ``leased_at`` (when the lease began); both NULL in the live contents. (View topics written
@@ -87,6 +88,7 @@ from connectors.spark_kafka.source import (
     KafkaStreamReader,
     register_once,
 )
+from layer.config.model import SHARD_MARK
 from layer.engine.model import Bookmark, ViewChange
 from layer.exceptions import BrokerError, ConfigError, SerializationError
 from layer.viewcodec import decode_round
@@ -361,13 +363,13 @@ Placed = tuple[ViewChange, str, int, int, int]
 def _changes(options: ViewSourceOptions, task: KafkaInputPartition) -> Iterator[list[Placed]]:
     """The changes of the view records in ``task``, as ``Placed``, in lists of about
     ``_CHUNK``; rounds of other queues (``queue`` option) are passed over."""
-    wanted = None if options.queue is None else options.queue.encode()
+    mine = rounds_of(options.queue)
     skip_snapshot = isinstance(task, ViewInputPartition) and task.continuation
     chunk: list[Placed] = []
     for records in _records(options, task):
         for message in records:
             value = message.value()
-            if not value or (wanted is not None and message.key() != wanted):
+            if not value or (mine is not None and not mine(message.key())):
                 continue
             if skip_snapshot and is_snapshot(cast(Headers, message.headers())):
                 continue
@@ -386,6 +388,22 @@ def _changes(options: ViewSourceOptions, task: KafkaInputPartition) -> Iterator[
             chunk = []
     if chunk:
         yield chunk
+
+
+def rounds_of(queue: str | None) -> Callable[[bytes | None], bool] | None:
+    """Whether a view record's key (the name of the queue that wrote the round) is one of
+    ``queue``'s rounds: the queue's own or, for a partitioned queue, one of its shards'
+    (``orders#3``: "#" is in no queue's name). None (every round) without ``queue``."""
+    if queue is None:
+        return None
+    own, shard = queue.encode(), (queue + SHARD_MARK).encode()
+
+    def mine(key: bytes | None) -> bool:
+        return key == own or (
+            key is not None and key.startswith(shard) and key[len(shard) :].isdigit()
+        )
+
+    return mine
 
 
 def _records(options: ViewSourceOptions, task: KafkaInputPartition) -> Iterable[list[Message]]:

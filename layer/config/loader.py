@@ -43,6 +43,7 @@ from layer.config.model import (
     OnUnparseable,
     QueueConfig,
     StartFrom,
+    shard_view_topic,
 )
 from layer.documents import load_avro_schema
 from layer.durations import format_value, parse_duration
@@ -705,9 +706,12 @@ _NOT_PER_PARTITION = {
     ),
     "conflate_key": "each partition would keep its own newest message of a key",
     "last_value": "each partition would keep its own newest message",
-    "view_topic": "each shard would write its own rounds of the queue's contents",
     "default_publish_target": "a publish goes to the underlying topic, partitioned by its key",
 }
+
+
+# the longest suffix of a view topic's generation (layer.viewgen: ".g" and up to 10 digits)
+_GENERATION_ROOM = ".g" + "9" * 10
 
 
 def _check_partitioned(queue: QueueConfig, section: _Section) -> None:
@@ -732,6 +736,15 @@ def _check_partitioned(queue: QueueConfig, section: _Section) -> None:
         if getattr(queue, option) not in (None, False):
             raise section.error(
                 option, f'cannot be combined with distribution "partitioned": {reason}'
+            )
+    if queue.view_topic is not None:
+        # each shard writes a view topic of its own, with generations after it (layer.viewgen)
+        longest = shard_view_topic(queue.view_topic, queue.partitions - 1) + _GENERATION_ROOM
+        if len(longest) > MAX_TOPIC_LENGTH:
+            raise section.error(
+                "view_topic",
+                f"its shards' view topics ({longest!r} at the longest, with a generation) would"
+                f" be longer than Kafka's {MAX_TOPIC_LENGTH} characters: shorten it",
             )
 
 

@@ -84,6 +84,14 @@ def shard_name(queue: str, shard: int) -> str:
     return f"{queue}{SHARD_MARK}{shard}"
 
 
+def shard_view_topic(view_topic: str, shard: int) -> str:
+    """The view topic shard ``shard`` of a partitioned queue writes (the queue's
+    ``view_topic`` + ``.shard-3``): each shard has its own generations (``layer.viewgen``), so
+    the members serving the shards never write, snapshot or delete one another's, and a shard
+    that moves takes its view with it. A reader of the queue merges the shards' topics."""
+    return f"{view_topic}.shard-{shard}"
+
+
 def parse_shard(name: str) -> tuple[str, int] | None:
     """``(queue, shard)`` of a shard's name, None for any other name."""
     queue, mark, number = name.rpartition(SHARD_MARK)

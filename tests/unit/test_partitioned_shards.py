@@ -18,7 +18,15 @@ from layer.coordinator.membership import CONTROL_PARTITIONS, partition_of
 from layer.coordinator.partitioned import sum_stats
 from layer.coordinator.reload import FIXED_OPTIONS
 from layer.exceptions import ClientError, ConfigError, MalformedBookmark
-from layer.shards import expand, parse_shard, queue_of, shard_name, shard_names, shards_in
+from layer.shards import (
+    expand,
+    parse_shard,
+    queue_of,
+    shard_name,
+    shard_names,
+    shards_in,
+    view_topics,
+)
 
 BASE = {"name": "orders", "underlying_topic": "orders"}
 PARTITIONED = {**BASE, "distribution": "partitioned", "partitions": 4}
@@ -49,7 +57,10 @@ def test_a_partitioned_queue_loads_and_round_trips_through_its_table() -> None:
         ({**PARTITIONED, "group_key": "/customer"}, "'group_key': cannot be combined with"),
         ({**PARTITIONED, "conflate_key": "/id"}, "'conflate_key': cannot be combined with"),
         ({**PARTITIONED, "last_value": True}, "'last_value': cannot be combined with"),
-        ({**PARTITIONED, "view_topic": "v"}, "'view_topic': cannot be combined with"),
+        (
+            {**PARTITIONED, "view_topic": "v" * 230},
+            "'view_topic': its shards' view topics ('" + "v" * 230 + ".shard-3.g9999999999' at",
+        ),
         (
             {**PARTITIONED, "default_publish_target": "orders"},
             "'default_publish_target': cannot be combined with",
@@ -96,6 +107,16 @@ def test_shards_are_ordinary_queues_one_per_partition() -> None:
     assert [s.shard for s in served] == [0, 1, 2, 3, None]
     assert all(s.priority == "/p" and s.underlying_topic == "orders" for s in served[:4])
     assert shard_names(q) == [s.name for s in served[:4]] and shard_names(other) == []
+
+
+def test_each_shard_writes_a_view_topic_of_its_own() -> None:
+    q = load_one({**PARTITIONED, "view_topic": "orders.view"})
+    served = expand([q, load_one({**BASE, "name": "plain", "view_topic": "plain.view"})])
+    expected = [f"orders.view.shard-{i}" for i in range(4)]
+    assert [s.view_topic for s in served] == [*expected, "plain.view"]
+    assert view_topics(q) == expected  # what a Spark view of the queue merges
+    assert view_topics(served[4]) == ["plain.view"] and view_topics(load_one(BASE)) == []
+    assert queue_table(q) == {**PARTITIONED, "view_topic": "orders.view"}
 
 
 def test_shard_names() -> None:
