@@ -14,6 +14,7 @@ and never lease::
 """
 
 from spark.aggregates import live_aggregate
+from spark.batches import foreach_batch
 from spark.messages import message_column, spark_type_of
 from spark.session import java_problem, local_session, prepare
 from spark.settings import ViewSettings, view_settings
@@ -29,6 +30,7 @@ __all__ = [
     "CONTENT_COLUMNS",
     "LEASE_COLUMNS",
     "ViewSettings",
+    "foreach_batch",
     "java_problem",
     "live_aggregate",
     "local_session",
