@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from spark import foreach_batch
 pytestmark = pytest.mark.spark
 
 
-def _stop_during_a_call(spark: Any, wrap: Callable[[Any], Any]) -> Any:
+def _stop_during_a_call(spark: Any, wrap: Callable[[Any], Any], checkpoint: Path) -> Any:
     """A stream whose foreachBatch function runs a Spark job that lasts minutes, stopped while
     that job runs; the stopped query."""
     calling = threading.Event()
@@ -27,7 +28,8 @@ def _stop_during_a_call(spark: Any, wrap: Callable[[Any], Any]) -> Any:
         calling.set()
         batch.sparkSession.range(0, 10**12).selectExpr("sum(id)").collect()
 
-    query = spark.readStream.format("rate").load().writeStream.foreachBatch(wrap(slow)).start()
+    stream = spark.readStream.format("rate").load().writeStream.foreachBatch(wrap(slow))
+    query = stream.option("checkpointLocation", str(checkpoint)).start()
     try:
         assert calling.wait(120), "the first micro-batch did not call the function in 120 s"
         tracker = spark.sparkContext.statusTracker()
@@ -41,16 +43,23 @@ def _stop_during_a_call(spark: Any, wrap: Callable[[Any], Any]) -> Any:
     return query
 
 
-def test_a_query_stopped_during_a_call_of_its_function_ends_as_stopped(spark: Any) -> None:
-    query = _stop_during_a_call(spark, foreach_batch)
+def test_a_query_stopped_during_a_call_of_its_function_ends_as_stopped(
+    spark: Any, checkpoint_dir: Path
+) -> None:
+    query = _stop_during_a_call(spark, foreach_batch, checkpoint_dir)
     assert query.exception() is None
     assert query.status["message"] == "Stopped"
+    # the interrupted micro-batch was planned, not committed: a restart runs it again
+    assert (checkpoint_dir / "offsets" / "0").exists()
+    assert not (checkpoint_dir / "commits" / "0").exists()
 
 
-def test_without_it_spark_takes_the_stop_for_an_error_it_cannot_read(spark: Any) -> None:
+def test_without_it_spark_takes_the_stop_for_an_error_it_cannot_read(
+    spark: Any, checkpoint_dir: Path
+) -> None:
     """Spark's own behaviour, the reason for foreach_batch: if a Spark release fixes its
     pattern, this fails and the wrapper can go."""
-    query = _stop_during_a_call(spark, lambda func: func)
+    query = _stop_during_a_call(spark, lambda func: func, checkpoint_dir)
     assert query.exception() is None  # the error escaped Spark's handling altogether
     assert query.status["message"] != "Stopped"
 
