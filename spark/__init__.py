@@ -11,6 +11,9 @@ and never lease::
                                     schema="symbol STRING, qty INT, price DOUBLE")
     live_aggregate(changes, by="symbol", sum={"value": "price * qty"})  # stays right, streaming
     queue_leases(spark, "orders", config="qlayer.toml")  # who holds which leases, since when
+
+A ``foreachBatch`` function goes through :func:`foreach_batch`, so that ``query.stop()`` during
+a Spark call in it stops the query cleanly (``spark.batches`` says why).
 """
 
 from spark.aggregates import live_aggregate
