@@ -560,7 +560,7 @@ def freshness(
     it arrives never enters the live contents, so it would never leave them either)."""
     from pyspark.sql import functions as F
 
-    from spark import live_aggregate, queue_contents_stream
+    from spark import foreach_batch, live_aggregate, queue_contents_stream
 
     bootstrap = broker.bootstrap_servers
     admin = TopicAdmin(admin_settings(client_settings(bootstrap, {})))
@@ -601,7 +601,8 @@ def freshness(
     query = (
         live_aggregate(changes, by="sym", sum={"left_at": leaving})
         .writeStream.outputMode("update")
-        .foreachBatch(on_batch)
+        # query.stop() while on_batch collects: a clean stop, not Spark's StackOverflowError
+        .foreachBatch(foreach_batch(on_batch))
         .option("checkpointLocation", str(workdir / "fresh-checkpoint"))
         .trigger(processingTime=trigger)
         .start()

@@ -39,6 +39,7 @@ from pyspark.sql import functions as F  # noqa: E402
 
 from layer.client import QueueClient  # noqa: E402
 from spark import (  # noqa: E402
+    foreach_batch,
     live_aggregate,
     local_session,
     queue_contents,
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 
         query = (
             totals.writeStream.outputMode("update")
-            .foreachBatch(show)
+            .foreachBatch(foreach_batch(show))  # query.stop() during show() stops it cleanly
             .trigger(processingTime="1 second")
             .start()
         )

@@ -173,3 +173,11 @@ class ExpressionError(InvalidRequest):
     def __reduce__(self) -> tuple[type[ExpressionError], tuple[str, int, str, str | None]]:
         # the default pickling passes only the message back to __init__
         return type(self), (self.text, self.position, self.reason, self.hint)
+
+
+class SparkBatchError(QLayerError):
+    """A Spark call in a ``foreachBatch`` function failed (the JVM's error text follows)."""
+
+
+class SparkBatchStopped(SparkBatchError):
+    """A Spark call in a ``foreachBatch`` function was interrupted: the query is stopping."""

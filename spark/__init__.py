@@ -11,9 +11,13 @@ and never lease::
                                     schema="symbol STRING, qty INT, price DOUBLE")
     live_aggregate(changes, by="symbol", sum={"value": "price * qty"})  # stays right, streaming
     queue_leases(spark, "orders", config="qlayer.toml")  # who holds which leases, since when
+
+A ``foreachBatch`` function goes through :func:`foreach_batch`, so that ``query.stop()`` during
+a Spark call in it stops the query cleanly (``spark.batches`` says why).
 """
 
 from spark.aggregates import live_aggregate
+from spark.batches import foreach_batch
 from spark.messages import message_column, spark_type_of
 from spark.session import java_problem, local_session, prepare
 from spark.settings import ViewSettings, view_settings
@@ -29,6 +33,7 @@ __all__ = [
     "CONTENT_COLUMNS",
     "LEASE_COLUMNS",
     "ViewSettings",
+    "foreach_batch",
     "java_problem",
     "live_aggregate",
     "local_session",

@@ -8,6 +8,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from spark import foreach_batch
+
 
 def await_query(query: Any, timeout: float = 60.0) -> None:
     """Wait for a query that ends by itself (Trigger.AvailableNow); fail if it does not or fails."""
@@ -35,7 +37,7 @@ class LiveTotals:
         self._lock = threading.Lock()
         self.query = (
             frame.writeStream.outputMode("update")
-            .foreachBatch(self._apply)
+            .foreachBatch(foreach_batch(self._apply))
             .option("checkpointLocation", str(checkpoint))
             .trigger(processingTime=trigger)
             .start()
