@@ -40,6 +40,7 @@ group of the new epoch. A takeover still fences an owner that did not release.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import threading
@@ -66,6 +67,7 @@ __all__ = [
     "Membership",
     "Owner",
     "control_topic",
+    "handed_over",
     "members_topic",
     "partition_of",
 ]
@@ -79,6 +81,14 @@ CONTROL_PARTITIONS = 12
 #: how long a member's handover or takeover may keep the group waiting (librdkafka's
 #: ``max.poll.interval.ms``: a member that takes longer is evicted and its partitions move)
 REBALANCE_BUDGET_MS = 300_000
+
+#: how long this thread's poll waits: a stop (``close``) is taken up within it
+POLL_S = 0.05
+
+#: how long a successor waits for the release of a partition whose owner stops gracefully
+#: (``leaving/<id>``) before it fences that owner; and how long that owner's ``close`` waits
+#: for its handover
+HANDOVER_WAIT_S = 10.0
 
 #: the least time a group may give no assignment (or leave a control partition unowned) before
 #: a member replaces it with the next epoch's; it is at least ``STALL_SESSIONS`` sessions
@@ -138,6 +148,12 @@ class ClusterMap:
     group_ids: dict[str, str] = field(default_factory=dict)
     # the group's epoch: members join ``group_name(cluster, epoch)``
     epoch: int = 0
+    # members stopping gracefully (``leaving/<id>``, until they start again): a successor
+    # waits for such a member's release instead of fencing it (``Membership.handed_over``)
+    leaving: set[str] = field(default_factory=set)
+    # partition -> (member, offset) of the last release of it read, in force or not (one
+    # written after a successor's claim is not in ``owners``)
+    releases: dict[int, tuple[str, int]] = field(default_factory=dict)
     next_offset: int = 0
 
     def apply(self, key: bytes | None, value: bytes | None, offset: int) -> None:
@@ -153,6 +169,12 @@ class ClusterMap:
                     self.members[rest] = Member(
                         rest, str(body["address"]), str(body["transactional_id"])
                     )
+                    self.leaving.discard(rest)  # (re)started
+            elif kind == "leaving":
+                if body is None:
+                    self.leaving.discard(rest)
+                else:
+                    self.leaving.add(rest)
             elif kind == "group":
                 if body is None:
                     self.group_ids.pop(rest, None)
@@ -171,6 +193,8 @@ class ClusterMap:
                     str(body["member"]), str(body["transactional_id"]), bool(body["released"])
                 )
                 current = self.owners.get(p)
+                if owner.released:
+                    self.releases[p] = (owner.member, offset)
                 if owner.released and current is not None and current.member != owner.member:
                     # a release written after another member claimed the partition (a member
                     # that lost it while Kafka was away): the claim stands
@@ -212,6 +236,11 @@ def group_write(member: Member, group_member_id: str | None) -> Write:
     return Write(f"group/{member.id}".encode(), None if value is None else value.encode())
 
 
+def leaving_write(member: Member) -> Write:
+    """This member stops gracefully: it hands over what it owns, its successors wait for that."""
+    return Write(f"leaving/{member.id}".encode(), b"{}")
+
+
 def owner_write(partition: int, member: Member, released: bool) -> Write:
     value = {
         "member": member.id,
@@ -219,6 +248,35 @@ def owner_write(partition: int, member: Member, released: bool) -> Write:
         "released": released,
     }
     return Write(f"owner/{partition}".encode(), json.dumps(value).encode())
+
+
+async def handed_over(
+    cmap: ClusterMap,
+    partition: int,
+    owner: Owner,
+    after: int | None,
+    refuses: Callable[[str], Awaitable[bool]],
+    within: float = HANDOVER_WAIT_S,
+) -> bool:
+    """Whether ``owner``, stopping gracefully (in ``cmap.leaving``), released ``partition`` (a
+    release read at an offset after ``after``, the claim taken over) within ``within`` seconds.
+    False at once if its API ``refuses`` connections: it died mid-handover."""
+    member = cmap.members.get(owner.member)
+    deadline = time.monotonic() + within
+    probe_at = 0.0
+    claimed_at = -1 if after is None else after
+    while True:
+        got = cmap.releases.get(partition)
+        if got is not None and got[0] == owner.member and got[1] > claimed_at:
+            return True
+        now = time.monotonic()
+        if now >= deadline:
+            return False
+        if member is not None and now >= probe_at:
+            probe_at = now + 0.2
+            if await refuses(member.address):
+                return False
+        await asyncio.sleep(0.02)
 
 
 class Membership:
@@ -270,6 +328,8 @@ class Membership:
         self.owned: set[int] = set()
         self._group_id: str | None = None  # as written to the members topic
         self._leaving = False
+        self._announced = False  # its ``leaving/<id>`` written: handovers need not block
+        self._handovers: list[concurrent.futures.Future[None]] = []
         self.epoch = 0  # of the group this member's consumer is in
         self._joined_at = time.monotonic()  # when the consumer subscribed
         self._assigned_at: float | None = None  # its last assignment since
@@ -337,10 +397,19 @@ class Membership:
         return consumer
 
     def _leave(self, consumer: Consumer) -> None:
+        started = time.monotonic()
         try:
             consumer.close()  # leaves the group: revokes (hands over) what this member owns
         except KafkaException as exc:
             log.warning("leaving the group of cluster %s: %s", self.cluster, exc)
+            return
+        # (bench/failover.py reads it: the survivors' rebalance starts here)
+        log.info(
+            "cluster %s: left group %s in %.3fs",
+            self.cluster,
+            self.group,
+            time.monotonic() - started,
+        )
 
     def _run(self) -> None:
         consumer = self._subscribe(self.map.epoch)
@@ -360,7 +429,7 @@ class Membership:
                 consumer = self._subscribe(epoch)
                 continue
             try:
-                consumer.poll(0.2)
+                consumer.poll(POLL_S)
             except KafkaException as exc:
                 log.warning("control topic %s: %s", control_topic(self.cluster), exc)
         self._leave(consumer)
@@ -446,11 +515,16 @@ class Membership:
         """Before this member's API stops: take its group id out of the members topic, so
         that no survivor removes it from the group while it hands its queues over."""
         self._leaving = True
+        # and say it is leaving: its successors wait for its releases instead of fencing it,
+        # so it leaves the group before its handover ends (``_give_up``)
+        writes = [leaving_write(self.member)]
         if self._group_id is not None:
-            try:
-                await self.write([group_write(self.member, None)], timeout=5.0)
-            except BrokerError as exc:
-                log.warning("members topic: %s", exc)
+            writes.append(group_write(self.member, None))
+        try:
+            await self.write(writes, timeout=5.0)
+            self._announced = True
+        except BrokerError as exc:
+            log.warning("members topic: %s", exc)
 
     def _revoke(self, consumer: Consumer, partitions: list[KafkaPartition]) -> None:
         self._give_up({p.partition for p in partitions}, graceful=True)
@@ -473,7 +547,22 @@ class Membership:
         self._assigned_at = time.monotonic()  # the group moves partitions: it is live
         if self._abandon:
             return  # failed: the next owner fences this member and restores from the changelog
+        if graceful and self._announced and self._stop.is_set():
+            # A graceful stop, announced: hand over while the group already rebalances. The
+            # callback returns at once, so librdkafka sends its LeaveGroup now rather than after
+            # the handover (the survivors' rebalance takes a second or more on Tansu: they
+            # learn of it at a heartbeat, then the broker holds their JoinGroup); the successor
+            # of each partition waits for its release (``handed_over``). ``close`` waits for
+            # the handover. Not when moving to a new epoch: this member rejoins at once and
+            # could be given the same partitions back mid-handover.
+            self._handovers.append(
+                asyncio.run_coroutine_threadsafe(self._hand_over(gone), self._loop)
+            )
+            return
         self._call(self._on_revoked(gone, graceful), "handing over")
+
+    async def _hand_over(self, gone: set[int]) -> None:
+        await self._on_revoked(gone, True)
 
     def abandon(self) -> None:
         """Leave the group now without handing anything over (not blocking): this member lost
@@ -493,6 +582,11 @@ class Membership:
             self._loop.call_soon_threadsafe(self._watch_task.cancel)
         if self._thread is not None:
             self._thread.join(60)
+        for handover in self._handovers:
+            try:
+                handover.result(HANDOVER_WAIT_S)
+            except Exception:
+                log.exception("cluster %s: handing over failed", self.cluster)
         self.guard.close()
         try:
             gone = [Write(f"member/{self.member.id}".encode(), None)]

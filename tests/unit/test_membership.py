@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from layer.coordinator.membership import (
     CONTROL_PARTITIONS,
     ClusterMap,
     Member,
     epoch_write,
     group_name,
+    handed_over,
+    leaving_write,
     member_write,
     owner_write,
     partition_of,
@@ -81,3 +85,54 @@ def test_the_group_epoch_is_the_highest_written_and_names_the_group() -> None:
         w = epoch_write(epoch)
         cmap.apply(w.key, w.value, offset)
     assert cmap.epoch == 2 and group_name("c1", cmap.epoch) == "qlayer.c1.2"
+
+
+def test_a_member_stopping_gracefully_is_leaving_until_it_starts_again() -> None:
+    cmap = ClusterMap("b")
+    feed(cmap, member_write(A), leaving_write(A))
+    assert cmap.leaving == {"a"}
+    feed(cmap, member_write(A))  # started again: advertises itself
+    assert cmap.leaving == set()
+
+
+def test_a_release_after_the_successors_claim_is_recorded_though_not_in_force() -> None:
+    cmap = ClusterMap("b")
+    feed(cmap, member_write(A), owner_write(3, A, False), leaving_write(A))
+    feed(cmap, owner_write(3, B, False))  # b claims before a's handover ended
+    feed(cmap, owner_write(3, A, released=True))
+    assert cmap.owners[3].member == "b" and not cmap.owners[3].released
+    assert cmap.releases[3] == ("a", 4) and cmap.taken_from_offset[3] == 1
+
+
+async def never_refuses(address: str) -> bool:
+    return False
+
+
+async def refuses_now(address: str) -> bool:
+    return True
+
+
+def test_a_successor_waits_for_the_release_of_an_owner_stopping_gracefully() -> None:
+    async def scenario() -> tuple[bool, bool, bool, bool]:
+        cmap = ClusterMap("b")
+        feed(cmap, member_write(A), owner_write(3, A, False), owner_write(3, B, False))
+        before, at = cmap.taken_from[3], cmap.taken_from_offset[3]
+        assert before is not None
+        # not released yet: a short wait ends without it
+        without = await handed_over(cmap, 3, before, at, never_refuses, within=0.05)
+        # an older release (before the claim taken over) does not count
+        cmap.releases[3] = ("a", 0)
+        old = await handed_over(cmap, 3, before, at, never_refuses, within=0.05)
+        # released while the successor waits
+        asyncio.get_running_loop().call_later(
+            0.05, lambda: feed(cmap, owner_write(3, A, released=True))
+        )
+        released = await handed_over(cmap, 3, before, at, never_refuses, within=10)
+        # an owner whose API refuses connections died mid-handover: no wait
+        cmap.releases.clear()
+        dead = await asyncio.wait_for(
+            handed_over(cmap, 3, before, at, refuses_now, within=10), timeout=5
+        )
+        return without, old, released, dead
+
+    assert asyncio.run(scenario()) == (False, False, True, False)
