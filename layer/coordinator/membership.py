@@ -82,6 +82,13 @@ CONTROL_PARTITIONS = 12
 #: ``max.poll.interval.ms``: a member that takes longer is evicted and its partitions move)
 REBALANCE_BUDGET_MS = 300_000
 
+#: after a member's graceful stop (read within ``LEAVE_MEMORY_S``), a control partition
+#: released and not claimed for this long (at least ``LEFT_STALL_SESSIONS`` sessions) is a
+#: wedge too (``Membership._stalled``)
+LEFT_STALL_MIN_S = 8.0
+LEFT_STALL_SESSIONS = 4
+LEAVE_MEMORY_S = 60.0
+
 #: how long this thread's poll waits: a stop (``close``) is taken up within it
 POLL_S = 0.05
 
@@ -154,6 +161,7 @@ class ClusterMap:
     # partition -> (member, offset) of the last release of it read, in force or not (one
     # written after a successor's claim is not in ``owners``)
     releases: dict[int, tuple[str, int]] = field(default_factory=dict)
+    leaves: int = 0  # ``leaving/<id>`` records read
     next_offset: int = 0
 
     def apply(self, key: bytes | None, value: bytes | None, offset: int) -> None:
@@ -175,6 +183,7 @@ class ClusterMap:
                     self.leaving.discard(rest)
                 else:
                     self.leaving.add(rest)
+                    self.leaves += 1
             elif kind == "group":
                 if body is None:
                     self.group_ids.pop(rest, None)
@@ -335,6 +344,9 @@ class Membership:
         self._assigned_at: float | None = None  # its last assignment since
         self._unowned_since: dict[int, float] = {}
         self._bumped_at = 0.0
+        self._leave_seen_at: float | None = None  # a member's graceful stop last read
+        # a wedge follows a leave: released partitions are watched more closely for a while
+        self.left_stall_s = max(LEFT_STALL_MIN_S, LEFT_STALL_SESSIONS * session_s)
         self._watch_task: asyncio.Task[None] | None = None
 
     @property
@@ -366,8 +378,11 @@ class Membership:
         self._loop.call_soon_threadsafe(self._take, records)
 
     def _take(self, records: list[Record]) -> None:
+        leaves = self.map.leaves
         for key, value, offset in records:
             self.map.apply(key, value, offset)
+        if self.map.leaves != leaves:
+            self._leave_seen_at = time.monotonic()
         self._read_back.reached(self.map.next_offset)
 
     async def write(self, writes: list[Write], timeout: float = 30.0) -> None:
@@ -479,9 +494,21 @@ class Membership:
         # counted from this member's last assignment or revocation too: the group is live
         # while it moves partitions (e.g. after a Kafka outage)
         seen = self._assigned_at
-        old = sorted(p for p, t in self._unowned_since.items() if now - max(t, seen) > self.stall_s)
+        # After a member's graceful stop (its LeaveGroup) a partition released and not claimed
+        # for ``left_stall_s`` is taken for a wedge already: the leave is what wedges a group
+        # on Tansu, and it then stalled every time (the 20 s of ``stall_s`` were most of a
+        # graceful stop's failover then); a rebalance takes 1-3.5 s there. Not after an outage
+        # (no leave): the members' rejoining takes longer.
+        fast = self._leave_seen_at is not None and now - self._leave_seen_at < LEAVE_MEMORY_S
+        limits = {
+            p: self.left_stall_s if fast and self.map.owners.get(p) is not None else self.stall_s
+            for p in self._unowned_since
+        }
+        old = sorted(p for p, t in self._unowned_since.items() if now - max(t, seen) > limits[p])
         if old:
-            return f"control partitions {old} unowned for more than {self.stall_s:.0f}s"
+            return (
+                f"control partitions {old} unowned for more than {min(limits[p] for p in old):.0f}s"
+            )
         return None
 
     def _call(self, step: Awaitable[None], what: str) -> None:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
+from typing import Any
 
 from layer.coordinator.membership import (
     CONTROL_PARTITIONS,
     ClusterMap,
     Member,
+    Membership,
     epoch_write,
     group_name,
     handed_over,
@@ -136,3 +139,43 @@ def test_a_successor_waits_for_the_release_of_an_owner_stopping_gracefully() -> 
         return without, old, released, dead
 
     assert asyncio.run(scenario()) == (False, False, True, False)
+
+
+def watch(cmap: ClusterMap, leave_seen_at: float | None) -> Any:
+    """What ``Membership._stalled`` reads, of a member assigned at 0 that bumped no epoch."""
+    return SimpleNamespace(
+        map=cmap, epoch=0, _bumped_at=-1000.0, stall_s=20.0, left_stall_s=8.0,
+        _assigned_at=0.0, _joined_at=0.0, _unowned_since={}, _leave_seen_at=leave_seen_at,
+    )  # fmt: skip
+
+
+def test_a_partition_released_after_a_graceful_stop_and_not_claimed_is_a_wedge_sooner() -> None:
+    cmap = ClusterMap("b")
+    feed(cmap, *(owner_write(p, B, False) for p in range(CONTROL_PARTITIONS) if p != 3))
+    feed(cmap, member_write(A), owner_write(3, A, False), owner_write(3, A, released=True))
+    # no member stopped gracefully lately (e.g. after an outage): 20 s
+    calm = watch(cmap, leave_seen_at=None)
+    assert Membership._stalled(calm, 1.0) is None
+    assert Membership._stalled(calm, 10.0) is None
+    assert Membership._stalled(calm, 21.5) == "control partitions [3] unowned for more than 20s"
+    # a's leave was read at 0.5: released and unclaimed for 8 s is taken for a wedge
+    after_leave = watch(cmap, leave_seen_at=0.5)
+    assert Membership._stalled(after_leave, 1.0) is None
+    assert Membership._stalled(after_leave, 8.5) is None
+    assert Membership._stalled(after_leave, 9.5) == (
+        "control partitions [3] unowned for more than 8s"
+    )
+    # claimed meanwhile: no wedge
+    feed(cmap, owner_write(3, B, False))
+    assert Membership._stalled(after_leave, 30.0) is None
+    # a partition never claimed keeps the 20 s
+    cmap.owners.pop(3)
+    never = watch(cmap, leave_seen_at=0.5)
+    assert Membership._stalled(never, 1.0) is None
+    assert Membership._stalled(never, 9.5) is None
+    # a leave read more than a minute ago does not count
+    feed(cmap, owner_write(3, A, False), owner_write(3, A, released=True))
+    stale = watch(cmap, leave_seen_at=0.5)
+    assert Membership._stalled(stale, 70.0) is None
+    assert Membership._stalled(stale, 79.0) is None
+    assert Membership._stalled(stale, 90.5) == "control partitions [3] unowned for more than 20s"
