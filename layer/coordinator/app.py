@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import gc
 import logging
 import signal
@@ -48,6 +49,9 @@ from layer.state.rocksdb import RocksDBStore, discard_state_dir
 log = logging.getLogger(__name__)
 
 Ready = Callable[[str, int], None]
+
+#: a stop still under way this long after the signal dumps every thread's stack to stderr
+STOP_DUMP_S = 30.0
 
 
 class CoordinatorApp:
@@ -106,6 +110,11 @@ class CoordinatorApp:
         self._coordinator.reload_on_signal()
 
     def request_stop(self) -> None:
+        if not self.stop_requested.is_set():
+            # a stop that has not ended within STOP_DUMP_S prints every thread's stack to
+            # stderr (the log): what it waits on (the process's last step, ``layer.cli``,
+            # replaces the timer)
+            faulthandler.dump_traceback_later(STOP_DUMP_S)
         self.health.stopping()
         self.stop_requested.set()
 
