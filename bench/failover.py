@@ -334,11 +334,13 @@ def run(members: int, kills: int, how: str, rate: float, bootstrap: str | None) 
                     stopped_at=None, owner=owner_address, took=None, new_owner=None, subscribed=None
                 )
             t0, wall = time.monotonic(), time.time()
+            with lock:
+                # timed from the signal: a SIGTERMed member hands over, and its queue may
+                # deliver from the new owner, before it exits (this was set after the exit,
+                # which made a later exit the figure)
+                state["stopped_at"] = t0
             victim.stop(kind)
             exited = time.monotonic() - t0
-            with lock:
-                # a SIGTERMed member hands over before it exits: timed from the signal
-                state["stopped_at"] = t0
             took = wait(lambda: state["took"], 120, "a delivery from the new owner")
             new_owner = next(p for p in procs if p.address == state["new_owner"])
             stages = stage_times(
