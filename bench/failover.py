@@ -17,7 +17,8 @@ the new owner.
 5. Where the time went: each round's ``stages``, seconds from the stop, read from the members'
    logs (``stage_times``): a SIGKILLed owner ``detected`` (a survivor found its port refusing)
    and ``removed`` from the group; a SIGTERMed one ``revoked`` and ``handed_over`` its queues
-   and ``exited``; then the new owner's ``assigned`` (the group gave it the queue's control
+   and ``left`` the group (its LeaveGroup sent: the survivors' rebalance starts) and
+   ``exited``; then the new owner's ``assigned`` (the group gave it the queue's control
    partition), ``claimed`` (written to the members topic), ``fenced`` (the last owner's
    transactional id, after a kill), ``serving`` (restored, reading), the client's
    ``subscribed`` (its stream to the new owner open) and ``delivered`` (its first message).
@@ -168,6 +169,8 @@ def stage_times(
                 mark("revoked", at)
         elif text.startswith("cluster: handed over control partitions") and "revoked" in stages:
             mark("handed_over", at)
+        elif " left group " in text and "revoked" in stages:
+            mark("left", at)
     removals = []
     for lines in survivors.values():
         for at, text in lines:
@@ -331,11 +334,13 @@ def run(members: int, kills: int, how: str, rate: float, bootstrap: str | None) 
                     stopped_at=None, owner=owner_address, took=None, new_owner=None, subscribed=None
                 )
             t0, wall = time.monotonic(), time.time()
+            with lock:
+                # timed from the signal: a SIGTERMed member hands over, and its queue may
+                # deliver from the new owner, before it exits (this was set after the exit,
+                # which made a later exit the figure)
+                state["stopped_at"] = t0
             victim.stop(kind)
             exited = time.monotonic() - t0
-            with lock:
-                # a SIGTERMed member hands over before it exits: timed from the signal
-                state["stopped_at"] = t0
             took = wait(lambda: state["took"], 120, "a delivery from the new owner")
             new_owner = next(p for p in procs if p.address == state["new_owner"])
             stages = stage_times(

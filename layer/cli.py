@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import json
 import logging
 import math
@@ -558,6 +559,9 @@ def cmd_broker(args: argparse.Namespace) -> int:
 # delivery's way (latency by stage, README "Latency").
 COORDINATOR_SWITCH_INTERVAL = 0.001
 
+#: how long a stopped coordinator's interpreter exit may take (``cmd_coordinator``)
+EXIT_BOUND_S = 10.0
+
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
     from layer.config import load
@@ -576,7 +580,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     config = load(args.config, overrides=overrides)
     sys.setswitchinterval(COORDINATOR_SWITCH_INTERVAL)
     try:
-        return asyncio.run(
+        code = asyncio.run(
             serve(
                 config,
                 ready=print_ready,
@@ -587,6 +591,12 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     except StateMismatch as exc:
         # the operator must choose (reset or repoint): a plain restart would fail the same way
         return _fail(args, exc, EXIT_USAGE)
+    # Its parts are closed (the state store too): what is left is the interpreter's exit, which
+    # joins the threads still running. One blocked in a client library must not keep the
+    # process (and a supervisor's restart) waiting: past EXIT_BOUND_S every thread's stack is
+    # printed to stderr and the process exits 1.
+    faulthandler.dump_traceback_later(EXIT_BOUND_S, exit=True)
+    return code
 
 
 def _client(args: argparse.Namespace, **options: Any):  # type: ignore[no-untyped-def]

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import gc
 import logging
 import signal
 import socket
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -48,6 +50,9 @@ from layer.state.rocksdb import RocksDBStore, discard_state_dir
 log = logging.getLogger(__name__)
 
 Ready = Callable[[str, int], None]
+
+#: a stop still under way this long after the signal dumps every thread's stack to stderr
+STOP_DUMP_S = 30.0
 
 
 class CoordinatorApp:
@@ -106,6 +111,11 @@ class CoordinatorApp:
         self._coordinator.reload_on_signal()
 
     def request_stop(self) -> None:
+        if not self.stop_requested.is_set():
+            # a stop that has not ended within STOP_DUMP_S prints every thread's stack to
+            # stderr (the log): what it waits on (the process's last step, ``layer.cli``,
+            # replaces the timer)
+            faulthandler.dump_traceback_later(STOP_DUMP_S)
         self.health.stopping()
         self.stop_requested.set()
 
@@ -267,15 +277,18 @@ class CoordinatorApp:
         return 0
 
     async def _close(self) -> None:
+        started = time.monotonic()
         if self._coordinator is not None:
             try:  # a member of a cluster: not taken for dead while its API stops
                 await self._coordinator.leaving()
             except Exception:
                 log.exception("announcing the stop to the cluster failed")
+        left = time.monotonic()
         if self._grpc_health is not None:
             await self._grpc_health.stop()  # watchers see NOT_SERVING before the server goes
         if self._server is not None:
             await self._server.stop(1.0)
+        api = time.monotonic()
         if self._coordinator is not None:
             await self._coordinator.stop()
         if self._store is not None:
@@ -284,6 +297,14 @@ class CoordinatorApp:
             self._broker.stop()
         if self._http is not None:
             await self._http.stop()
+        # where a slow stop went (what is left after this line is the interpreter's exit)
+        log.info(
+            "stopped in %.2fs: left the cluster in %.2fs, API in %.2fs, the rest in %.2fs",
+            time.monotonic() - started,
+            left - started,
+            api - left,
+            time.monotonic() - api,
+        )
 
 
 # The cyclic garbage collector's first threshold: container objects allocated (less those freed)

@@ -40,6 +40,7 @@ group of the new epoch. A takeover still fences an owner that did not release.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import threading
@@ -66,6 +67,7 @@ __all__ = [
     "Membership",
     "Owner",
     "control_topic",
+    "handed_over",
     "members_topic",
     "partition_of",
 ]
@@ -79,6 +81,21 @@ CONTROL_PARTITIONS = 12
 #: how long a member's handover or takeover may keep the group waiting (librdkafka's
 #: ``max.poll.interval.ms``: a member that takes longer is evicted and its partitions move)
 REBALANCE_BUDGET_MS = 300_000
+
+#: after a member's graceful stop (read within ``LEAVE_MEMORY_S``), a control partition
+#: released and not claimed for this long (at least ``LEFT_STALL_SESSIONS`` sessions) is a
+#: wedge too (``Membership._stalled``)
+LEFT_STALL_MIN_S = 8.0
+LEFT_STALL_SESSIONS = 4
+LEAVE_MEMORY_S = 60.0
+
+#: how long this thread's poll waits: a stop (``close``) is taken up within it
+POLL_S = 0.05
+
+#: how long a successor waits for the release of a partition whose owner stops gracefully
+#: (``leaving/<id>``) before it fences that owner; and how long that owner's ``close`` waits
+#: for its handover
+HANDOVER_WAIT_S = 10.0
 
 #: the least time a group may give no assignment (or leave a control partition unowned) before
 #: a member replaces it with the next epoch's; it is at least ``STALL_SESSIONS`` sessions
@@ -138,6 +155,13 @@ class ClusterMap:
     group_ids: dict[str, str] = field(default_factory=dict)
     # the group's epoch: members join ``group_name(cluster, epoch)``
     epoch: int = 0
+    # members stopping gracefully (``leaving/<id>``, until they start again): a successor
+    # waits for such a member's release instead of fencing it (``Membership.handed_over``)
+    leaving: set[str] = field(default_factory=set)
+    # partition -> (member, offset) of the last release of it read, in force or not (one
+    # written after a successor's claim is not in ``owners``)
+    releases: dict[int, tuple[str, int]] = field(default_factory=dict)
+    leaves: int = 0  # ``leaving/<id>`` records read
     next_offset: int = 0
 
     def apply(self, key: bytes | None, value: bytes | None, offset: int) -> None:
@@ -153,6 +177,13 @@ class ClusterMap:
                     self.members[rest] = Member(
                         rest, str(body["address"]), str(body["transactional_id"])
                     )
+                    self.leaving.discard(rest)  # (re)started
+            elif kind == "leaving":
+                if body is None:
+                    self.leaving.discard(rest)
+                else:
+                    self.leaving.add(rest)
+                    self.leaves += 1
             elif kind == "group":
                 if body is None:
                     self.group_ids.pop(rest, None)
@@ -171,6 +202,8 @@ class ClusterMap:
                     str(body["member"]), str(body["transactional_id"]), bool(body["released"])
                 )
                 current = self.owners.get(p)
+                if owner.released:
+                    self.releases[p] = (owner.member, offset)
                 if owner.released and current is not None and current.member != owner.member:
                     # a release written after another member claimed the partition (a member
                     # that lost it while Kafka was away): the claim stands
@@ -212,6 +245,11 @@ def group_write(member: Member, group_member_id: str | None) -> Write:
     return Write(f"group/{member.id}".encode(), None if value is None else value.encode())
 
 
+def leaving_write(member: Member) -> Write:
+    """This member stops gracefully: it hands over what it owns, its successors wait for that."""
+    return Write(f"leaving/{member.id}".encode(), b"{}")
+
+
 def owner_write(partition: int, member: Member, released: bool) -> Write:
     value = {
         "member": member.id,
@@ -219,6 +257,35 @@ def owner_write(partition: int, member: Member, released: bool) -> Write:
         "released": released,
     }
     return Write(f"owner/{partition}".encode(), json.dumps(value).encode())
+
+
+async def handed_over(
+    cmap: ClusterMap,
+    partition: int,
+    owner: Owner,
+    after: int | None,
+    refuses: Callable[[str], Awaitable[bool]],
+    within: float = HANDOVER_WAIT_S,
+) -> bool:
+    """Whether ``owner``, stopping gracefully (in ``cmap.leaving``), released ``partition`` (a
+    release read at an offset after ``after``, the claim taken over) within ``within`` seconds.
+    False at once if its API ``refuses`` connections: it died mid-handover."""
+    member = cmap.members.get(owner.member)
+    deadline = time.monotonic() + within
+    probe_at = 0.0
+    claimed_at = -1 if after is None else after
+    while True:
+        got = cmap.releases.get(partition)
+        if got is not None and got[0] == owner.member and got[1] > claimed_at:
+            return True
+        now = time.monotonic()
+        if now >= deadline:
+            return False
+        if member is not None and now >= probe_at:
+            probe_at = now + 0.2
+            if await refuses(member.address):
+                return False
+        await asyncio.sleep(0.02)
 
 
 class Membership:
@@ -270,11 +337,16 @@ class Membership:
         self.owned: set[int] = set()
         self._group_id: str | None = None  # as written to the members topic
         self._leaving = False
+        self._announced = False  # its ``leaving/<id>`` written: handovers need not block
+        self._handovers: list[concurrent.futures.Future[None]] = []
         self.epoch = 0  # of the group this member's consumer is in
         self._joined_at = time.monotonic()  # when the consumer subscribed
         self._assigned_at: float | None = None  # its last assignment since
         self._unowned_since: dict[int, float] = {}
         self._bumped_at = 0.0
+        self._leave_seen_at: float | None = None  # a member's graceful stop last read
+        # a wedge follows a leave: released partitions are watched more closely for a while
+        self.left_stall_s = max(LEFT_STALL_MIN_S, LEFT_STALL_SESSIONS * session_s)
         self._watch_task: asyncio.Task[None] | None = None
 
     @property
@@ -306,8 +378,11 @@ class Membership:
         self._loop.call_soon_threadsafe(self._take, records)
 
     def _take(self, records: list[Record]) -> None:
+        leaves = self.map.leaves
         for key, value, offset in records:
             self.map.apply(key, value, offset)
+        if self.map.leaves != leaves:
+            self._leave_seen_at = time.monotonic()
         self._read_back.reached(self.map.next_offset)
 
     async def write(self, writes: list[Write], timeout: float = 30.0) -> None:
@@ -337,10 +412,19 @@ class Membership:
         return consumer
 
     def _leave(self, consumer: Consumer) -> None:
+        started = time.monotonic()
         try:
             consumer.close()  # leaves the group: revokes (hands over) what this member owns
         except KafkaException as exc:
             log.warning("leaving the group of cluster %s: %s", self.cluster, exc)
+            return
+        # (bench/failover.py reads it: the survivors' rebalance starts here)
+        log.info(
+            "cluster %s: left group %s in %.3fs",
+            self.cluster,
+            self.group,
+            time.monotonic() - started,
+        )
 
     def _run(self) -> None:
         consumer = self._subscribe(self.map.epoch)
@@ -360,7 +444,7 @@ class Membership:
                 consumer = self._subscribe(epoch)
                 continue
             try:
-                consumer.poll(0.2)
+                consumer.poll(POLL_S)
             except KafkaException as exc:
                 log.warning("control topic %s: %s", control_topic(self.cluster), exc)
         self._leave(consumer)
@@ -410,9 +494,21 @@ class Membership:
         # counted from this member's last assignment or revocation too: the group is live
         # while it moves partitions (e.g. after a Kafka outage)
         seen = self._assigned_at
-        old = sorted(p for p, t in self._unowned_since.items() if now - max(t, seen) > self.stall_s)
+        # After a member's graceful stop (its LeaveGroup) a partition released and not claimed
+        # for ``left_stall_s`` is taken for a wedge already: the leave is what wedges a group
+        # on Tansu, and it then stalled every time (the 20 s of ``stall_s`` were most of a
+        # graceful stop's failover then); a rebalance takes 1-3.5 s there. Not after an outage
+        # (no leave): the members' rejoining takes longer.
+        fast = self._leave_seen_at is not None and now - self._leave_seen_at < LEAVE_MEMORY_S
+        limits = {
+            p: self.left_stall_s if fast and self.map.owners.get(p) is not None else self.stall_s
+            for p in self._unowned_since
+        }
+        old = sorted(p for p, t in self._unowned_since.items() if now - max(t, seen) > limits[p])
         if old:
-            return f"control partitions {old} unowned for more than {self.stall_s:.0f}s"
+            return (
+                f"control partitions {old} unowned for more than {min(limits[p] for p in old):.0f}s"
+            )
         return None
 
     def _call(self, step: Awaitable[None], what: str) -> None:
@@ -446,11 +542,16 @@ class Membership:
         """Before this member's API stops: take its group id out of the members topic, so
         that no survivor removes it from the group while it hands its queues over."""
         self._leaving = True
+        # and say it is leaving: its successors wait for its releases instead of fencing it,
+        # so it leaves the group before its handover ends (``_give_up``)
+        writes = [leaving_write(self.member)]
         if self._group_id is not None:
-            try:
-                await self.write([group_write(self.member, None)], timeout=5.0)
-            except BrokerError as exc:
-                log.warning("members topic: %s", exc)
+            writes.append(group_write(self.member, None))
+        try:
+            await self.write(writes, timeout=5.0)
+            self._announced = True
+        except BrokerError as exc:
+            log.warning("members topic: %s", exc)
 
     def _revoke(self, consumer: Consumer, partitions: list[KafkaPartition]) -> None:
         self._give_up({p.partition for p in partitions}, graceful=True)
@@ -473,7 +574,22 @@ class Membership:
         self._assigned_at = time.monotonic()  # the group moves partitions: it is live
         if self._abandon:
             return  # failed: the next owner fences this member and restores from the changelog
+        if graceful and self._announced and self._stop.is_set():
+            # A graceful stop, announced: hand over while the group already rebalances. The
+            # callback returns at once, so librdkafka sends its LeaveGroup now rather than after
+            # the handover (the survivors' rebalance takes a second or more on Tansu: they
+            # learn of it at a heartbeat, then the broker holds their JoinGroup); the successor
+            # of each partition waits for its release (``handed_over``). ``close`` waits for
+            # the handover. Not when moving to a new epoch: this member rejoins at once and
+            # could be given the same partitions back mid-handover.
+            self._handovers.append(
+                asyncio.run_coroutine_threadsafe(self._hand_over(gone), self._loop)
+            )
+            return
         self._call(self._on_revoked(gone, graceful), "handing over")
+
+    async def _hand_over(self, gone: set[int]) -> None:
+        await self._on_revoked(gone, True)
 
     def abandon(self) -> None:
         """Leave the group now without handing anything over (not blocking): this member lost
@@ -493,6 +609,11 @@ class Membership:
             self._loop.call_soon_threadsafe(self._watch_task.cancel)
         if self._thread is not None:
             self._thread.join(60)
+        for handover in self._handovers:
+            try:
+                handover.result(HANDOVER_WAIT_S)
+            except Exception:
+                log.exception("cluster %s: handing over failed", self.cluster)
         self.guard.close()
         try:
             gone = [Write(f"member/{self.member.id}".encode(), None)]

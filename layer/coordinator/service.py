@@ -59,12 +59,13 @@ from layer.config import Config, QueueConfig, reread
 from layer.coordinator.cluster_queues import ClusterQueues, info_of
 from layer.coordinator.cluster_stats import gather_stats
 from layer.coordinator.definitions import DefinitionsLog
-from layer.coordinator.evict import Evictions, Remover
+from layer.coordinator.evict import Evictions, Remover, refuses
 from layer.coordinator.health import Health
 from layer.coordinator.ingest import Fetched, IngestReader
 from layer.coordinator.membership import (
     Member,
     Membership,
+    handed_over,
     member_write,
     owner_write,
     partition_of,
@@ -458,11 +459,17 @@ class Coordinator:
         session to time out."""
         self._left = True
         if self._standby_task is not None:
-            self._standby_task.cancel()
+            self._standby_task.cancel()  # no queue is given to the standby from here on
+        # the standby stops while the member leaves (not first: the group's rebalance, which
+        # the leave starts, is most of a graceful stop's failover)
+        closing = []
         if self._standby is not None:
-            await asyncio.to_thread(self._standby.close)
+            closing.append(asyncio.to_thread(self._standby.close))
         if self._membership is not None:
-            await asyncio.to_thread(self._membership.close, self._rounds.failed is not None)
+            closing.append(
+                asyncio.to_thread(self._membership.close, self._rounds.failed is not None)
+            )
+        await asyncio.gather(*closing)
 
     async def stop(self) -> None:
         if self._evict_task is not None:
@@ -1258,11 +1265,19 @@ class Coordinator:
         claimed = time.monotonic()
         # transactional id -> the offset of the latest unreleased claim of it taken over
         fence: dict[str, int] = {}
+        handed: list[int] = []  # released by an owner stopping gracefully after the claim
         for p in partitions:
             before = membership.map.taken_from.get(p)
             if before is None or before.released or before.member == me.id:
                 continue
             at = membership.map.taken_from_offset.get(p)
+            # an owner stopping gracefully leaves the group before its handover ends
+            # (``Membership._give_up``): wait for its release rather than fence it
+            if before.member in membership.map.leaving and await handed_over(
+                membership.map, p, before, at, refuses
+            ):
+                handed.append(p)
+                continue
             fence[before.transactional_id] = max(
                 fence.get(before.transactional_id, -1), _UNKNOWN if at is None else at
             )
@@ -1284,12 +1299,13 @@ class Coordinator:
         # the stages of a takeover, for the failover benchmark (bench/failover.py reads them)
         log.info(
             "cluster: serving control partitions %s: claimed in %.3fs, fenced %d in %.3fs,"
-            " restored and serving in %.3fs",
+            " restored and serving in %.3fs (handed over after the claim: %s)",
             sorted(partitions),
             claimed - started,
             len(fence),
             fenced - claimed,
             time.monotonic() - fenced,
+            sorted(handed),
             extra={"partitions": sorted(partitions)},
         )
 
@@ -1436,12 +1452,17 @@ class Coordinator:
             await self._apply_definitions("moved to another member of the cluster")
         if self._rounds.failed is None:
             me = membership.member
+            # handed over: each partition this member claimed, even when its successor has
+            # claimed it since (a graceful stop leaves the group before its handover ends,
+            # and the successor waits for this release, ``Membership.handed_over``)
             mine = [
                 p
                 for p in sorted(partitions)
                 if (o := membership.map.owners.get(p)) is not None
-                and o.member == me.id
-                and not o.released
+                and (
+                    (o.member == me.id and not o.released)
+                    or (graceful and o.member != me.id and p in self._claimed)
+                )
             ]
             if mine:
                 await membership.write([owner_write(p, me, released=True) for p in mine])
