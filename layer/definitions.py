@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from layer.codec import decode, encode
 from layer.config import QueueConfig, queue_table
+from layer.config.model import shared_view_topic
 from layer.exceptions import ConfigError, SerializationError
 
 __all__ = [
@@ -208,6 +209,12 @@ class Definitions:
     ``validate`` turns a definition into a ``QueueConfig`` (``layer.config.queue_from_table``)
     or raises ``ConfigError``; a record that does not decode or validate is skipped (the queue
     keeps its last good definition) and ``apply`` returns the one line that says why.
+
+    ``exclusive_views`` (a cluster): a definition whose view topic is another defined queue's
+    is skipped too (``shared_view_topic``). The API and the files are refused such a change
+    before it is written; this catches two written at once through two members. Every member
+    reduces the same records in the same order, so all of them keep the first and skip the
+    second.
     """
 
     validate: Callable[[Definition, str], QueueConfig]
@@ -219,6 +226,9 @@ class Definitions:
     next_offset: int = 0  # the offset after the last record applied
     # temporary queues deleted since the coordinator last took them (their state is to go)
     ended_temporary: set[str] = field(default_factory=set)
+    exclusive_views: bool = False
+    # offset -> why the record there was skipped (a writer reading its own record back)
+    rejected: dict[int, str] = field(default_factory=dict)
 
     def apply(self, key: bytes | None, value: bytes | None, offset: int) -> str | None:
         self.next_offset = max(self.next_offset, offset + 1)
@@ -226,7 +236,7 @@ class Definitions:
         try:
             name, item = decode_record(key, value)
         except SerializationError as exc:
-            return f"definitions record {where} skipped: {exc}"
+            return self._reject(offset, f"definitions record {where} skipped: {exc}")
         if isinstance(item, Manifest) or name.startswith(_MANIFEST_PREFIX):
             if item is None:
                 self.manifests.pop(name, None)
@@ -242,16 +252,22 @@ class Definitions:
                 self.latest[name] = None
             self.queues.pop(name, None)
             return None
+        skipped = f"definitions record {where} skipped, queue {name!r} keeps its last definition"
         try:
             queue = self.validate(item, where)
         except ConfigError as exc:
-            return (
-                f"definitions record {where} skipped, queue {name!r} keeps its last"
-                f" definition: {exc}"
-            )
+            return self._reject(offset, f"{skipped}: {exc}")
+        if self.exclusive_views:
+            shared = shared_view_topic(queue, self.queues.values())
+            if shared is not None:
+                return self._reject(offset, f"{skipped}: option 'view_topic': {shared}")
         self.latest[name] = item
         self.queues[name] = queue
         return None
+
+    def _reject(self, offset: int, problem: str) -> str:
+        self.rejected[offset] = problem
+        return problem
 
     def defined(self) -> tuple[QueueConfig, ...]:
         """The live queues, in the order they were first defined."""

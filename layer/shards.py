@@ -18,7 +18,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from layer.config import QueueConfig
-from layer.config.model import parse_shard, queue_of, shard_name, shard_view_topic
+from layer.config.model import (
+    parse_shard,
+    queue_of,
+    shard_name,
+    shard_view_topic,
+    shared_view_topic,
+    view_topics,
+)
 
 __all__ = [
     "expand",
@@ -27,6 +34,7 @@ __all__ = [
     "shard_name",
     "shard_names",
     "shard_view_topic",
+    "shared_view_topic",
     "shards_in",
     "view_topics",
 ]
@@ -56,16 +64,6 @@ def expand(queues: Iterable[QueueConfig]) -> tuple[QueueConfig, ...]:
             for i in range(q.partitions)
         )
     return tuple(out)
-
-
-def view_topics(queue: QueueConfig) -> list[str]:
-    """The view topics a reader of ``queue``'s view merges: its own, or each shard's for a
-    partitioned queue (none without ``view_topic``)."""
-    if queue.view_topic is None:
-        return []
-    if not queue.partitioned or queue.partitions is None:
-        return [queue.view_topic]
-    return [shard_view_topic(queue.view_topic, i) for i in range(queue.partitions)]
 
 
 def shards_in(queue: str, names: Sequence[str]) -> list[str]:

@@ -44,6 +44,7 @@ from layer.config.model import (
     QueueConfig,
     StartFrom,
     shard_view_topic,
+    shared_view_topic,
 )
 from layer.documents import load_avro_schema
 from layer.durations import format_value, parse_duration
@@ -132,6 +133,10 @@ def _build(
                 f"is also named {queue.name!r}"
             )
         first_index[queue.name] = index
+        if coordinator.cluster is not None:
+            shared = shared_view_topic(queue, queues)
+            if shared is not None:
+                raise ConfigError(f"{source}: queue {queue.name!r}: option 'view_topic': {shared}")
         queues.append(queue)
     return Config(
         source=source,

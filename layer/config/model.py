@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -13,6 +13,7 @@ from typing import Any, TypeVar, cast
 
 from layer.engine.model import EngineSettings, Fairness, GroupMode, Leasing, Semantics
 from layer.exceptions import ConfigError, UnknownQueue
+from layer.viewgen import generation_of
 
 MAX_TOPIC_LENGTH = 249  # Kafka's limit on a topic name
 MAX_SHARDS = 1024  # partitions of a partitioned queue: one engine (and changelog) each
@@ -420,3 +421,46 @@ class Config:
             coordinator=replace(config.coordinator, **changes),
             overrides=tuple(sorted(recorded.items())),
         )
+
+
+def view_topics(queue: QueueConfig) -> list[str]:
+    """The view topics a queue as defined writes: its own, or each shard's for a partitioned
+    queue (none without ``view_topic``)."""
+    if queue.view_topic is None:
+        return []
+    if not queue.partitioned or queue.partitions is None:
+        return [queue.view_topic]
+    return [shard_view_topic(queue.view_topic, i) for i in range(queue.partitions)]
+
+
+def shared_view_topic(queue: QueueConfig, others: Iterable[QueueConfig]) -> str | None:
+    """Why ``queue`` cannot have its view topic in a cluster, or None: it (or one of its
+    generations, ``layer.viewgen``) is one of another queue's. The generations of a view topic
+    are kept by the coordinator that writes it, snapshotting the queues *it* serves and deleting
+    the generations before the two last; two queues on two members would each drop the other
+    from the views (a single coordinator keeps one series for every queue naming the topic, so
+    sharing works there)."""
+    mine = view_topics(queue)
+    for other in others:
+        if other.name == queue.name:
+            continue
+        for a in mine:
+            for b in view_topics(other):
+                if a == b:
+                    clash = f"{a!r} is also the view topic of queue {other.name!r}"
+                elif generation_of(b, a) is not None:
+                    clash = (
+                        f"{a!r} is a generation of {b!r}, the view topic of queue {other.name!r}"
+                    )
+                elif generation_of(a, b) is not None:
+                    clash = (
+                        f"{b!r}, the view topic of queue {other.name!r}, is a generation of {a!r}"
+                    )
+                else:
+                    continue
+                return (
+                    f"{clash}: in a cluster each queue needs a view topic of its own (the"
+                    " members serving the two would each roll its generations and delete the"
+                    " other's)"
+                )
+    return None

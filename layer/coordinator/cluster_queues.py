@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 
 from layer.api.service import QueueDefinitionInfo
 from layer.config import Config, CoordinatorConfig, QueueConfig, queue_from_table, queue_table
+from layer.config.model import shared_view_topic
 from layer.coordinator.definitions import DefinitionsLog, ReadBack, Record
 from layer.coordinator.reload import plan
 from layer.coordinator.restore import Patience
@@ -51,7 +52,12 @@ class ClusterQueues:
         self._coordinator = coordinator
         self._log = definitions_log
         self._clock = clock
-        self.definitions = Definitions(self._validate, coordinator.definitions_topic)
+        self.definitions = Definitions(
+            self._validate,
+            coordinator.definitions_topic,
+            # a cluster's members each roll the generations of the view topics they write
+            exclusive_views=coordinator.cluster is not None,
+        )
         self._read_back = ReadBack()
 
     # --- reading ----------------------------------------------------------------------------
@@ -125,10 +131,12 @@ class ClusterQueues:
     # --- what a change writes -------------------------------------------------------------
 
     def file_writes(self, config: Config) -> list[Write]:
-        """The records a read of the config file writes (``file_changes``) and its manifest."""
+        """The records a read of the config file writes (``file_changes``) and its manifest
+        (``ConfigError`` if a table it writes shares a view topic in a cluster)."""
+        self.check_file(config)
         c = config.coordinator
         now_ms = self._now_ms()
-        changes = file_changes(self.definitions, c.id, config.source, config.queues, now_ms)
+        changes = self._file_changes(config, now_ms)
         writes = [Write.delete(x) if isinstance(x, str) else Write.of(x) for x in changes]
         tables = {q.name: queue_table(q) for q in config.queues}
         manifest = self.definitions.manifests.get(file_origin(c.id))
@@ -145,10 +153,42 @@ class ClusterQueues:
                 )
         return writes
 
+    def check_file(self, config: Config) -> None:
+        """In a cluster, ``ConfigError`` if a table the file would write (new or edited) has
+        a view topic another queue of the cluster has, wherever that one was defined (the
+        file's own tables are checked against one another as the file loads)."""
+        if not self.definitions.exclusive_views:
+            return
+        # as the topic's reduce will apply them, one after the other
+        queues = dict(self.definitions.queues)
+        for change in self._file_changes(config, 0):
+            if isinstance(change, str):
+                queues.pop(change, None)
+            else:
+                queue = config.queue(change.name)
+                self._check_view_topic(queue, config.source, queues.values())
+                queues[queue.name] = queue
+
+    def _file_changes(self, config: Config, now_ms: int) -> list[Definition | str]:
+        """``file_changes`` in the order they are written: the deletions first, so a table
+        may take over the view topic of a queue the same edit removes."""
+        c = config.coordinator
+        changes = file_changes(self.definitions, c.id, config.source, config.queues, now_ms)
+        return sorted(changes, key=lambda change: not isinstance(change, str))
+
+    def _check_view_topic(
+        self, queue: QueueConfig, where: str, others: Iterable[QueueConfig] | None = None
+    ) -> None:
+        if not self.definitions.exclusive_views:
+            return  # one coordinator keeps one series of generations for the queues sharing it
+        others = self.definitions.queues.values() if others is None else others
+        shared = shared_view_topic(queue, others)
+        if shared is not None:
+            raise ConfigError(f"{where}: queue {queue.name!r}: option 'view_topic': {shared}")
+
     def after_file(self, config: Config) -> tuple[QueueConfig, ...]:
         """The queues the topic would define once ``config``'s file changes are written."""
-        c = config.coordinator
-        changes = file_changes(self.definitions, c.id, config.source, config.queues, 0)
+        changes = self._file_changes(config, 0)
         desired = dict(self.definitions.queues)
         for change in changes:
             if isinstance(change, str):
@@ -165,6 +205,7 @@ class ClusterQueues:
         queue = queue_from_table(table, "queue create", self._coordinator)
         if queue.name in self.definitions.queues:
             raise QueueExists(f"queue {queue.name!r} exists: change it with `qlayer queue alter`")
+        self._check_view_topic(queue, "queue create")
         if temporary and queue.partitioned:
             # its use is watched on the queue's own subscriptions, which a partitioned one has
             # only per shard
@@ -200,6 +241,7 @@ class ClusterQueues:
             raise ConfigError(f"queue alter: queue {name!r}: a queue cannot be renamed")
         table = {**queue_table(current), **changed}
         queue = queue_from_table(table, "queue alter", self._coordinator)
+        self._check_view_topic(queue, "queue alter")
         before = Config("queue alter", coordinator=self._coordinator, queues=(current,))
         for r in plan(before, replace(before, queues=(queue,))).refused:
             raise ConfigError(
@@ -217,6 +259,11 @@ class ClusterQueues:
                 f"the change was written to {self.definitions.topic} at offset {last} but not"
                 f" read back within {READ_BACK_TIMEOUT:.0f}s: it applies once it is"
             ) from None
+        # checked before it was written, but another member may have written a clashing
+        # change just before it: every member skips the second (``Definitions``)
+        problem = self.definitions.rejected.get(last)
+        if problem is not None:
+            raise ConfigError(problem)
 
     def close(self) -> None:
         self._log.close()

@@ -1526,13 +1526,14 @@ class Coordinator:
         async with self._reload_lock:
             self._check_alive()
             source = self._config.source
+            assert self._cluster is not None
             try:
                 new = await asyncio.to_thread(self._reread, self._config)
+                self._cluster.check_file(new)  # a cluster's view topics: one queue each
             except ConfigError as exc:
                 log.error("reload failed, nothing changed: %s", exc, extra={"source": source})
                 raise
             # the file's changes go through the topic: planned against what it would then hold
-            assert self._cluster is not None
             # planned on the queues as defined (a partitioned queue's distribution and
             # partitions are fixed), then on what runs (its shards)
             defined = plan(
