@@ -240,6 +240,8 @@ class Standby:
         """Every changelog partition of the tails, at the offsets the store reached."""
         out = []
         for topic in self._topics:
+            if self._stop.is_set():
+                break  # closing: the assignment no longer matters
             metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
             if metadata is None or metadata.error is not None:
                 continue
