@@ -34,6 +34,11 @@ class RecoveryError(StateError):
     """State could not be restored from the changelog."""
 
 
+class RestoreStopped(RecoveryError):
+    """A changelog restore was stopped before it caught up (what it applied is kept, with its
+    offsets: the next restore resumes there)."""
+
+
 class StateMismatch(StateError):
     """The state directory does not belong to this Kafka cluster."""
 

@@ -36,7 +36,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from confluent_kafka import TopicPartition as KafkaPartition
 
 from layer.coordinator.membership import ClusterMap
-from layer.exceptions import QLayerError
+from layer.exceptions import QLayerError, RestoreStopped
 from layer.state.base import Store
 from layer.state.recovery import Tail, restore, take_batch
 
@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 
 #: how long an idle fetch of the standby consumer waits (a standby lags by about this much)
 FETCH_WAIT_MS = 200
+#: how long ``close`` waits for the thread (it stops between fetches: well under a second,
+#: but a metadata request may take up to its 10 s timeout)
+CLOSE_WAIT_S = 12.0
 #: a queue whose tail failed (its topic missing, a record that does not apply) is tried again
 #: after this long
 RETRY_S = 10.0
@@ -128,8 +131,9 @@ class Standby:
 
     async def release(self, queues: set[str], unassigned: bool = False) -> None:
         """Stop tailing ``queues`` (before this member restores them itself): returns once no
-        batch of theirs can be applied any more; ``unassigned``: and once the consumer no
-        longer reads their topics (before they are deleted)."""
+        batch of theirs can be applied any more (a first restore of one under way stops at
+        its next fetch); ``unassigned``: and once the consumer no longer reads their topics
+        (before they are deleted)."""
         with self._lock:
             held = queues & (set(self._wanted) | set(self._tails) | {self._busy})
             if not held and (not unassigned or self._assigned_gen >= self._gen):
@@ -163,11 +167,15 @@ class Standby:
             self._topics = {t: q for t, q in self._topics.items() if q in self._tails}
 
     def close(self) -> None:
+        """Stop the thread, a first restore under way too (between two fetches: what it
+        applied is kept and a later restore resumes there)."""
         self._stop.set()
         with self._lock:
             self._lock.notify_all()
         if self._thread is not None:
-            self._thread.join(30)
+            self._thread.join(CLOSE_WAIT_S)
+            if self._thread.is_alive():
+                log.warning("standby: its thread did not stop within %.0fs", CLOSE_WAIT_S)
 
     # --- the thread --------------------------------------------------------------------------
 
@@ -232,6 +240,8 @@ class Standby:
         """Every changelog partition of the tails, at the offsets the store reached."""
         out = []
         for topic in self._topics:
+            if self._stop.is_set():
+                break  # closing: the assignment no longer matters
             metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
             if metadata is None or metadata.error is not None:
                 continue
@@ -257,8 +267,25 @@ class Standby:
             name = self._busy = todo[0]
             topic = self._wanted[name]
         started = self._clock()
+
+        def stop() -> bool:  # closing, or the queue released (its takeover waits on this)
+            with self._lock:
+                return self._stop.is_set() or self._wanted.get(name) != topic
+
         try:
-            result = restore(self._store, self._restore_settings, topic, name, idle_timeout=10.0)
+            result = restore(
+                self._store,
+                self._restore_settings,
+                topic,
+                name,
+                idle_timeout=10.0,
+                stop=stop,
+            )
+        except RestoreStopped:
+            with self._lock:
+                self._busy = None
+                self._lock.notify_all()
+            return
         except QLayerError as exc:
             with self._lock:
                 self._busy = None

@@ -37,7 +37,7 @@ from layer.codec import (
     default_codec,
 )
 from layer.engine.model import TopicPartition
-from layer.exceptions import RecoveryError, SerializationError, StateError
+from layer.exceptions import RecoveryError, RestoreStopped, SerializationError, StateError
 from layer.state.base import ENTRIES, Store, StoreBatch, pack_offset, partition_prefix
 from layer.state.snapshot import Subject, decode_confirm, decode_part
 
@@ -224,6 +224,7 @@ def restore(
     *,
     batch_size: int = 10_000,
     idle_timeout: float = 30.0,
+    stop: Callable[[], bool] | None = None,
 ) -> RestoreResult:
     """Apply every committed changelog record the store has not applied yet.
 
@@ -234,12 +235,14 @@ def restore(
     ``progress(done, total)`` is called after each applied batch; ``total`` grows as the high
     watermarks become known. Raises ``RecoveryError`` when the topic is missing, a record cannot
     be decoded, the stored offset is outside the log, or nothing arrives for ``idle_timeout``.
+    ``stop()`` is asked between fetches (about every 0.2 s at most): once true, the restore
+    raises ``RestoreStopped``, keeping what it applied (each batch is written with its offsets).
     """
     started = time.monotonic()
     restorer = _Restorer(store, changelog_topic, progress)
     reader = _Reader(_settings(consumer_settings))
     try:
-        applied = _run(reader, restorer, queue, batch_size, idle_timeout)
+        applied = _run(reader, restorer, queue, batch_size, idle_timeout, stop or _never)
     finally:
         reader.close()
     if restorer.chosen:
@@ -361,8 +364,22 @@ class _Reader:
         self.consumer.close()
 
 
+def _never() -> bool:
+    return False
+
+
+def _check(stop: Callable[[], bool], topic: str) -> None:
+    if stop():
+        raise RestoreStopped(f"changelog restore of {topic} stopped before it caught up")
+
+
 def _run(
-    reader: _Reader, restorer: _Restorer, queue: str | None, batch_size: int, idle_timeout: float
+    reader: _Reader,
+    restorer: _Restorer,
+    queue: str | None,
+    batch_size: int,
+    idle_timeout: float,
+    stop: Callable[[], bool],
 ) -> int:
     topic, store = restorer.topic, restorer.store
     consumer = reader.consumer
@@ -371,7 +388,7 @@ def _run(
     for p, start in starts.items():
         if start is None:
             # nothing applied yet: start at the last usable snapshot, when there is one
-            found = _last_snapshot(consumer, topic, p, idle_timeout)
+            found = _last_snapshot(consumer, topic, p, idle_timeout, stop)
             if found is not None:
                 starts[p], chosen = found
                 restorer.chosen.update(chosen)
@@ -394,6 +411,7 @@ def _run(
     applied = 0
     last_activity = time.monotonic()
     while pending:
+        _check(stop, topic)
         consumer = reader.consumer
         messages = take_batch(consumer, batch_size, 0.1)
         batch = StoreBatch()
@@ -492,7 +510,7 @@ class _Candidates:
 
 
 def _last_snapshot(
-    consumer: Consumer, topic: str, partition: int, idle_timeout: float
+    consumer: Consumer, topic: str, partition: int, idle_timeout: float, stop: Callable[[], bool]
 ) -> tuple[int, dict[Subject, str]] | None:
     """The latest usable snapshot of one changelog partition: searched backwards from its end,
     in growing steps, reading each step forwards. None when the partition has none."""
@@ -510,7 +528,7 @@ def _last_snapshot(
     hi: int | None = None
     lo = max(low, high - chunk)
     while True:
-        _read_range(consumer, topic, partition, lo, hi, candidates, idle_timeout)
+        _read_range(consumer, topic, partition, lo, hi, candidates, idle_timeout, stop)
         found = candidates.usable()
         if found is not None or lo <= low:
             consumer.unassign()
@@ -527,11 +545,13 @@ def _read_range(
     hi: int | None,
     candidates: _Candidates,
     idle_timeout: float,
+    stop: Callable[[], bool],
 ) -> None:
     """Show ``candidates`` the records from ``lo`` to ``hi`` (None: the partition's end)."""
     consumer.assign([KafkaPartition(topic, partition, lo)])
     last_activity = time.monotonic()
     while True:
+        _check(stop, topic)
         messages = take_batch(consumer, 10_000, 0.2)
         for msg in messages:
             err = msg.error()

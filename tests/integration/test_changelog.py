@@ -474,3 +474,50 @@ def test_a_format_1_changelog_restores_from_kafka(
     store = MemoryStore()
     assert restore(store, kafka_settings, topic, "q").records_applied == 400
     expected.check(store)
+
+
+def test_a_stopped_restore_keeps_what_it_applied_and_the_next_resumes_there(
+    writer_factory: Callable[[str], ChangelogWriter],
+    topic_factory: Callable[..., str],
+    kafka_settings: dict[str, Any],
+    rocks: RocksDBStore,
+) -> None:
+    """A standby's first restore is stopped when the member closes or takes the queue over:
+    it stops between two fetches, and what it wrote stays usable."""
+    topic = topic_factory(partitions=1)
+    writer = writer_factory(f"tx-{topic}")
+    rng = random.Random(5)
+    expected = Expected()
+    low: dict[int, int] = {}
+    for _ in range(4):
+        records = to_records(topic, "q", random_changes(rng, 500, partitions=1, low=low))
+        writer.commit(records)
+        expected.apply(records)
+
+    done: list[int] = []
+
+    def progress(applied: int, _total: int) -> None:
+        done.append(applied)
+
+    with pytest.raises(RecoveryError, match="stopped before it caught up"):
+        # stopped once a batch is applied
+        restore(rocks, kafka_settings, topic, "q", progress, batch_size=100, stop=lambda: any(done))
+    part = rocks.changelog_offset(topic, 0)
+    assert 0 < done[-1] < 2000
+    assert part is not None and done[-1] <= part < 2000  # kept with its offset
+
+    rest = restore(rocks, kafka_settings, topic, "q")
+    assert rest.records_applied == 2000 - done[-1]  # nothing applied twice
+    expected.check(rocks)
+    whole = MemoryStore()
+    assert restore(whole, kafka_settings, topic, "q").records_applied == 2000
+    assert rocks.changelog_offset(topic, 0) == whole.changelog_offset(topic, 0)
+
+
+def test_a_restore_stopped_at_once_reads_nothing(
+    topic_factory: Callable[..., str], kafka_settings: dict[str, Any], rocks: RocksDBStore
+) -> None:
+    topic = topic_factory(partitions=1)
+    with pytest.raises(RecoveryError, match="stopped"):
+        restore(rocks, kafka_settings, topic, "q", stop=lambda: True)
+    assert rocks.changelog_offset(topic, 0) is None
