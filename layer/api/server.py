@@ -93,6 +93,8 @@ from layer.api.frames import (
     Batch,
     Browse,
     BrowseReply,
+    Check,
+    Checked,
     Close,
     ClusterRequest,
     CreateQueue,
@@ -187,7 +189,7 @@ class _End:
 
 
 _END = _End()
-_Outgoing = list[DeliveredMessage] | AckResult | Error | Replaced | _SinkClosed | _End
+_Outgoing = list[DeliveredMessage] | AckResult | Error | Replaced | Checked | _SinkClosed | _End
 
 
 #: (queue, stage, seconds, messages): a latency stage timed here (layer.coordinator.stages)
@@ -196,6 +198,14 @@ PushTimer = Callable[[str, str, float, int], None]
 #: awaited before messages are written: True, write them; False, drop them (the service no
 #: longer owns what it decided to push, e.g. a cluster member that lost its session)
 DeliveryGate = Callable[[], Awaitable[bool]]
+
+#: awaited for a client's Check of a Messages frame decided at ``made_at`` (``time.monotonic``
+#: here): True, its messages are still the service's to deliver; False, the client drops them
+DeliveryCheck = Callable[[float], Awaitable[bool]]
+
+#: asked at each Subscribe: how old a frame must be, by the client's bound, for the client to
+#: Check it (0: never)
+StaleAfter = Callable[[], float]
 
 
 class _StreamSink:
@@ -258,7 +268,7 @@ class _StreamSink:
     def close(self, reason: str, error: QLayerError | None = None) -> None:
         self._out.put_nowait(_SinkClosed(reason, error))
 
-    def send(self, frame: AckResult | Error | Replaced) -> None:
+    def send(self, frame: AckResult | Error | Replaced | Checked) -> None:
         self._out.put_nowait(frame)
 
     def finish(self) -> None:
@@ -385,6 +395,9 @@ class ApiServer:
     ``keepalive_time_s + keepalive_timeout_s``; a killed process is noticed at once through
     its closed socket. ``delivery_gate`` is awaited before each write of messages (a cluster
     member holds its pushes while it may have lost its session, and drops them once lost).
+    Each Messages frame is stamped with the time it was decided; a client that got one late
+    (older than ``stale_after()``, told in Subscribed) asks with Check, and ``delivery_check``
+    answers whether that frame is still the service's to deliver.
     """
 
     def __init__(
@@ -401,9 +414,13 @@ class ApiServer:
         keepalive_timeout_s: float = 5.0,
         health: health_pb2_grpc.HealthServicer | None = None,
         delivery_gate: DeliveryGate | None = None,
+        delivery_check: DeliveryCheck | None = None,
+        stale_after: StaleAfter | None = None,
     ) -> None:
         self._service = service
         self._gate = delivery_gate
+        self._delivery_check = delivery_check
+        self._stale_after = stale_after
         self._health = health  # grpc.health.v1, registered beside ours (no token needed)
         self._listen = listen
         if tls_client_ca is not None and tls is None:
@@ -811,8 +828,15 @@ class ApiServer:
         context.add_done_callback(lambda _: closer.close())
         reader: asyncio.Task[None] | None = None
         try:
+            stale_after = self._stale_after() if self._stale_after is not None else 0.0
             await context.write(
-                Subscribed(subscription.id, subscription.backlog, subscription.lease_period_s)
+                Subscribed(
+                    subscription.id,
+                    subscription.backlog,
+                    subscription.lease_period_s,
+                    time.monotonic(),
+                    stale_after,
+                )
             )
             log.debug(
                 "subscribed queue=%s subscription=%s backlog=%d client=%s filter=%r",
@@ -874,6 +898,8 @@ class ApiServer:
                     # A task too, so it starts after the acks sent before it (awaiting it here
                     # would run it ahead of their not yet started tasks).
                     self._spawn(self._replace(subscription, frame, sink, watched))
+                elif isinstance(frame, Check):  # may wait a probation: a task as well
+                    self._spawn(self._check_frame(subscription, frame, sink))
                 elif isinstance(frame, _Malformed):
                     log.warning(
                         "malformed frame skipped subscription=%s reason=%s",
@@ -903,6 +929,25 @@ class ApiServer:
             message = f"ack not confirmed: {exc}"
             failures = [AckFailure(b, ErrorCode.ACK_FAILED, message) for b in frame.bookmarks]
         sink.send(AckResult(frame.request_id, list(failures)))
+
+    async def _check_frame(
+        self, subscription: Subscription, frame: Check, sink: _StreamSink
+    ) -> None:
+        current = True
+        if self._delivery_check is not None:
+            try:
+                current = await self._delivery_check(frame.made_at)
+            except Exception:
+                log.exception("delivery check failed subscription=%s", subscription.id)
+                current = False
+        if not current:
+            log.warning(
+                "a client got a frame this coordinator no longer owns: it drops it"
+                " subscription=%s made_at=%.3f",
+                subscription.id,
+                frame.made_at,
+            )
+        sink.send(Checked(frame.request_id, current, time.monotonic()))
 
     async def _replace(
         self, subscription: Subscription, frame: Replace, sink: _StreamSink, watched: _Watched
@@ -959,7 +1004,7 @@ class ApiServer:
                 return
             frames = _message_frames(messages, columns)
             if control:
-                first = frames[:1]
+                first = [replace(frame, made_at=time.monotonic()) for frame in frames[:1]]
                 if first and not await self._may_push(first[0], sink):
                     first = []
                 for frame in _batched(control, first):
@@ -968,6 +1013,8 @@ class ApiServer:
                     _sent(sink, frame, writing)
                 frames = frames[1:]
             for frame in frames:
+                # stamped before it is let through: a stop after that shows in its age
+                frame = replace(frame, made_at=time.monotonic())  # noqa: PLW2901
                 # asked before each frame: a write may wait long for the client's window
                 if not await self._may_push(frame, sink):
                     continue
@@ -988,7 +1035,7 @@ class ApiServer:
         return False
 
 
-_Control = AckResult | Error | Replaced
+_Control = AckResult | Error | Replaced | Checked
 _Write = Messages | Batch | _Control
 
 
