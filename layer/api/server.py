@@ -134,6 +134,7 @@ from layer.api.service import (
     Subscription,
 )
 from layer.exceptions import (
+    CommitUncertain,
     ConfigError,
     PermissionDenied,
     QLayerError,
@@ -923,6 +924,11 @@ class ApiServer:
     async def _ack(self, subscription: Subscription, frame: Ack, sink: _StreamSink) -> None:
         try:
             failures = await subscription.ack(frame.op, frame.offsets, frame.seconds)
+        except CommitUncertain as exc:
+            # applied or not, nobody knows: no answer (the coordinator is failing; the stream
+            # ends, and the client counts the operation unconfirmed)
+            log.warning("ack left unanswered subscription=%s: %s", subscription.id, exc)
+            return
         except Exception as exc:
             if not isinstance(exc, QLayerError):
                 log.exception("ack failed subscription=%s", subscription.id)
