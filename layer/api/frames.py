@@ -234,6 +234,7 @@ class Checked:
     request_id: int
     current: bool
     server_time: float
+    wall_ms: int = 0  # the server's wall clock at the answer (that of lease deadlines)
 
 
 @dataclass(frozen=True, slots=True)
@@ -789,7 +790,10 @@ def _fill_server(out: Any, frame: ServerFrame) -> None:
     elif isinstance(frame, Checked):
         out.checked.CopyFrom(
             pb.Checked(
-                request_id=frame.request_id, current=frame.current, server_time=frame.server_time
+                request_id=frame.request_id,
+                current=frame.current,
+                server_time=frame.server_time,
+                wall_ms=frame.wall_ms,
             )
         )
     else:
@@ -819,7 +823,7 @@ def _server_from(message: Any) -> ServerFrame:
         return Replaced(message.replaced.request_id, message.replaced.backlog)
     if kind == "checked":
         c = message.checked
-        return Checked(c.request_id, c.current, c.server_time)
+        return Checked(c.request_id, c.current, c.server_time, c.wall_ms)
     if kind == "batch":
         frames: list[Messages | AckResult | Error | Replaced | Checked] = []
         for inner in message.batch.frames:

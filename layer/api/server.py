@@ -155,6 +155,8 @@ _CLUSTER_ADMIN = {
 }
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# A delivery gate that took this long held the push (it answers at once otherwise).
+_HELD_S = 0.1
 # A Messages frame is cut once its payload passes this, well under MAX_MESSAGE_BYTES.
 _FRAME_PAYLOAD_BYTES = 4 * 1024 * 1024
 
@@ -953,7 +955,7 @@ class ApiServer:
                 subscription.id,
                 frame.made_at,
             )
-        sink.send(Checked(frame.request_id, current, time.monotonic()))
+        sink.send(Checked(frame.request_id, current, time.monotonic(), int(time.time() * 1000)))
 
     async def _replace(
         self, subscription: Subscription, frame: Replace, sink: _StreamSink, watched: _Watched
@@ -1010,9 +1012,12 @@ class ApiServer:
                 return
             frames = _message_frames(messages, columns)
             if control:
-                first = [replace(frame, made_at=time.monotonic()) for frame in frames[:1]]
-                if first and not await self._may_push(first[0], sink):
-                    first = []
+                first = []
+                if frames:
+                    pushed = await self._may_push(
+                        replace(frames[0], made_at=time.monotonic()), sink
+                    )
+                    first = [pushed] if pushed is not None else []
                 for frame in _batched(control, first):
                     writing = time.time()
                     await context.write(frame)
@@ -1020,25 +1025,42 @@ class ApiServer:
                 frames = frames[1:]
             for frame in frames:
                 # stamped before it is let through: a stop after that shows in its age
-                frame = replace(frame, made_at=time.monotonic())  # noqa: PLW2901
                 # asked before each frame: a write may wait long for the client's window
-                if not await self._may_push(frame, sink):
+                pushed = await self._may_push(replace(frame, made_at=time.monotonic()), sink)
+                if pushed is None:
                     continue
                 # waits while the client's HTTP/2 window is full (it does not read)
                 writing = time.time()
-                await context.write(frame)
-                sink.sent(frame.messages, writing)
+                await context.write(pushed)
+                sink.sent(pushed.messages, writing)
 
-    async def _may_push(self, frame: Messages, sink: _StreamSink) -> bool:
-        """Whether ``frame``'s messages may be written (``delivery_gate``); if not, they are
-        dropped."""
-        if self._gate is None or await self._gate():
-            return True
-        log.warning(
-            "%d messages not pushed: the coordinator no longer owns them", len(frame.messages)
-        )
-        sink.dropped(frame.messages)
-        return False
+    async def _may_push(self, frame: Messages, sink: _StreamSink) -> Messages | None:
+        """``frame`` if its messages may be written (``delivery_gate``); None if not (they are
+        dropped). After a hold (a member that may have lost its session waits to learn it),
+        without the messages whose leases ran out meanwhile: they are not the consumer's any
+        more (None if that is all of them)."""
+        if self._gate is None:
+            return frame
+        began = time.monotonic()
+        if not await self._gate():
+            log.warning(
+                "%d messages not pushed: the coordinator no longer owns them", len(frame.messages)
+            )
+            sink.dropped(frame.messages)
+            return None
+        if time.monotonic() - began < _HELD_S:
+            return frame
+        now_ms = time.time() * 1000  # the clock of lease deadlines
+        kept: list[DeliveredMessage] = []
+        expired: list[DeliveredMessage] = []
+        for m in frame.messages:
+            ended = m.lease_deadline_ms is not None and m.lease_deadline_ms <= now_ms
+            (expired if ended else kept).append(m)
+        if not expired:
+            return frame
+        log.warning("%d messages not pushed: their leases ran out while held", len(expired))
+        sink.dropped(expired)
+        return replace(frame, messages=kept) if kept else None
 
 
 _Control = AckResult | Error | Replaced | Checked

@@ -139,7 +139,25 @@ class LateFrames:
                 self._held = held[i:]
                 self._ask(held_frame, now)
                 break
-        return out
+        return self._unexpired(out, frame.wall_ms)
+
+    def _unexpired(self, messages: list[DeliveredMessage], wall_ms: int) -> list[DeliveredMessage]:
+        """``messages`` but those whose lease ran out while they were held (by the server's
+        own clock: the answer's ``wall_ms`` against the deadline it set)."""
+        if not wall_ms:
+            return messages
+        kept = [m for m in messages if m.lease_deadline_ms is None or m.lease_deadline_ms > wall_ms]
+        if len(kept) < len(messages):
+            count = len(messages) - len(kept)
+            self.dropped += count
+            log.warning(
+                "dropped %d messages of a late frame: their leases ran out while the server"
+                " was asked about them (they come again) queue=%s",
+                count,
+                self.queue,
+                extra={"queue": self.queue},
+            )
+        return kept
 
     def take_checks(self) -> list[Check]:
         """The Checks to send now."""

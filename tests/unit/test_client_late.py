@@ -111,3 +111,17 @@ def test_a_dropped_connection_takes_the_held_frames_with_it() -> None:
     assert c.late.dropped == 1
     # an answer from the old connection no longer counts
     assert c.on_frame(Checked(check.request_id, True, 4004.0), now=5004.1).messages == []
+
+
+def test_messages_whose_leases_ran_out_while_held_are_dropped() -> None:
+    c = core()
+    leased = [
+        DeliveredMessage(Bookmark("t", 0, o), None, b"x", [], 0, 1, 0, deadline)
+        for o, deadline in ((1, 1_000_500), (2, 1_002_000), (3, None))  # 3: at-most-once
+    ]
+    c.on_frame(Messages(leased, True, 4001.0), now=5003.0)
+    [check] = c.take_checks()
+    # current, but the server's wall clock at the answer is past the first lease's deadline
+    answer = c.on_frame(Checked(check.request_id, True, 4003.1, 1_001_000), now=5003.2)
+    assert [m.bookmark.offset for m in answer.messages] == [2, 3]
+    assert c.late.dropped == 1

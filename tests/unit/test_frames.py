@@ -177,7 +177,7 @@ CASES: list[tuple[FrameCodec[Any], object]] = [
     (CLIENT_FRAME_CODEC, Replace(1, "orders", 10, FILTER)),
     (CLIENT_FRAME_CODEC, Replace(2**40, "other", 1)),
     (CLIENT_FRAME_CODEC, Check(4, 12345.678)),
-    (SERVER_FRAME_CODEC, Checked(4, True, 12346.0)),
+    (SERVER_FRAME_CODEC, Checked(4, True, 12346.0, 1_700_000_000_123)),
     (SERVER_FRAME_CODEC, Subscribed("sub-2", 10, 60.0, 812.5, 0.5)),
     (SERVER_FRAME_CODEC, Messages([MESSAGE], columns=True, made_at=812.75)),
     (SERVER_FRAME_CODEC, Batch([Checked(4, False, 813.0), Messages([MESSAGE], True, 812.9)])),

@@ -115,14 +115,16 @@ class ServerFrame(_message.Message):
     def __init__(self, subscribed: _Optional[_Union[Subscribed, _Mapping]] = ..., messages: _Optional[_Union[Messages, _Mapping]] = ..., ack_result: _Optional[_Union[AckResult, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., replaced: _Optional[_Union[Replaced, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ..., checked: _Optional[_Union[Checked, _Mapping]] = ...) -> None: ...
 
 class Checked(_message.Message):
-    __slots__ = ("request_id", "current", "server_time")
+    __slots__ = ("request_id", "current", "server_time", "wall_ms")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CURRENT_FIELD_NUMBER: _ClassVar[int]
     SERVER_TIME_FIELD_NUMBER: _ClassVar[int]
+    WALL_MS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     current: bool
     server_time: float
-    def __init__(self, request_id: _Optional[int] = ..., current: _Optional[bool] = ..., server_time: _Optional[float] = ...) -> None: ...
+    wall_ms: int
+    def __init__(self, request_id: _Optional[int] = ..., current: _Optional[bool] = ..., server_time: _Optional[float] = ..., wall_ms: _Optional[int] = ...) -> None: ...
 
 class Batch(_message.Message):
     __slots__ = ("frames",)
