@@ -13,10 +13,8 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/qlayer demo
 
-# tests/fault/test_cluster_history.py runs in make soak only: it still failed 2 of the last 6
-# runs (README, "Several coordinators"), and a red run does not land
 test: $(STAMP)
-	$(BIN)/python -m pytest tests -q -p no:cacheprovider --ignore=tests/fault/test_cluster_history.py
+	$(BIN)/python -m pytest tests -q -p no:cacheprovider
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest tests/unit -q -p no:cacheprovider

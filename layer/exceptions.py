@@ -22,6 +22,12 @@ class BrokerError(QLayerError):
     """The Kafka broker could not be reached or refused a request."""
 
 
+class CommitUncertain(BrokerError):
+    """The coordinator failed while this change's commit was under way: the broker may have
+    made it durable or not. Never answered as a refusal (an ack so answered would be taken for
+    one that was not applied, and its message expected again)."""
+
+
 class SerializationError(QLayerError):
     """A record or frame could not be encoded or decoded."""
 

@@ -96,6 +96,8 @@ __all__ = [
     "DeadLetters",
     "DeadLettersReply",
     "BrowseReply",
+    "Check",
+    "Checked",
     "ClientFrame",
     "Close",
     "Error",
@@ -201,7 +203,16 @@ class Replace:
     filter: str | None = None
 
 
-ClientFrame = Subscribe | Ack | Close | Replace
+@dataclass(frozen=True, slots=True)
+class Check:
+    """Is the Messages frame stamped ``made_at`` (the server's clock) still the server's to
+    deliver? Answered by ``Checked`` with the same ``request_id``."""
+
+    request_id: int
+    made_at: float
+
+
+ClientFrame = Subscribe | Ack | Close | Replace | Check
 
 
 # --- server -> client (subscription stream) ---------------------------------------------------
@@ -212,6 +223,18 @@ class Subscribed:
     subscription_id: str
     backlog: int
     lease_period_s: float
+    server_time: float = 0.0  # the server's monotonic clock at the answer
+    stale_after_s: float = 0.0  # a frame older than this (by the client's bound) is checked
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """The answer to a ``Check``: ``current`` False means drop the frame."""
+
+    request_id: int
+    current: bool
+    server_time: float
+    wall_ms: int = 0  # the server's wall clock at the answer (that of lease deadlines)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +242,7 @@ class Messages:
     messages: list[DeliveredMessage]
     # on the wire as MessageColumns (to a client that set Subscribe.message_columns)
     columns: bool = False
+    made_at: float = 0.0  # the server's monotonic clock when it decided to write the frame
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,10 +273,10 @@ class Batch:
     ``Subscribe.batch_frames``), taken in order as if each had come alone; never holds a
     Subscribed or another Batch."""
 
-    frames: list[Messages | AckResult | Error | Replaced]
+    frames: list[Messages | AckResult | Error | Replaced | Checked]
 
 
-ServerFrame = Subscribed | Messages | AckResult | Error | Replaced | Batch
+ServerFrame = Subscribed | Messages | AckResult | Error | Replaced | Checked | Batch
 
 
 # --- unary calls ------------------------------------------------------------------------------
@@ -549,6 +573,8 @@ def _client_to(frame: ClientFrame) -> Any:
                 filter=frame.filter,
             )
         )
+    if isinstance(frame, Check):
+        return pb.ClientFrame(check=pb.Check(request_id=frame.request_id, made_at=frame.made_at))
     raise TypeError(f"not a client frame: {type(frame).__name__}")
 
 
@@ -571,7 +597,11 @@ def _client_from(message: Any) -> ClientFrame:
     if kind == "replace":
         r = message.replace
         return Replace(r.request_id, r.queue, r.max_backlog, _opt(r, "filter"))
-    raise ValueError("ClientFrame without a body (none of subscribe, ack, close, replace set)")
+    if kind == "check":
+        return Check(message.check.request_id, message.check.made_at)
+    raise ValueError(
+        "ClientFrame without a body (none of subscribe, ack, close, replace, check set)"
+    )
 
 
 def _add_messages(repeated: Any, messages: Iterable[DeliveredMessage]) -> None:
@@ -727,6 +757,8 @@ def _fill_server(out: Any, frame: ServerFrame) -> None:
     """Set the body of the (empty) ``pb.ServerFrame`` ``out`` to ``frame``."""
     if isinstance(frame, Messages):
         out.messages.SetInParent()  # an empty batch is still a Messages frame
+        if frame.made_at:
+            out.messages.made_at = frame.made_at
         if frame.columns:
             out.messages.columns.SetInParent()
             _add_columns(out.messages.columns, frame.messages)
@@ -745,6 +777,8 @@ def _fill_server(out: Any, frame: ServerFrame) -> None:
                 subscription_id=frame.subscription_id,
                 backlog=frame.backlog,
                 lease_period_s=frame.lease_period_s,
+                server_time=frame.server_time,
+                stale_after_s=frame.stale_after_s,
             )
         )
     elif isinstance(frame, Error):
@@ -753,6 +787,15 @@ def _fill_server(out: Any, frame: ServerFrame) -> None:
         )
     elif isinstance(frame, Replaced):
         out.replaced.CopyFrom(pb.Replaced(request_id=frame.request_id, backlog=frame.backlog))
+    elif isinstance(frame, Checked):
+        out.checked.CopyFrom(
+            pb.Checked(
+                request_id=frame.request_id,
+                current=frame.current,
+                server_time=frame.server_time,
+                wall_ms=frame.wall_ms,
+            )
+        )
     else:
         raise TypeError(f"not a server frame: {type(frame).__name__}")
 
@@ -760,23 +803,29 @@ def _fill_server(out: Any, frame: ServerFrame) -> None:
 def _server_from(message: Any) -> ServerFrame:
     kind = message.WhichOneof("body")
     if kind == "messages":
+        made_at = message.messages.made_at
         if message.messages.HasField("columns"):
-            return Messages(_columns_from(message.messages.columns), columns=True)
-        return Messages(_messages_from(message.messages.messages))
+            return Messages(_columns_from(message.messages.columns), True, made_at)
+        return Messages(_messages_from(message.messages.messages), made_at=made_at)
     if kind == "ack_result":
         r = message.ack_result
         failures = [AckFailure(f.bookmark, parse_code(f.error), f.message) for f in r.failures]
         return AckResult(r.request_id, failures)
     if kind == "subscribed":
         s = message.subscribed
-        return Subscribed(s.subscription_id, s.backlog, s.lease_period_s)
+        return Subscribed(
+            s.subscription_id, s.backlog, s.lease_period_s, s.server_time, s.stale_after_s
+        )
     if kind == "error":
         e = message.error
         return Error(parse_code(e.code), e.message, _opt(e, "request_id"))
     if kind == "replaced":
         return Replaced(message.replaced.request_id, message.replaced.backlog)
+    if kind == "checked":
+        c = message.checked
+        return Checked(c.request_id, c.current, c.server_time, c.wall_ms)
     if kind == "batch":
-        frames: list[Messages | AckResult | Error | Replaced] = []
+        frames: list[Messages | AckResult | Error | Replaced | Checked] = []
         for inner in message.batch.frames:
             decoded = _server_from(inner)
             if isinstance(decoded, Batch | Subscribed):
@@ -785,7 +834,7 @@ def _server_from(message: Any) -> ServerFrame:
         return Batch(frames)
     raise ValueError(
         "ServerFrame without a body this client knows (none of subscribed, messages,"
-        " ack_result, error, replaced, batch set)"
+        " ack_result, error, replaced, checked, batch set)"
     )
 
 

@@ -93,6 +93,8 @@ from layer.api.frames import (
     Batch,
     Browse,
     BrowseReply,
+    Check,
+    Checked,
     Close,
     ClusterRequest,
     CreateQueue,
@@ -132,6 +134,7 @@ from layer.api.service import (
     Subscription,
 )
 from layer.exceptions import (
+    CommitUncertain,
     ConfigError,
     PermissionDenied,
     QLayerError,
@@ -152,6 +155,8 @@ _CLUSTER_ADMIN = {
 }
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# A delivery gate that took this long held the push (it answers at once otherwise).
+_HELD_S = 0.1
 # A Messages frame is cut once its payload passes this, well under MAX_MESSAGE_BYTES.
 _FRAME_PAYLOAD_BYTES = 4 * 1024 * 1024
 
@@ -187,7 +192,7 @@ class _End:
 
 
 _END = _End()
-_Outgoing = list[DeliveredMessage] | AckResult | Error | Replaced | _SinkClosed | _End
+_Outgoing = list[DeliveredMessage] | AckResult | Error | Replaced | Checked | _SinkClosed | _End
 
 
 #: (queue, stage, seconds, messages): a latency stage timed here (layer.coordinator.stages)
@@ -196,6 +201,14 @@ PushTimer = Callable[[str, str, float, int], None]
 #: awaited before messages are written: True, write them; False, drop them (the service no
 #: longer owns what it decided to push, e.g. a cluster member that lost its session)
 DeliveryGate = Callable[[], Awaitable[bool]]
+
+#: awaited for a client's Check of a Messages frame decided at ``made_at`` (``time.monotonic``
+#: here): True, its messages are still the service's to deliver; False, the client drops them
+DeliveryCheck = Callable[[float], Awaitable[bool]]
+
+#: asked at each Subscribe: how old a frame must be, by the client's bound, for the client to
+#: Check it (0: never)
+StaleAfter = Callable[[], float]
 
 
 class _StreamSink:
@@ -258,7 +271,7 @@ class _StreamSink:
     def close(self, reason: str, error: QLayerError | None = None) -> None:
         self._out.put_nowait(_SinkClosed(reason, error))
 
-    def send(self, frame: AckResult | Error | Replaced) -> None:
+    def send(self, frame: AckResult | Error | Replaced | Checked) -> None:
         self._out.put_nowait(frame)
 
     def finish(self) -> None:
@@ -385,6 +398,9 @@ class ApiServer:
     ``keepalive_time_s + keepalive_timeout_s``; a killed process is noticed at once through
     its closed socket. ``delivery_gate`` is awaited before each write of messages (a cluster
     member holds its pushes while it may have lost its session, and drops them once lost).
+    Each Messages frame is stamped with the time it was decided; a client that got one late
+    (older than ``stale_after()``, told in Subscribed) asks with Check, and ``delivery_check``
+    answers whether that frame is still the service's to deliver.
     """
 
     def __init__(
@@ -401,9 +417,13 @@ class ApiServer:
         keepalive_timeout_s: float = 5.0,
         health: health_pb2_grpc.HealthServicer | None = None,
         delivery_gate: DeliveryGate | None = None,
+        delivery_check: DeliveryCheck | None = None,
+        stale_after: StaleAfter | None = None,
     ) -> None:
         self._service = service
         self._gate = delivery_gate
+        self._delivery_check = delivery_check
+        self._stale_after = stale_after
         self._health = health  # grpc.health.v1, registered beside ours (no token needed)
         self._listen = listen
         if tls_client_ca is not None and tls is None:
@@ -811,8 +831,15 @@ class ApiServer:
         context.add_done_callback(lambda _: closer.close())
         reader: asyncio.Task[None] | None = None
         try:
+            stale_after = self._stale_after() if self._stale_after is not None else 0.0
             await context.write(
-                Subscribed(subscription.id, subscription.backlog, subscription.lease_period_s)
+                Subscribed(
+                    subscription.id,
+                    subscription.backlog,
+                    subscription.lease_period_s,
+                    time.monotonic(),
+                    stale_after,
+                )
             )
             log.debug(
                 "subscribed queue=%s subscription=%s backlog=%d client=%s filter=%r",
@@ -874,6 +901,8 @@ class ApiServer:
                     # A task too, so it starts after the acks sent before it (awaiting it here
                     # would run it ahead of their not yet started tasks).
                     self._spawn(self._replace(subscription, frame, sink, watched))
+                elif isinstance(frame, Check):  # may wait a probation: a task as well
+                    self._spawn(self._check_frame(subscription, frame, sink))
                 elif isinstance(frame, _Malformed):
                     log.warning(
                         "malformed frame skipped subscription=%s reason=%s",
@@ -897,12 +926,36 @@ class ApiServer:
     async def _ack(self, subscription: Subscription, frame: Ack, sink: _StreamSink) -> None:
         try:
             failures = await subscription.ack(frame.op, frame.offsets, frame.seconds)
+        except CommitUncertain as exc:
+            # applied or not, nobody knows: no answer (the coordinator is failing; the stream
+            # ends, and the client counts the operation unconfirmed)
+            log.warning("ack left unanswered subscription=%s: %s", subscription.id, exc)
+            return
         except Exception as exc:
             if not isinstance(exc, QLayerError):
                 log.exception("ack failed subscription=%s", subscription.id)
             message = f"ack not confirmed: {exc}"
             failures = [AckFailure(b, ErrorCode.ACK_FAILED, message) for b in frame.bookmarks]
         sink.send(AckResult(frame.request_id, list(failures)))
+
+    async def _check_frame(
+        self, subscription: Subscription, frame: Check, sink: _StreamSink
+    ) -> None:
+        current = True
+        if self._delivery_check is not None:
+            try:
+                current = await self._delivery_check(frame.made_at)
+            except Exception:
+                log.exception("delivery check failed subscription=%s", subscription.id)
+                current = False
+        if not current:
+            log.warning(
+                "a client got a frame this coordinator no longer owns: it drops it"
+                " subscription=%s made_at=%.3f",
+                subscription.id,
+                frame.made_at,
+            )
+        sink.send(Checked(frame.request_id, current, time.monotonic(), int(time.time() * 1000)))
 
     async def _replace(
         self, subscription: Subscription, frame: Replace, sink: _StreamSink, watched: _Watched
@@ -959,36 +1012,58 @@ class ApiServer:
                 return
             frames = _message_frames(messages, columns)
             if control:
-                first = frames[:1]
-                if first and not await self._may_push(first[0], sink):
-                    first = []
+                first = []
+                if frames:
+                    pushed = await self._may_push(
+                        replace(frames[0], made_at=time.monotonic()), sink
+                    )
+                    first = [pushed] if pushed is not None else []
                 for frame in _batched(control, first):
                     writing = time.time()
                     await context.write(frame)
                     _sent(sink, frame, writing)
                 frames = frames[1:]
             for frame in frames:
+                # stamped before it is let through: a stop after that shows in its age
                 # asked before each frame: a write may wait long for the client's window
-                if not await self._may_push(frame, sink):
+                pushed = await self._may_push(replace(frame, made_at=time.monotonic()), sink)
+                if pushed is None:
                     continue
                 # waits while the client's HTTP/2 window is full (it does not read)
                 writing = time.time()
-                await context.write(frame)
-                sink.sent(frame.messages, writing)
+                await context.write(pushed)
+                sink.sent(pushed.messages, writing)
 
-    async def _may_push(self, frame: Messages, sink: _StreamSink) -> bool:
-        """Whether ``frame``'s messages may be written (``delivery_gate``); if not, they are
-        dropped."""
-        if self._gate is None or await self._gate():
-            return True
-        log.warning(
-            "%d messages not pushed: the coordinator no longer owns them", len(frame.messages)
-        )
-        sink.dropped(frame.messages)
-        return False
+    async def _may_push(self, frame: Messages, sink: _StreamSink) -> Messages | None:
+        """``frame`` if its messages may be written (``delivery_gate``); None if not (they are
+        dropped). After a hold (a member that may have lost its session waits to learn it),
+        without the messages whose leases ran out meanwhile: they are not the consumer's any
+        more (None if that is all of them)."""
+        if self._gate is None:
+            return frame
+        began = time.monotonic()
+        if not await self._gate():
+            log.warning(
+                "%d messages not pushed: the coordinator no longer owns them", len(frame.messages)
+            )
+            sink.dropped(frame.messages)
+            return None
+        if time.monotonic() - began < _HELD_S:
+            return frame
+        now_ms = time.time() * 1000  # the clock of lease deadlines
+        kept: list[DeliveredMessage] = []
+        expired: list[DeliveredMessage] = []
+        for m in frame.messages:
+            ended = m.lease_deadline_ms is not None and m.lease_deadline_ms <= now_ms
+            (expired if ended else kept).append(m)
+        if not expired:
+            return frame
+        log.warning("%d messages not pushed: their leases ran out while held", len(expired))
+        sink.dropped(expired)
+        return replace(frame, messages=kept) if kept else None
 
 
-_Control = AckResult | Error | Replaced
+_Control = AckResult | Error | Replaced | Checked
 _Write = Messages | Batch | _Control
 
 

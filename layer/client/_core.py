@@ -25,6 +25,8 @@ from layer.api.frames import (
     Ack,
     AckResult,
     Batch,
+    Check,
+    Checked,
     Error,
     Messages,
     Replace,
@@ -43,6 +45,7 @@ from layer.client._common import (
     replace_error,
     replace_request,
 )
+from layer.client._late import LateFrames
 from layer.engine.model import AckOp, Bookmark
 from layer.exceptions import (
     BrokerError,
@@ -258,6 +261,7 @@ class SubscriptionCore(Generic[W]):
         self._lost_error: QLayerError | None = None
         self._lost_ops = 0  # unconfirmed by drops so far (flush compares before and after)
         self._stale_logged = 0  # the last epoch an operation on an older message was logged in
+        self.late = LateFrames(queue)  # frames held until the server says they are current
 
     # --- the connection -----------------------------------------------------------------------
 
@@ -272,14 +276,18 @@ class SubscriptionCore(Generic[W]):
             message_columns=True,
         )
 
-    def on_subscribed(self, frame: Subscribed, address: str, now: float) -> Reconnected | None:
-        """The server confirmed the subscription on ``address``; for a re-subscription, what
-        to report (log line and ``on_reconnect``)."""
+    def on_subscribed(
+        self, frame: Subscribed, address: str, now: float, sent_at: float | None = None
+    ) -> Reconnected | None:
+        """The server confirmed the subscription on ``address`` (its Subscribe sent at
+        ``sent_at``, this clock); for a re-subscription, what to report (log line and
+        ``on_reconnect``)."""
         self.id, self.backlog, self.lease_period_s = (
             frame.subscription_id,
             frame.backlog,
             frame.lease_period_s,
         )
+        self.late.subscribed(frame, sent_at)
         self.address = address
         self.connected = True
         self._backoff.reset()
@@ -355,6 +363,7 @@ class SubscriptionCore(Generic[W]):
     ) -> None:
         """A connection that served ended: its leases are gone, so are its acks' answers."""
         self._lost_at, self._lost_error = now, error
+        self.late.reset()
         self.epoch += 1
         waiters, unwaited = self._acks.abandon()
         if moved:
@@ -385,6 +394,7 @@ class SubscriptionCore(Generic[W]):
         if self.ended:
             return out
         self.ended, self.connected, self.error = True, False, error
+        self.late.reset()
         waiters, _ = self._acks.abandon()
         lost = ClientError(f"subscription ended before the server confirmed the ack ({error})")
         out.done.extend((w, None, lost) for w in waiters)
@@ -404,18 +414,28 @@ class SubscriptionCore(Generic[W]):
 
     # --- frames from the server ---------------------------------------------------------------
 
-    def on_frame(self, frame: ServerFrame) -> Outcome[W]:
+    def on_frame(self, frame: ServerFrame, now: float = 0.0) -> Outcome[W]:
+        """A frame arrived at ``now`` (this clock; a late one is held, ``LateFrames``: the
+        face sends ``take_checks()`` after each call)."""
         out: Outcome[W] = Outcome()
         if isinstance(frame, Batch):  # several frames in one gRPC message: each in turn
             for inner in frame.frames:
-                self._take_frame(inner, out)
+                self._take_frame(inner, out, now)
         else:
-            self._take_frame(frame, out)
+            self._take_frame(frame, out, now)
         return out
 
-    def _take_frame(self, frame: ServerFrame, out: Outcome[W]) -> None:
-        if isinstance(frame, Messages):
-            out.messages = out.messages + frame.messages if out.messages else frame.messages
+    def take_checks(self) -> list[Check]:
+        return self.late.take_checks()
+
+    def _take_frame(self, frame: ServerFrame, out: Outcome[W], now: float) -> None:
+        if isinstance(frame, Messages | Checked):
+            if isinstance(frame, Messages):
+                messages = self.late.messages(frame, now)
+            else:
+                messages = self.late.answered(frame, now)
+            if messages:
+                out.messages = out.messages + messages if out.messages else messages
         elif isinstance(frame, AckResult):
             self._resolve(frame, out)
         elif isinstance(frame, Replaced | Error) and self._replace_answered(frame, out):
@@ -635,7 +655,9 @@ class SubscriptionFields:
     and ``max_backlog`` are the spec as requested (replaces included), ``backlog`` what the
     server granted; ``acked_count`` acks confirmed, ``ack_failures`` refusals nobody waited
     for, ``unconfirmed_acks`` operations a dropped connection left unconfirmed (their messages
-    come back), ``reconnects`` how often it reconnected and ``address`` where it is now."""
+    come back), ``stale_dropped`` messages of late frames it never handed over (a cluster
+    member woken from a stop), ``reconnects`` how often it reconnected and ``address`` where it
+    is now."""
 
     _core: SubscriptionCore[Any]
 
@@ -682,6 +704,13 @@ class SubscriptionFields:
     @property
     def address(self) -> str:
         return self._core.address
+
+    @property
+    def stale_dropped(self) -> int:
+        """Messages of frames that came late and were never handed to the consumer: the
+        server, asked, said it no longer owned them (a cluster member woken from a stop), or
+        the connection ended before it answered (``layer.client._late``)."""
+        return self._core.late.dropped
 
     @property
     def closed(self) -> bool:

@@ -385,6 +385,7 @@ class AsyncSubscription(SubscriptionFields):
         )
         outgoing: asyncio.Queue[ClientFrame | None] = asyncio.Queue()
         self._outgoing = outgoing
+        sent_at = time.monotonic()  # the Subscribe goes after it (LateFrames' clock bound)
         self._call = call = stub(metadata=self._client._metadata)
         writer = asyncio.get_running_loop().create_task(self._write(call, outgoing))
         outgoing.put_nowait(self._core.subscribe_frame())
@@ -403,7 +404,7 @@ class AsyncSubscription(SubscriptionFields):
                     break
                 if isinstance(frame, Subscribed):
                     subscribed = True
-                    event = self._core.on_subscribed(frame, address, time.monotonic())
+                    event = self._core.on_subscribed(frame, address, time.monotonic(), sent_at)
                     self._send_pending()  # acks by bookmark queued while reconnecting
                     self._changed.set()
                     if not self._opened.done():
@@ -413,7 +414,9 @@ class AsyncSubscription(SubscriptionFields):
                         self._opened.set_result(None)
                     await self._on_reconnect(event)
                     continue
-                self._apply(self._core.on_frame(frame))
+                self._apply(self._core.on_frame(frame, time.monotonic()))
+                for check in self._core.take_checks():
+                    outgoing.put_nowait(check)
         except grpc.RpcError as exc:
             if not self._core.closing:  # once closing, how the call ended no longer matters
                 error = await self._stream_error(exc, writer, address)

@@ -438,6 +438,7 @@ class Subscription(SubscriptionFields):
             if self._core.closing:
                 return None
             self._requests = requests
+            sent_at = time.monotonic()  # the Subscribe goes after it (LateFrames' clock bound)
             self._call = call = stub(iter(requests.get, None), metadata=self._client._metadata)
         # No Subscribed in time: give up on this address (a reconnect tries the next one).
         timer = threading.Timer(self._timeout or 1e9, call.cancel)
@@ -451,7 +452,7 @@ class Subscription(SubscriptionFields):
                     timer.cancel()
                     subscribed = True
                     with self._cond:
-                        event = self._core.on_subscribed(frame, address, time.monotonic())
+                        event = self._core.on_subscribed(frame, address, time.monotonic(), sent_at)
                         self._send_locked()  # acks by bookmark queued while reconnecting
                         self._cond.notify_all()
                     if not self._opened.done():
@@ -462,7 +463,9 @@ class Subscription(SubscriptionFields):
                     self._on_reconnect(event)
                     continue
                 with self._cond:
-                    out = self._core.on_frame(frame)
+                    out = self._core.on_frame(frame, time.monotonic())
+                    for check in self._core.take_checks():
+                        requests.put(check)
                     self._cond.notify_all()
                 self._apply(out)
         except grpc.RpcError as exc:

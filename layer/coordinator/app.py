@@ -250,6 +250,8 @@ class CoordinatorApp:
             access=self.access,
             tls_client_ca=client_ca,
             delivery_gate=coordinator.deliverable,
+            delivery_check=coordinator.current_since,
+            stale_after=coordinator.stale_after_s,
         )
         port = await self._server.start()
         # in a cluster: advertise this API and take a share of the queues

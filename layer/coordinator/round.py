@@ -57,7 +57,7 @@ from layer.engine.model import (
     Returned,
     TopicPartition,
 )
-from layer.exceptions import BrokerError, QLayerError, StateError
+from layer.exceptions import BrokerError, CommitUncertain, QLayerError, StateError
 from layer.state.base import Store, StoreBatch, StoredMessage, message_key, run_keys
 from layer.state.changelog import ChangelogRecord, ExtraRecord
 
@@ -174,8 +174,13 @@ class RoundSignal:
             if not fut.done():
                 fut.set_result(None)
 
-    def fail(self, error: BaseException) -> None:
-        for fut in [*self._committing, *self._waiting]:
+    def fail(self, error: BaseException, committing: BaseException | None = None) -> None:
+        """The rounds stopped: fail whoever waits with ``error``, and those whose commit was
+        under way with ``committing`` (its outcome unknown) if given."""
+        for fut in self._committing:
+            if not fut.done():
+                fut.set_exception(committing or error)
+        for fut in self._waiting:
             if not fut.done():
                 fut.set_exception(error)
         self._committing, self._waiting = [], []
@@ -498,7 +503,10 @@ class Rounds:
                 await self.one()
         except BaseException as exc:
             self.failed = exc
-            self._signal.fail(QLayerError("the coordinator failed; retry"))
+            self._signal.fail(
+                QLayerError("the coordinator failed; retry"),
+                CommitUncertain(f"the coordinator failed while committing this change: {exc}"),
+            )
             if self._interrupt.is_set() and isinstance(exc, StateError) and self._fatal is None:
                 # stopping while a commit waited for Kafka: its round was never answered, and
                 # the next start aborts the transaction it left open

@@ -441,6 +441,21 @@ class Coordinator:
             return True
         return await self._membership.guard.wait() and self._rounds.failed is None
 
+    async def current_since(self, made_at: float) -> bool:
+        """Whether messages this coordinator decided to push at ``made_at`` (``time.monotonic``)
+        are still its to deliver: a client asks about a frame that reached it late (it may have
+        been in the transport across a stop of this member, ``SessionGuard.settled_since``)."""
+        if self._rounds.failed is not None:
+            return False
+        if self._membership is None:
+            return True
+        return await self._membership.guard.wait_since(made_at) and self._rounds.failed is None
+
+    def stale_after_s(self) -> float:
+        """How old a pushed frame must be, by its client's bound, to be asked about (0: never:
+        a coordinator alone has nobody to lose its queues to)."""
+        return 0.0 if self._membership is None else self._membership.guard.stale_after_s
+
     async def leaving(self) -> None:
         """A graceful stop, while the API still serves: leave the cluster (no other member may
         take this one for dead meanwhile, ``Membership.leaving``), handing its queues over, so

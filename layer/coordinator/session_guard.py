@@ -24,6 +24,15 @@ waits even when the ticker has not run yet. The suspicion ends when
   delivered by then. (An assignment is no proof: one the group made before the stop may be
   delivered after the wake.)
 
+What the member had handed to the transport before a stop still goes out after the wake (a
+frame grpc held, for the client's flow-control window or its own write queue): no hold here
+reaches it. So every Messages frame carries the time it was decided (``made_at``, this clock)
+and ``stale_after_s``, told to the client, is half the gap that makes the member suspect: a
+frame decided before such a gap and sent after it is at least that old when it arrives, and
+the client, bounding a frame's age without trusting its clock to agree with the member's,
+asks about any frame that old (``settled_since``): current only if the member lost no
+partitions since ``made_at`` and is not suspect now (after a gap, once its probation passed).
+
 Pure but for the clock: the ticker thread and the waiting are the callers'.
 """
 
@@ -63,10 +72,15 @@ class SessionGuard:
         # a heartbeat); the machine's own stalls stay under it (1.0-2.0 s seen at load 16-40,
         # a 2 s session)
         self.evicted_gap_s = session_s + heartbeat_s
+        # a frame decided before a gap of ``gap_s`` and sent after it is older than this when
+        # it arrives (half: the gap is measured from the last tick, the frame may be a tick
+        # younger, and a loaded machine delays that tick)
+        self.stale_after_s = self.gap_s / 2
         self._lock = threading.Lock()
         self._last_tick = clock()
         self._suspect_since: float | None = None
         self._losses = 0  # partitions lost so far: a push held across a loss is dropped
+        self._lost_at: float | None = None  # the last loss (this clock)
         self._lost_since_gap = False  # partitions lost since the last gap was seen
         self._gap_from: float | None = None  # the last tick before that gap
         self._long_gap = False  # that gap was long enough for an eviction and a reassignment
@@ -122,16 +136,34 @@ class SessionGuard:
         with self._lock:
             if self._losses != losses:
                 return False
-            now = self._clock()
-            self._check_gap(now)  # the ticker may not have run since a wake
-            since = self._suspect_since
-            if since is None:
-                return True
-            if now - since < self.probation_s:
-                return None
-            self._suspect_since = None
-            log.info("the group kept this member's partitions: delivering again")
+            return self._settled()
+
+    def _settled(self) -> bool | None:
+        now = self._clock()
+        self._check_gap(now)  # the ticker may not have run since a wake
+        since = self._suspect_since
+        if since is None:
             return True
+        if now - since < self.probation_s:
+            return None
+        self._suspect_since = None
+        log.info("the group kept this member's partitions: delivering again")
+        return True
+
+    def settled_since(self, made_at: float) -> bool | None:
+        """Whether a frame decided at ``made_at`` (this clock) is still this member's to
+        deliver: False if it lost partitions since; None while it may have lost its session
+        (ask again); True otherwise."""
+        with self._lock:
+            if self._lost_at is not None and self._lost_at >= made_at:
+                return False
+            return self._settled()
+
+    async def wait_since(self, made_at: float) -> bool:
+        """Until ``settled_since(made_at)`` says True or False."""
+        while (ok := self.settled_since(made_at)) is None:
+            await asyncio.sleep(WAIT_S)
+        return ok
 
     async def wait(self) -> bool:
         """Until pushes may go (True) or must be dropped (False)."""
@@ -146,6 +178,7 @@ class SessionGuard:
         with self._lock:
             self._losses += 1
             self._lost_since_gap = True
+            self._lost_at = self._clock()
 
     def start(self) -> None:
         self._last_tick = self._clock()

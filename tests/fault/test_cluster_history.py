@@ -39,6 +39,7 @@ import time
 import uuid
 import zlib
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,7 @@ class ClusterRun(Run):
         self.epoch = 0
         self.start_failures: list[str] = []
         self.self_exits: list[str] = []  # members that stopped on their own (``check_stopped``)
+        self.restarts: list[str] = []  # members ``supervise`` found exited and restarted
         self._read_to: dict[Path, int] = {}
         self._got_by_key: Counter[str] = Counter()
         self.done: set[str] = set()
@@ -215,13 +217,27 @@ class ClusterRun(Run):
             break
 
     def supervise(self) -> None:
-        """Restart a member that exited (a woken zombie exits once it finds itself fenced)."""
+        """Restart a member that exited (a woken zombie exits once it finds itself fenced; a
+        member whose session a machine stall cost exits once another member claims its
+        queues). Called whenever the run waits, as a supervisor watches all the time: in one
+        stall at load 20 all three members lost their sessions, fenced one another and exited
+        while the run waited for deliveries, and nothing started them again."""
         for m in self.members:
             if not m.proc.running:
                 if m.epoch:
                     m.proc.kill()  # reaps it
                     self.record("coordinator_dead", epoch=m.epoch)
+                    self.restarts.append(f"member {m.slot} (epoch {m.epoch})")
                 self.start_member(m)
+
+    def supervised(self, check: Callable[[], bool]) -> Callable[[], bool]:
+        """``check`` for ``wait_until``, restarting exited members first."""
+
+        def supervised_check() -> bool:
+            self.supervise()
+            return check()
+
+        return supervised_check
 
     def owned(self, m: _Member) -> list[str]:
         """The queues ``m`` serves, as another running member says."""
@@ -410,7 +426,7 @@ def test_history_of_a_three_member_cluster_under_faults_has_no_violations(
     try:
         for m in run.members:
             run.start_member(m)
-        wait_until(run.all_served, 120, interval=0.5, message="every queue served")
+        wait_until(run.supervised(run.all_served), 120, interval=0.5, message="every queue served")
         for s in SETUPS:
             run.start_worker(s, 0)
 
@@ -430,10 +446,10 @@ def test_history_of_a_three_member_cluster_under_faults_has_no_violations(
             run.supervise()
             seen = dict(run.got_by_key())
             wait_until(
-                lambda seen=seen: all(
+                run.supervised(lambda seen=seen: all(
                     run.got_by_key()[s.key] >= seen.get(s.key, 0) + PROFILE.progress
                     for s in SETUPS
-                ),
+                )),
                 120, interval=0.2,
                 message=lambda seen=seen: f"{PROFILE.progress} deliveries of every queue since"
                 f" the last fault: {dict(run.got_by_key())} (before: {seen})",
@@ -493,7 +509,8 @@ def test_history_of_a_three_member_cluster_under_faults_has_no_violations(
         f" faults in {faulted:.0f}s ({dict(kinds_done)}, {run.injected - sum(kinds_done.values())}"
         f" consumer SIGKILL), {len(run.start_failures)} failed member starts,"
         f" {len(run.self_exits)} members stopped on their own after losing their session"
-        f" {run.self_exits},"
+        f" {run.self_exits}, {len(run.restarts)} exited members restarted (woken zombies"
+        f" included) {run.restarts},"
         f" violations={len(violations)}, {time.monotonic() - started:.0f}s; load"
         f" {os.getloadavg()[0]:.1f}; history in {tmp_path / 'history.jsonl'}"
     )

@@ -40,6 +40,8 @@ from layer.api.frames import (
     Batch,
     Browse,
     BrowseReply,
+    Check,
+    Checked,
     Close,
     ClusterRequest,
     Error,
@@ -174,6 +176,11 @@ CASES: list[tuple[FrameCodec[Any], object]] = [
     (CLIENT_FRAME_CODEC, Close()),
     (CLIENT_FRAME_CODEC, Replace(1, "orders", 10, FILTER)),
     (CLIENT_FRAME_CODEC, Replace(2**40, "other", 1)),
+    (CLIENT_FRAME_CODEC, Check(4, 12345.678)),
+    (SERVER_FRAME_CODEC, Checked(4, True, 12346.0, 1_700_000_000_123)),
+    (SERVER_FRAME_CODEC, Subscribed("sub-2", 10, 60.0, 812.5, 0.5)),
+    (SERVER_FRAME_CODEC, Messages([MESSAGE], columns=True, made_at=812.75)),
+    (SERVER_FRAME_CODEC, Batch([Checked(4, False, 813.0), Messages([MESSAGE], True, 812.9)])),
     (SERVER_FRAME_CODEC, Subscribed("sub-1", 10, 60.0)),
     (SERVER_FRAME_CODEC, Messages([MESSAGE])),
     (
@@ -291,7 +298,7 @@ def test_round_trip(codec: FrameCodec[Any], frame: object) -> None:
 def test_every_frame_type_is_covered() -> None:
     covered = {type(frame) for _, frame in CASES}
     expected = {Subscribe, Ack, Close, Replace, Subscribed, Messages, AckResult, Error, Replaced}
-    expected |= {Batch}
+    expected |= {Batch, Check, Checked}
     expected |= {Publish, Published, Stats, StatsReply, ListQueues, QueueList}
     expected |= {Browse, BrowseReply, AckWhere, AckWhereReply, Redrive, RedriveReply}
     expected |= {Reload, ReloadReply, Replay, ReplayReply, ClusterRequest, ClusterInfo}
@@ -430,7 +437,7 @@ def test_malformed_client_frames_name_the_problem(data: bytes, reason: str) -> N
     ("codec", "data", "reason"),
     [
         (SERVER_FRAME_CODEC, b"", "without a body this client knows"),
-        (SERVER_FRAME_CODEC, b"\x3a\x00", "without a body this client knows"),  # field 7: newer
+        (SERVER_FRAME_CODEC, b"\x42\x00", "without a body this client knows"),  # field 8: newer
         # a Batch holding a Subscribed (field 1 of the inner frame), or another Batch
         (SERVER_FRAME_CODEC, b"\x32\x04\x0a\x02\x0a\x00", "a Batch frame holds a Subscribed"),
         (SERVER_FRAME_CODEC, b"\x32\x04\x0a\x02\x32\x00", "a Batch frame holds a Batch"),

@@ -29,7 +29,7 @@ from layer.coordinator.round import (
 from layer.coordinator.runtime import QueueRuntime
 from layer.coordinator.subscriptions import SubscriptionHandle
 from layer.engine.model import AckOp, Bookmark, Delivery, Done, DoneReason
-from layer.exceptions import QLayerError, StateError
+from layer.exceptions import CommitUncertain, QLayerError, StateError
 from layer.state.base import ENTRIES, StoreBatch, StoredMessage, _Each, _Many, _Range
 from layer.state.memory import MemoryStore
 from layer.state.recovery import replay
@@ -255,8 +255,8 @@ def test_a_failed_commit_leaves_the_store_as_the_changelog_says() -> None:
         with pytest.raises(StateError):
             await run_task
         assert isinstance(b.rounds.failed, StateError)
-        with pytest.raises(QLayerError, match="retry"):
-            await ack  # told to retry, never answered as durable
+        with pytest.raises(CommitUncertain, match="while committing"):
+            await ack  # its commit was under way: never answered as durable, nor as refused
 
         assert b.entries() == before  # no done record, no lease of the new message
         assert b.store.changelog_offset("q-changelog", 0) == offset
@@ -299,6 +299,20 @@ def test_the_signal_answers_only_waiters_sealed_before_the_commit() -> None:
         assert early.done() and not late.done()
         signal.fail(QLayerError("failed"))
         assert isinstance(late.exception(), QLayerError)
+
+    run(scenario())
+
+
+def test_waiters_whose_commit_was_under_way_are_told_its_outcome_is_unknown() -> None:
+    async def scenario() -> None:
+        signal = RoundSignal()
+        committing = signal.next_commit()
+        signal.seal()
+        waiting = signal.next_commit()
+        signal.fail(QLayerError("failed; retry"), CommitUncertain("may be durable"))
+        assert isinstance(committing.exception(), CommitUncertain)
+        error = waiting.exception()  # never sent: surely not durable
+        assert isinstance(error, QLayerError) and not isinstance(error, CommitUncertain)
 
     run(scenario())
 

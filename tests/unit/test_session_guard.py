@@ -126,3 +126,37 @@ def test_a_stall_too_short_for_a_reassignment_makes_no_assignment_stale() -> Non
     clock.now += 2.0  # a loaded machine's stall: suspect, but no other member was given
     assert guard.suspect()  # its partitions within it
     assert not guard.stale_assignment()
+
+
+def test_a_frame_decided_before_a_gap_is_stale_once_partitions_are_lost() -> None:
+    guard, clock = _guard()
+    _run(guard, clock, 1.0)
+    made_at = clock.now  # decided, handed to the transport, then the member stopped
+    clock.now += 6.0
+    assert guard.settled_since(made_at) is None  # woken: the session may be gone
+    _run(guard, clock, 0.5)
+    guard.lose()
+    assert guard.settled_since(made_at) is False
+    _run(guard, clock, 10.0)
+    assert guard.settled_since(made_at) is False  # a loss after it, for good
+    assert guard.settled_since(clock.now) is True  # a frame decided after the loss is fine
+
+
+def test_a_frame_decided_before_a_gap_the_group_rode_out_is_current_after_probation() -> None:
+    guard, clock = _guard()
+    made_at = clock.now
+    clock.now += 1.5
+    assert guard.settled_since(made_at) is None
+    _run(guard, clock, 1.0)
+    assert guard.settled_since(made_at) is None
+    _run(guard, clock, 2.0)  # a session and a heartbeat with no gap, no loss
+    assert guard.settled_since(made_at) is True
+
+
+def test_a_frame_of_a_member_that_ran_is_current_and_the_client_asks_at_half_the_gap() -> None:
+    guard, clock = _guard()
+    made_at = clock.now
+    _run(guard, clock, 5.0)  # a slow client: the frame waited in the transport
+    assert guard.settled_since(made_at) is True
+    assert guard.stale_after_s == 0.5  # half the 1 s gap that makes the member suspect
+    assert asyncio.run(guard.wait_since(made_at)) is True

@@ -21,16 +21,18 @@ ACK_OP_EXPIRE: AckOp
 ACK_OP_EXTEND: AckOp
 
 class ClientFrame(_message.Message):
-    __slots__ = ("subscribe", "ack", "close", "replace")
+    __slots__ = ("subscribe", "ack", "close", "replace", "check")
     SUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     CLOSE_FIELD_NUMBER: _ClassVar[int]
     REPLACE_FIELD_NUMBER: _ClassVar[int]
+    CHECK_FIELD_NUMBER: _ClassVar[int]
     subscribe: Subscribe
     ack: Ack
     close: Close
     replace: Replace
-    def __init__(self, subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ..., replace: _Optional[_Union[Replace, _Mapping]] = ...) -> None: ...
+    check: Check
+    def __init__(self, subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ..., replace: _Optional[_Union[Replace, _Mapping]] = ..., check: _Optional[_Union[Check, _Mapping]] = ...) -> None: ...
 
 class Subscribe(_message.Message):
     __slots__ = ("queue", "max_backlog", "client_name", "filter", "batch_frames", "message_columns")
@@ -86,21 +88,43 @@ class Replace(_message.Message):
     filter: str
     def __init__(self, request_id: _Optional[int] = ..., queue: _Optional[str] = ..., max_backlog: _Optional[int] = ..., filter: _Optional[str] = ...) -> None: ...
 
+class Check(_message.Message):
+    __slots__ = ("request_id", "made_at")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MADE_AT_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    made_at: float
+    def __init__(self, request_id: _Optional[int] = ..., made_at: _Optional[float] = ...) -> None: ...
+
 class ServerFrame(_message.Message):
-    __slots__ = ("subscribed", "messages", "ack_result", "error", "replaced", "batch")
+    __slots__ = ("subscribed", "messages", "ack_result", "error", "replaced", "batch", "checked")
     SUBSCRIBED_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     ACK_RESULT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     REPLACED_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    CHECKED_FIELD_NUMBER: _ClassVar[int]
     subscribed: Subscribed
     messages: Messages
     ack_result: AckResult
     error: Error
     replaced: Replaced
     batch: Batch
-    def __init__(self, subscribed: _Optional[_Union[Subscribed, _Mapping]] = ..., messages: _Optional[_Union[Messages, _Mapping]] = ..., ack_result: _Optional[_Union[AckResult, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., replaced: _Optional[_Union[Replaced, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ...) -> None: ...
+    checked: Checked
+    def __init__(self, subscribed: _Optional[_Union[Subscribed, _Mapping]] = ..., messages: _Optional[_Union[Messages, _Mapping]] = ..., ack_result: _Optional[_Union[AckResult, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., replaced: _Optional[_Union[Replaced, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ..., checked: _Optional[_Union[Checked, _Mapping]] = ...) -> None: ...
+
+class Checked(_message.Message):
+    __slots__ = ("request_id", "current", "server_time", "wall_ms")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_FIELD_NUMBER: _ClassVar[int]
+    SERVER_TIME_FIELD_NUMBER: _ClassVar[int]
+    WALL_MS_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    current: bool
+    server_time: float
+    wall_ms: int
+    def __init__(self, request_id: _Optional[int] = ..., current: _Optional[bool] = ..., server_time: _Optional[float] = ..., wall_ms: _Optional[int] = ...) -> None: ...
 
 class Batch(_message.Message):
     __slots__ = ("frames",)
@@ -109,22 +133,28 @@ class Batch(_message.Message):
     def __init__(self, frames: _Optional[_Iterable[_Union[ServerFrame, _Mapping]]] = ...) -> None: ...
 
 class Subscribed(_message.Message):
-    __slots__ = ("subscription_id", "backlog", "lease_period_s")
+    __slots__ = ("subscription_id", "backlog", "lease_period_s", "server_time", "stale_after_s")
     SUBSCRIPTION_ID_FIELD_NUMBER: _ClassVar[int]
     BACKLOG_FIELD_NUMBER: _ClassVar[int]
     LEASE_PERIOD_S_FIELD_NUMBER: _ClassVar[int]
+    SERVER_TIME_FIELD_NUMBER: _ClassVar[int]
+    STALE_AFTER_S_FIELD_NUMBER: _ClassVar[int]
     subscription_id: str
     backlog: int
     lease_period_s: float
-    def __init__(self, subscription_id: _Optional[str] = ..., backlog: _Optional[int] = ..., lease_period_s: _Optional[float] = ...) -> None: ...
+    server_time: float
+    stale_after_s: float
+    def __init__(self, subscription_id: _Optional[str] = ..., backlog: _Optional[int] = ..., lease_period_s: _Optional[float] = ..., server_time: _Optional[float] = ..., stale_after_s: _Optional[float] = ...) -> None: ...
 
 class Messages(_message.Message):
-    __slots__ = ("messages", "columns")
+    __slots__ = ("messages", "columns", "made_at")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    MADE_AT_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[Message]
     columns: MessageColumns
-    def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., columns: _Optional[_Union[MessageColumns, _Mapping]] = ...) -> None: ...
+    made_at: float
+    def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., columns: _Optional[_Union[MessageColumns, _Mapping]] = ..., made_at: _Optional[float] = ...) -> None: ...
 
 class MessageColumns(_message.Message):
     __slots__ = ("topic", "partition", "offset", "key", "value", "timestamp_ms", "deliveries", "cancels", "lease_deadline_ms", "queue", "flags", "parse_error", "header_count", "headers")
