@@ -243,11 +243,21 @@ def profiled_throughput(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
-    p.add_argument("raw", type=Path, help="a py-spy --format raw output file (or .gz)")
+    p.add_argument(
+        "raw", type=Path, help="a py-spy --format raw output file (or .gz), or a run's .json"
+    )
     p.add_argument("--top", type=int, default=20)
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = p.parse_args(argv)
-    s = summarize(args.raw, args.top)
+    raw: Path = args.raw
+    if raw.suffix == ".json":  # a run's results: its profile sits beside it
+        sibling = raw.with_name(raw.stem + "-pyspy.txt.gz")
+        if not sibling.exists():
+            p.error(f"{raw} is a run's results, and it has no profile beside it ({sibling.name})")
+        raw = sibling
+    if not raw.exists():
+        p.error(f"{raw}: no such file")
+    s = summarize(raw, args.top)
     print(json.dumps(s, indent=2) if args.json else render(s))
     return 0
 
