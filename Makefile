@@ -14,7 +14,7 @@ demo: $(STAMP)
 	$(BIN)/qlayer demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest tests -q -p no:cacheprovider
+	$(BIN)/python -m pytest tests -q -p no:cacheprovider --durations=25
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest tests/unit -q -p no:cacheprovider
