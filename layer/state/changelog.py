@@ -45,6 +45,8 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 
+#: how long a commit waits for a topic's partition count (once per topic and writer)
+_METADATA_TIMEOUT = 5.0
 #: how long closing a failed (fenced) writer may take before the process exits without it
 CLOSE_FAILED_S = 5.0
 
@@ -238,7 +240,9 @@ class ChangelogWriter:
         single = self._single.get(topic)
         if single is None:
             try:
-                meta = producer.list_topics(topic, timeout=self._timeout).topics.get(topic)
+                # briefly: with Kafka away, the commit's own produce and flush report it
+                timeout = min(self._timeout, _METADATA_TIMEOUT)
+                meta = producer.list_topics(topic, timeout=timeout).topics.get(topic)
             except KafkaException:
                 return False  # asked again next commit
             if meta is None or meta.error is not None:
