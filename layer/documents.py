@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import io
 import json
+from collections import deque
+from collections.abc import Callable
 from functools import lru_cache
+from itertools import repeat
+from operator import add
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import fastavro
 import orjson
@@ -87,3 +91,24 @@ class DocumentReader:
         if value.count(b"[") + value.count(b"{") >= _DEEP:
             return self.read(value)[1]
         return None
+
+    def check_all(self, values: list[bytes | None]) -> bool:
+        """Whether ``check`` says None of every one of ``values`` (False: maybe not; ask
+        ``check`` of each). Per batch, not per value: ``orjson.loads`` and the bracket counts
+        are mapped over the batch in C, with no Python call per value. A JSON queue's only;
+        False for the others and for a tombstone (None) among the values."""
+        if self.message_type != "json" or not values:
+            return False
+        try:
+            # a tombstone (None) raises too
+            deque(map(cast(Callable[[bytes | None], object], orjson.loads), values), maxlen=0)
+        except orjson.JSONDecodeError:
+            return False
+        # as ``check``: none could be nested deeper than the standard parser goes (a value
+        # shorter than _DEEP bytes cannot hold _DEEP brackets)
+        checked = cast(list[bytes], values)  # no tombstone: orjson took them all
+        if max(map(len, checked)) < _DEEP:
+            return True
+        count = cast(Callable[[bytes, bytes], int], bytes.count)
+        brackets = map(add, map(count, checked, repeat(b"[")), map(count, checked, repeat(b"{")))
+        return max(brackets) < _DEEP

@@ -61,6 +61,33 @@ def bookmark_of(msg: Message) -> Bookmark:
     return Bookmark(msg.topic(), msg.partition(), msg.offset())  # type: ignore[arg-type]
 
 
+_ERROR = Message.error
+_TOPIC = Message.topic
+_PARTITION = Message.partition
+_OFFSET = Message.offset
+
+
+def last_offsets(msgs: list[Message]) -> dict[TopicPartition, int]:
+    """The last offset of each partition among error-free fetched ``msgs`` (in offset order per
+    partition, as a consumer hands them over). Per batch: the three fields are read by mapping
+    their C methods over the batch and reduced by a dict, last value winning; a Python object
+    is made per partition only."""
+    if not msgs:
+        return {}
+    last = dict(
+        zip(
+            zip(map(_TOPIC, msgs), map(_PARTITION, msgs), strict=True),
+            map(_OFFSET, msgs),
+            strict=True,
+        )
+    )
+    # an error-free fetched message has all three (librdkafka)
+    return {
+        TopicPartition(cast(str, t), cast(int, p)): cast(int, offset)
+        for (t, p), offset in last.items()
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class PartitionStarted:
     """A partition the queue has never tracked starts at ``offset`` (start_from resolved)."""
@@ -246,6 +273,44 @@ class IngestReader:
             return False
         return True
 
+    def take(self, consumer: Consumer, msgs: list[Message]) -> list[Message]:
+        """One fetch handed over (``on_batch``), with the partitions started since the last and
+        the high watermarks of the partitions it read; its error-free messages returned.
+
+        Per batch, not per message: the errors are read by mapping ``Message.error`` over the
+        fetch (one without any, the common case, is handed over whole), and the last offset of
+        each partition comes from ``last_offsets``."""
+        # any(): a KafkaError is true; comparing one with None (list.count) raises
+        errors = list(map(_ERROR, msgs))
+        good = self._sort_errors(msgs, errors) if any(errors) else msgs
+        started, self._started = self._started, []
+        if not good and not started:
+            return good
+        hw: dict[TopicPartition, int] = {}
+        for tp, last in last_offsets(good).items():
+            self._next[tp] = max(self._next.get(tp, 0), last + 1)
+            _low, high = consumer.get_watermark_offsets(
+                KafkaTopicPartition(tp.topic, tp.partition), cached=True
+            )
+            if high >= 0:
+                hw[tp] = high
+        self._on_batch(Fetched(good, hw, started, time.time()))
+        return good
+
+    def _sort_errors(self, msgs: list[Message], errors: list[KafkaError | None]) -> list[Message]:
+        """The error-free messages of a fetch; the errors reported (end of partition: none)."""
+        good: list[Message] = []
+        for m, err in zip(msgs, errors, strict=True):
+            if err is None:
+                good.append(m)
+            elif err.code() == KafkaError._PARTITION_EOF:
+                continue
+            elif err.code() in _TRANSPORT_CODES or err.retriable():
+                self._on_trouble(f"queue={self._queue} fetch: {err}")
+            else:
+                log.warning("queue=%s fetch error: %s", self._queue, err)
+        return good
+
     def _run(self) -> None:
         consumer = Consumer(self._settings)
         try:
@@ -290,32 +355,7 @@ class IngestReader:
                             consumer = self._reopen(consumer, wait_ms)
                         continue
                     msgs = [first, *consumer.consume(self._batch_size - 1, 0)]
-                good: list[Message] = []
-                for m in msgs:
-                    err = m.error()
-                    if err is None:
-                        good.append(m)
-                    elif err.code() == KafkaError._PARTITION_EOF:
-                        continue
-                    elif err.code() in _TRANSPORT_CODES or err.retriable():
-                        self._on_trouble(f"queue={self._queue} fetch: {err}")
-                    else:
-                        log.warning("queue=%s fetch error: %s", self._queue, err)
-                started, self._started = self._started, []
-                if not good and not started:
-                    continue
-                hw: dict[TopicPartition, int] = {}
-                seen: dict[TopicPartition, int] = {}  # the last offset fetched, per partition
-                for m in good:
-                    seen[TopicPartition(*bookmark_of(m)[:2])] = cast(int, m.offset())
-                for tp, last in seen.items():
-                    self._next[tp] = max(self._next.get(tp, 0), last + 1)
-                    _low, high = consumer.get_watermark_offsets(
-                        KafkaTopicPartition(tp.topic, tp.partition), cached=True
-                    )
-                    if high >= 0:
-                        hw[tp] = high
-                self._on_batch(Fetched(good, hw, started, time.time()))
+                good = self.take(consumer, msgs)
                 if good:
                     wait_ms = self._wait.fetched(
                         time.monotonic(), partial(self._caught_up, consumer)

@@ -12,6 +12,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import TYPE_CHECKING, cast
 
 from confluent_kafka import Message
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _INF = float("inf")
+_VALUE = Message.value
 
 
 UNPARSEABLE_LOG_INTERVAL = 10.0  # seconds between log lines about unparseable messages
@@ -461,7 +463,18 @@ class QueueRuntime:
 
         # the short way (see above): its partition at hand, the stored records' keys and values
         short = plain_queue and not exprs.needed and not self.restored_delays
-        check = exprs.reader.check if exprs.reader is not None else None
+        reader = exprs.reader
+        check = reader.check if reader is not None else None
+        # JSON checked per batch: the loop below takes exactly the first ``room`` of the inbox
+        # (the short way's queue has no filter, and none is restored as done), so when all of
+        # them pass, none needs its own check
+        if (
+            short
+            and reader is not None
+            and not restored_done
+            and reader.check_all(list(map(_VALUE, islice(inbox, room))))
+        ):
+            check = None
         keys: list[bytes] = []
         values: list[bytes] = []
         if short:
@@ -494,7 +507,8 @@ class QueueRuntime:
                     keys.append(prefix + pack_offset(offset))
                     values.append(encode(key, value, ts_ms))
                     if len(payload_cache) < cache_size:
-                        payload_cache[Bookmark(t, p, offset)] = StoredMessage(key, value, (), ts_ms)
+                        # a plain tuple is a Bookmark's equal as a key, and made ~7x faster
+                        payload_cache[(t, p, offset)] = StoredMessage(key, value, (), ts_ms)  # type: ignore[index]
                     room -= 1
                     admitted += 1
                     at = ts_ms / 1000.0 if ts_ms else now

@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -44,6 +45,8 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 
+#: how long a commit waits for a topic's partition count (once per topic and writer)
+_METADATA_TIMEOUT = 5.0
 #: how long closing a failed (fenced) writer may take before the process exits without it
 CLOSE_FAILED_S = 5.0
 
@@ -94,6 +97,7 @@ class ChangelogWriter:
         self._interrupt = interrupt or threading.Event()
         self._lock = threading.Lock()
         self._failed: str | None = None
+        self._single: dict[str, bool] = {}  # changelog topic -> has one partition
         settings = {**_DEFAULTS, **producer_settings, "transactional.id": transactional_id}
         self._producer: Producer | None = None
         try:
@@ -168,9 +172,17 @@ class ChangelogWriter:
                 producer.begin_transaction()
             except KafkaException as exc:
                 raise self._fail(exc, "begin") from exc
+            reported = self._reported(producer, records)
+            produce = producer.produce
             try:
-                for record in records:
-                    self._produce(producer, record[0], record[1], record[2], None, on_record)
+                for i, (to, record_key, record_value) in enumerate(records):
+                    if reported is None or i in reported:
+                        self._produce(producer, to, record_key, record_value, None, on_record)
+                        continue
+                    try:  # no delivery report (see ``_reported``) and no call around produce
+                        produce(to, record_value, record_key)
+                    except BufferError:
+                        self._produce(producer, to, record_key, record_value, None, None)
                 for topic, key, value, headers in extra:
                     self._produce(producer, topic, key, value, headers, on_extra)
                 for topic, key, value, headers in bulk:
@@ -178,7 +190,7 @@ class ChangelogWriter:
                 self._flush(producer, errors)
                 if errors:
                     raise StateError(f"changelog delivery failed: {'; '.join(errors[:5])}")
-                expected = len(records) + len(extra)
+                expected = (len(records) if reported is None else len(reported)) + len(extra)
                 if delivered[0] != expected:
                     raise StateError(
                         f"{expected - delivered[0]} changelog delivery reports missing"
@@ -205,6 +217,38 @@ class ChangelogWriter:
                     ) from exc
                 raise
             return last
+
+    def _reported(self, producer: Producer, records: Sequence[ChangelogRecord]) -> set[int] | None:
+        """Which of ``records`` (their indexes) get a delivery report; None: all of them.
+
+        ``commit`` returns the last offset per changelog partition, and a Python callback per
+        record is a measurable cost: a topic of one partition (as the coordinator creates its
+        changelog topics) needs the report of its last record only, since an idempotent
+        producer writes one partition's records in the order they are produced. The others
+        still fail the transaction when they fail (as ``bulk`` records do). A topic of more
+        partitions, or one whose partitions cannot be told, reports every record."""
+        if not records:
+            return set()
+        last = dict(zip(map(itemgetter(0), records), range(len(records)), strict=True))
+        if not all(self._single_partition(producer, topic) for topic in last):
+            return None
+        return set(last.values())
+
+    def _single_partition(self, producer: Producer, topic: str) -> bool:
+        """Whether ``topic`` has one partition (asked once per writer: a changelog topic's
+        partitions never change, or its keys would move between partitions)."""
+        single = self._single.get(topic)
+        if single is None:
+            try:
+                # briefly: with Kafka away, the commit's own produce and flush report it
+                timeout = min(self._timeout, _METADATA_TIMEOUT)
+                meta = producer.list_topics(topic, timeout=timeout).topics.get(topic)
+            except KafkaException:
+                return False  # asked again next commit
+            if meta is None or meta.error is not None:
+                return False
+            single = self._single[topic] = len(meta.partitions) == 1
+        return single
 
     def _produce(
         self,

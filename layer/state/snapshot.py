@@ -91,12 +91,20 @@ def _state(store: Store, queue: str) -> dict[TopicPartition, tuple[int | None, l
     by_tp: dict[TopicPartition, list[tuple[int, bytes]]] = {}
     # read from each low-water mark on: below it are the deleted entries of every message it
     # passed since the store last compacted, which a scan from the start would step over
-    for bm, value in store.entry_values(queue, below=marks):
-        tp = TopicPartition(bm.topic, bm.partition)
-        low = lows.get(tp)
-        if low is not None and bm.offset < low:
+    # entries come in key order, a partition's together: its mark and list looked up once
+    at_topic: str | None = None
+    at_partition = -1
+    low: int | None = None
+    entries: list[tuple[int, bytes]] = []
+    for (topic, partition, offset), value in store.entry_values(queue, below=marks):
+        if partition != at_partition or topic != at_topic:
+            at_topic, at_partition = topic, partition
+            tp = TopicPartition(topic, partition)
+            low = lows.get(tp)
+            entries = by_tp.setdefault(tp, [])
+        if low is not None and offset < low:
             continue  # below the mark: a restore drops it too
-        by_tp.setdefault(tp, []).append((bm.offset, value))
+        entries.append((offset, value))
     out: dict[TopicPartition, tuple[int | None, list[Run]]] = {}
     for tp in set(lows) | set(by_tp):
         low = lows.get(tp)

@@ -521,3 +521,31 @@ def test_a_restore_stopped_at_once_reads_nothing(
     with pytest.raises(RecoveryError, match="stopped"):
         restore(rocks, kafka_settings, topic, "q", stop=lambda: True)
     assert rocks.changelog_offset(topic, 0) is None
+
+
+@pytest.mark.parametrize("partitions", [1, 3])
+def test_commit_returns_the_last_offset_of_each_partition(
+    partitions: int,
+    kafka_settings: dict[str, Any],
+    topic_factory: Callable[..., str],
+    consume_all: Callable[..., list[Any]],
+) -> None:
+    """A one-partition topic reports its last record only; one of more, every record: either
+    way the offsets returned are each partition's last."""
+    topic = topic_factory(partitions=partitions)
+    side = topic_factory(partitions=1)
+    writer = ChangelogWriter(kafka_settings, f"tx-{topic}")
+    try:
+        records: Records = [(topic, b"k%d" % (i % 7), b"v%d" % i) for i in range(50)]
+        records += [(side, b"s", b"side")]
+        first = writer.commit(records)
+        second = writer.commit(records[:10])
+    finally:
+        writer.close()
+    last: dict[tuple[str, int], int] = {}
+    for m in [*consume_all(topic), *consume_all(side)]:
+        key = (m.topic(), m.partition())
+        last[key] = max(last.get(key, -1), m.offset())
+    written = {**first, **second}
+    assert written == last
+    assert [m.value() for m in consume_all(side)] == [b"side"]

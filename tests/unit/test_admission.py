@@ -112,3 +112,40 @@ def test_check_says_what_read_says() -> None:
         assert reader.check(value) == reader.read(value)[1], value
     with pytest.raises(ValueError):
         json.loads(b"{}  x")
+
+
+def test_check_all_says_true_only_when_check_says_none_of_each() -> None:
+    reader = DocumentReader("json")
+    deep_ok = b"[" * 300 + b"]" * 300  # parses: brackets enough to ask the standard parser
+    values = [*VALUES, b"1" * 400, b"[" * 5000 + b"]" * 5000, b"{}  x", deep_ok, b'{"a": 1}']
+    for value in values:  # False may also mean "ask check": NaN, many brackets
+        if reader.check_all([value]):
+            assert reader.check(value) is None, value
+    good = [b'{"n": 1}', b"[1, 2]", b'"' + b"x" * 300 + b'"', b"3"]
+    assert reader.check_all(good)
+    for bad in [b'{"n": 1,', None, b"[" * 5000 + b"]" * 5000, b'{"x": NaN}', deep_ok]:
+        for at in range(len(good) + 1):
+            assert not reader.check_all([*good[:at], bad, *good[at:]])
+    assert not reader.check_all([])
+    assert not DocumentReader("avro").check_all(good)
+
+
+def test_a_bad_message_past_the_rounds_room_is_still_found() -> None:
+    """The batch check covers the messages a round takes; the next round checks its own."""
+    rt = new_runtime(queue_config(on_unparseable="dead-letter"))
+    tp = TopicPartition(TOPIC, 0)
+    values = [b'{"n": %d}' % i for i in range(10)]
+    values[7] = b"{not json"
+    messages = [
+        Message(topic=TOPIC, partition=0, offset=i, value=v, timestamp=(1, TS))
+        for i, v in enumerate(values)
+    ]
+    rt.take_fetched(Fetched(messages, {tp: 10}, [PartitionStarted(tp, 0)]))
+    store = MemoryStore()
+    for limit in (5, 5):
+        batch = StoreBatch()
+        assert rt.admit(100.0, batch, limit=limit) == 5
+        store.write(batch)
+    assert rt.counters.unparseable == 1
+    stored = store.get_messages("q", [Bookmark(TOPIC, 0, i) for i in range(10)])
+    assert [m is not None and m.error is not None for m in stored] == [i == 7 for i in range(10)]
