@@ -385,6 +385,8 @@ class Restore:
                 runs.append((tp, bm.offset, [ts], priority, False))
         if arrivals:
             engine.add(arrivals, now)
+        for tp, low in lows.items():
+            batch.delete_blobs_below(name, tp, low)  # what the loop above skipped
         batch.delete_runs(name)
         if plain:
             for tp, start, times, priority, singled in runs:
@@ -416,6 +418,7 @@ class Restore:
         for tp in engine.partitions():
             lows[tp] = engine.low_water(tp)
             batch.delete_messages_below(name, tp, lows[tp])  # a crash after the commit left them
+            batch.delete_blobs_below(name, tp, lows[tp])
         loaded = 0
         for record in records:
             tp, start, times = record.partition, record.start, record.times

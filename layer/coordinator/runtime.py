@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, cast
 
 from confluent_kafka import Message
 
-from layer import avro_fast
 from layer.api.service import DeliverySink, QueueStats
 from layer.config import OnUnparseable, QueueConfig
 from layer.coordinator.counters import Counters
@@ -39,7 +38,7 @@ from layer.engine.queue import QueueEngine
 from layer.exceptions import UnknownQueue
 from layer.expr import Expression, Record, compile_expression
 from layer.expr.values import text_to_number
-from layer.state.base import Store, StoreBatch, StoredMessage, pack_offset, partition_prefix
+from layer.state.base import Store, StoreBatch, StoredMessage
 
 if TYPE_CHECKING:
     from layer.coordinator.view_history import ViewHistory
@@ -49,6 +48,9 @@ log = logging.getLogger(__name__)
 _INF = float("inf")
 
 
+# the most messages one blob (layer.state.blobs) holds: a delivery reads and decodes a whole
+# blob for a few of them (then keeps it a while: KeyValueStore._BLOB_CACHE)
+BLOB_MESSAGES = 1024
 UNPARSEABLE_LOG_INTERVAL = 10.0  # seconds between log lines about unparseable messages
 DELIVER_AFTER = "deliver_after"  # header: not deliverable before this UNIX time (seconds)
 
@@ -219,6 +221,10 @@ class QueueRuntime:
     # beyond ``payload_cache_size`` messages, payloads are read back from the store.
     payload_cache: dict[Bookmark, StoredMessage] = field(default_factory=dict)
     payload_cache_size: int = 20_000
+    # Per partition number, [topic, start, end]: every message this process admitted at
+    # offsets start .. end - 1 of that partition is in a blob (layer.state.blobs), none in
+    # MESSAGES, so their being done deletes nothing there (``in_blobs``).
+    blob_spans: dict[int, list[object]] = field(default_factory=dict)
     route: PublishRoute | None = None  # copies publishes to the queue's name (publish_route)
     # Write a run record (layer.state.base.RunRecord) for every message admitted: the store's
     # run records cover the queue (set by the restore when they do).
@@ -430,10 +436,10 @@ class QueueRuntime:
         A plain message without headers on a queue whose expressions read no document (most of
         a throughput run) takes a short way: no ``Bookmark``, ``StoredMessage`` (but for the
         payload cache) or parsed document is made for it, its JSON is only checked
-        (``DocumentReader.check``) and its stored record is built from a head per value length
-        and a tail per timestamp (``avro_fast.PlainRecords``, byte-identical to
-        ``StoredMessage.encode``; the backlog's bulk read encodes with it too). One that does
-        not parse goes the long way, which words it."""
+        (``DocumentReader.check``) and its key, value and timestamp go into its partition's
+        blob (``layer.state.blobs``: one store value for up to ``BLOB_MESSAGES`` of them, not
+        a ``StoredMessage`` record each). One that does not parse goes the long way, which
+        words it; a message that goes the long way is stored alone (MESSAGES)."""
         room = min(self.engine.room(), limit)
         if not self.inbox or room <= 0:
             return 0
@@ -459,18 +465,38 @@ class QueueRuntime:
             if record:
                 batch.put_run(name, run_tp, run_start, array("d", run_times), run_priority)
 
-        # the short way (see above): its partition at hand, the stored records' keys and values
+        spans = self.blob_spans
+
+        def put_blob(
+            tp: TopicPartition,
+            offsets: list[int],
+            keys: list[bytes | None],
+            values: list[bytes | None],
+            times: list[int],
+        ) -> None:
+            batch.put_blob(name, tp, offsets, keys, values, times)
+            first, last = offsets[0], offsets[-1]
+            span = spans.get(tp.partition)
+            if last - first != len(offsets) - 1:  # a gap: maybe a message in MESSAGES
+                spans.pop(tp.partition, None)
+            elif span is not None and span[0] == tp.topic and span[2] == first:
+                span[2] = last + 1
+            else:
+                spans[tp.partition] = [tp.topic, first, last + 1]
+
+        # the short way (see above): its partition at hand, and the blob being built there
         short = plain_queue and not exprs.needed and not self.restored_delays
         check = exprs.reader.check if exprs.reader is not None else None
-        keys: list[bytes] = []
-        values: list[bytes] = []
-        if short:
-            keys, values = batch.put_messages_encoded()
         at_topic: str | None = None
         at_partition = -1
         at_tp = TopicPartition("", -1)
-        prefix = b""
-        encode = avro_fast.PlainRecords().encode
+        # per partition, the blob being built: offsets, keys, values, timestamps (ms)
+        Pending = tuple[list[int], list[bytes | None], list[bytes | None], list[int]]
+        pending: dict[TopicPartition, Pending] = {}
+        blob_offsets: list[int] = []
+        blob_keys: list[bytes | None] = []
+        blob_values: list[bytes | None] = []
+        blob_times: list[int] = []
         while inbox and room > 0:
             msg = inbox.popleft()
             if short and not msg.headers():
@@ -480,7 +506,10 @@ class QueueRuntime:
                 offset: int = msg.offset()  # type: ignore[assignment]
                 if p != at_partition or t != at_topic:
                     at_topic, at_partition, at_tp = t, p, TopicPartition(t, p)
-                    prefix = partition_prefix(name, t, p)
+                    blob = pending.get(at_tp)
+                    if blob is None:
+                        blob = pending[at_tp] = ([], [], [], [])
+                    blob_offsets, blob_keys, blob_values, blob_times = blob
                 value = msg.value()
                 if check is None or check(value) is None:
                     read_to[at_tp] = offset + 1
@@ -491,8 +520,14 @@ class QueueRuntime:
                     ts_ms: int = msg.timestamp()[1]
                     if ts_ms < 0:
                         ts_ms = 0
-                    keys.append(prefix + pack_offset(offset))
-                    values.append(encode(key, value, ts_ms))
+                    if len(blob_offsets) >= BLOB_MESSAGES:
+                        put_blob(at_tp, blob_offsets, blob_keys, blob_values, blob_times)
+                        blob = pending[at_tp] = ([], [], [], [])
+                        blob_offsets, blob_keys, blob_values, blob_times = blob
+                    blob_offsets.append(offset)
+                    blob_keys.append(key)
+                    blob_values.append(value)
+                    blob_times.append(ts_ms)
                     if len(payload_cache) < cache_size:
                         payload_cache[Bookmark(t, p, offset)] = StoredMessage(key, value, (), ts_ms)
                     room -= 1
@@ -560,6 +595,9 @@ class QueueRuntime:
                 batch.put_run(name, tp, bookmark.offset, times, stored.priority, whole=True)
         if run_times:
             flush()
+        for tp, blob in pending.items():
+            if blob[0]:
+                put_blob(tp, *blob)
         if self.stages is not None:
             self._time_admitted(before - len(inbox), self.stages)
         self.counters.ingested += admitted
@@ -567,6 +605,17 @@ class QueueRuntime:
             engine.mark_read(tp, position)
             batch.put_read_position(name, tp, position)
         return admitted
+
+    def in_blobs(self, first: Bookmark, count: int) -> bool:
+        """Whether the messages at ``first`` and the ``count - 1`` offsets after it are known
+        to be kept in blobs (``blob_spans``), not in MESSAGES."""
+        span = self.blob_spans.get(first.partition)
+        return (
+            span is not None
+            and span[0] == first.topic
+            and span[1] <= first.offset  # type: ignore[operator]
+            and first.offset + count <= span[2]  # type: ignore[operator]
+        )
 
     def stats(self, now: float, rounds: int, fetch_wait_ms: float) -> QueueStats:
         """The queue's figures now (``rounds``: the coordinator's rounds so far;
