@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import struct
+import threading
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -555,6 +556,8 @@ class KeyValueStore:
         self._blobs: dict[bytes, Blob] = {}
         # per queue: whether it may have blobs (a queue with none is read in one multi_get)
         self._has_blobs: dict[str, bool] = {}
+        # both are shared by the event loop and a restore's thread (``asyncio.to_thread``)
+        self._blob_lock = threading.Lock()
 
     # -- engine primitives ----------------------------------------------------------------
 
@@ -592,13 +595,14 @@ class KeyValueStore:
 
     def _blobs_changed(self, key: bytes, value: object) -> None:
         """Keep the blob cache and the queues' flags true to a write of BLOBS."""
-        if isinstance(value, _Range):
-            for cached in [k for k in self._blobs if key <= k < value.end]:
-                del self._blobs[cached]
-        elif isinstance(value, bytes | type(None)):
-            self._blobs.pop(key, None)
-            if value is not None:
-                self._has_blobs[key[: key.index(b"\x00")].decode()] = True
+        with self._blob_lock:
+            if isinstance(value, _Range):
+                for cached in [k for k in self._blobs if key <= k < value.end]:
+                    del self._blobs[cached]
+            elif isinstance(value, bytes | type(None)):
+                self._blobs.pop(key, None)
+                if value is not None:
+                    self._has_blobs[key[: key.index(b"\x00")].decode()] = True
 
     def _queue_has_blobs(self, queue: str) -> bool:
         has = self._has_blobs.get(queue)
@@ -611,12 +615,14 @@ class KeyValueStore:
     def _blob(self, key: bytes, value: bytes) -> Blob:
         """The decoded blob of this key and value, cached."""
         cache = self._blobs
-        blob = cache.pop(key, None)
+        with self._blob_lock:
+            blob = cache.pop(key, None)
         if blob is None:
             blob = Blob(value)
-            if len(cache) >= self._BLOB_CACHE:
+        with self._blob_lock:
+            while len(cache) >= self._BLOB_CACHE:
                 del cache[next(iter(cache))]
-        cache[key] = blob
+            cache[key] = blob
         return blob
 
     def _from_blobs(
@@ -627,7 +633,9 @@ class KeyValueStore:
         cache = self._blobs
         # per partition prefix: its cached blobs
         cached: dict[bytes, list[tuple[bytes, Blob]]] = {}
-        for key, one in cache.items():
+        with self._blob_lock:
+            items = list(cache.items())
+        for key, one in items:
             cached.setdefault(key[: -_OFFSET.size], []).append((key, one))
         rest: dict[bytes, list[tuple[int, int]]] = {}  # prefix -> [(offset, position)]
         # per partition (deliveries interleave them): [topic, prefix, the blob last used]
@@ -648,8 +656,9 @@ class KeyValueStore:
                         i = candidate.index(offset)
                         if i >= 0:
                             blob = state[2] = candidate
-                            cache.pop(key, None)
-                            cache[key] = candidate  # used: the last to go
+                            with self._blob_lock:
+                                cache.pop(key, None)
+                                cache[key] = candidate  # used: the last to go
                             break
                 if i < 0:
                     rest.setdefault(prefix, []).append((offset, n))
@@ -872,8 +881,9 @@ class KeyValueStore:
         prefix = queue_prefix(queue)
         end = _Range(prefix_end(prefix))
         self._apply([(cf, prefix, end) for cf in (ENTRIES, POSITIONS, MESSAGES, RUNS, BLOBS)])
-        self._blobs.clear()
-        self._has_blobs.pop(queue, None)
+        with self._blob_lock:
+            self._blobs.clear()
+            self._has_blobs.pop(queue, None)
 
     def close(self) -> None:
         if not self._closed:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Message
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from layer.coordinator.ingest import Fetched, PartitionStarted
 from layer.coordinator.round import RunMirror
@@ -210,3 +212,59 @@ def test_a_blob_after_a_message_alone_starts_a_new_span() -> None:
     hand(rt, [Message(TOPIC, 0, o, None, b"{}", timestamp=(1, 1000)) for o in range(6, 8)])
     assert rt.admit(NOW, batch) == 2
     assert rt.in_blobs(bm(6), 2) and not rt.in_blobs(bm(5), 1)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 1),  # partition
+            st.integers(1, 6),  # messages
+            st.integers(0, 2),  # offsets skipped before them
+            st.booleans(),  # in a blob (else each alone, as an older build kept them)
+            st.booleans(),  # with a gap inside
+        ),
+        max_size=12,
+    ),
+    st.lists(st.tuples(st.integers(0, 1), st.integers(0, 60)), max_size=40),
+    st.lists(st.tuples(st.integers(0, 1), st.integers(0, 60)), max_size=3),
+)
+def test_blobs_and_single_messages_read_as_one_store(
+    writes: list[tuple[int, int, int, bool, bool]],
+    reads: list[tuple[int, int]],
+    marks: list[tuple[int, int]],
+) -> None:
+    """Any mix of blobs (with gaps) and single records, read in any order, after any low-water
+    marks, gives what a plain dict of the messages written says (a blob stays until the mark
+    passes its last offset, a single record until it is deleted alone)."""
+    store = MemoryStore()
+    model: dict[Bookmark, StoredMessage] = {}
+    blob_last: dict[Bookmark, int] = {}  # message in a blob -> the blob's last offset
+    next_offset = [0, 0]
+    for partition, count, skip, in_blob, gap in writes:
+        first = next_offset[partition] + skip
+        offsets = [first + i + (1 if gap and i >= count // 2 else 0) for i in range(count)]
+        next_offset[partition] = offsets[-1] + 1
+        if in_blob:
+            put_blob(store, offsets, partition)
+        else:
+            batch = StoreBatch()
+            for o in offsets:
+                batch.put_message("q", bm(o, partition), plain(o))
+            store.write(batch)
+        for o in offsets:
+            model[bm(o, partition)] = plain(o)
+            if in_blob:
+                blob_last[bm(o, partition)] = offsets[-1]
+    for partition, mark in marks:
+        batch = StoreBatch()
+        batch.delete_blobs_below("q", TopicPartition(TOPIC, partition), mark)
+        batch.delete_messages_below("q", TopicPartition(TOPIC, partition), mark)
+        store.write(batch)
+        for b in list(model):
+            if b.partition == partition and blob_last.get(b, b.offset) < mark:
+                del model[b]
+    wanted = [bm(o, p) for p, o in reads]
+    assert store.get_messages("q", wanted) == [model.get(b) for b in wanted]
+    assert list(store.messages("q")) == sorted(model.items())
+    assert [m[0] for m in store.message_meta("q")] == sorted(model)
