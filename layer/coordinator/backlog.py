@@ -152,6 +152,7 @@ class Backlog:
             if error is None:
                 if len(blob[0]) >= BLOB_MESSAGES:
                     batch.put_blob(name, tp, *blob)
+                    rt.blob_written(tp, blob[0][-1])
                     blob = pending[tp] = ([], [], [], [])
                 blob[0].append(offset)
                 blob[1].append(key)
@@ -177,6 +178,7 @@ class Backlog:
         for at, one in pending.items():
             if one[0]:
                 batch.put_blob(name, at, *one)
+                rt.blob_written(at, one[0][-1])
         self._mark_read(read_to, batch)
         fast_count = admitted - self._slow
         rt.counters.ingested += fast_count  # rt.admit counts its own

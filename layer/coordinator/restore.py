@@ -290,6 +290,9 @@ class Restore:
         for tp, pos in positions.items():
             if pos.read_position is not None and pos.read_position > engine.low_water(tp):
                 engine.mark_read(tp, pos.read_position)
+            if pos.read_position is not None:
+                # blobs written before this restart end below it (QueueRuntime.blobs_below)
+                rt.blobs_before[tp] = pos.read_position
         rt.restored_done = done
         rt.record_runs = plain_queue
         if batch:

@@ -681,7 +681,7 @@ def mirror(
     elif isinstance(change, LowWater):
         batch.put_low_water(name, change.partition, change.offset)
         batch.delete_runs_below(name, change.partition, change.offset)
-        batch.delete_blobs_below(name, change.partition, change.offset)
+        rt.blobs_below(batch, change.partition, change.offset)
     elif isinstance(change, Forget):
         bm = change.bookmark
         batch.delete_entry_run(

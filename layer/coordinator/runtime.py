@@ -225,6 +225,11 @@ class QueueRuntime:
     # offsets start .. end - 1 of that partition is in a blob (layer.state.blobs), none in
     # MESSAGES, so their being done deletes nothing there (``in_blobs``).
     blob_spans: dict[int, list[object]] = field(default_factory=dict)
+    # Per partition, the last offsets of the blobs this process wrote and has not deleted, in
+    # order; and (set by a restore) the read position below which blobs written before it may
+    # be: they go in one range delete once the low-water mark reaches it (``blobs_below``).
+    blob_ends: dict[TopicPartition, deque[int]] = field(default_factory=dict)
+    blobs_before: dict[TopicPartition, int] = field(default_factory=dict)
     route: PublishRoute | None = None  # copies publishes to the queue's name (publish_route)
     # Write a run record (layer.state.base.RunRecord) for every message admitted: the store's
     # run records cover the queue (set by the restore when they do).
@@ -476,6 +481,7 @@ class QueueRuntime:
         ) -> None:
             batch.put_blob(name, tp, offsets, keys, values, times)
             first, last = offsets[0], offsets[-1]
+            self.blob_written(tp, last)
             span = spans.get(tp.partition)
             if last - first != len(offsets) - 1:  # a gap: maybe a message in MESSAGES
                 spans.pop(tp.partition, None)
@@ -605,6 +611,27 @@ class QueueRuntime:
             engine.mark_read(tp, position)
             batch.put_read_position(name, tp, position)
         return admitted
+
+    def blob_written(self, tp: TopicPartition, last: int) -> None:
+        """A blob of ``tp`` whose last offset is ``last`` goes into the store."""
+        ends = self.blob_ends.get(tp)
+        if ends is None:
+            ends = self.blob_ends[tp] = deque()
+        ends.append(last)
+
+    def blobs_below(self, batch: StoreBatch, tp: TopicPartition, mark: int) -> None:
+        """The low-water mark of ``tp`` is at ``mark``: delete the blobs it passed. Those this
+        process wrote by their keys (a point delete each: range tombstones would slow every
+        later seek of a read); those written before the restore in one range delete, once the
+        mark reaches where they end."""
+        ends = self.blob_ends.get(tp)
+        if ends:
+            while ends and ends[0] < mark:
+                batch.delete_blob(self.name, tp, ends.popleft())
+        before = self.blobs_before.get(tp)
+        if before is not None and mark >= before:
+            batch.delete_blobs_below(self.name, tp, before)
+            del self.blobs_before[tp]
 
     def in_blobs(self, first: Bookmark, count: int) -> bool:
         """Whether the messages at ``first`` and the ``count - 1`` offsets after it are known

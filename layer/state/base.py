@@ -449,8 +449,15 @@ class StoreBatch:
         key = partition_prefix(queue, partition.topic, partition.partition)
         self.ops.append((BLOBS, key + _OFFSET.pack(offsets[-1]), value))
 
+    def delete_blob(self, queue: str, partition: TopicPartition, last: int) -> None:
+        """Delete the blob of one partition whose last offset is ``last``."""
+        key = partition_prefix(queue, partition.topic, partition.partition)
+        self.ops.append((BLOBS, key + _OFFSET.pack(last), None))
+
     def delete_blobs_below(self, queue: str, partition: TopicPartition, offset: int) -> None:
-        """Delete the blobs of one partition whose offsets are all below ``offset``."""
+        """Delete the blobs of one partition whose offsets are all below ``offset`` (a range
+        delete: for a restore, not for every low-water mark, as range tombstones slow the
+        seeks of reads in a column family until it compacts: ``QueueRuntime.blobs_below``)."""
         prefix = partition_prefix(queue, partition.topic, partition.partition)
         self.ops.append((BLOBS, prefix, _Range(prefix + _OFFSET.pack(max(offset, 0)))))
 

@@ -20,9 +20,11 @@ Value (version 1), integers little-endian::
     n  x i32  value lengths (-1: no value)
     keys, concatenated; then values, concatenated
 
-A blob goes when the low-water mark passes its last offset (``StoreBatch.delete_blobs_below``,
-with the run records), or with its queue (``wipe_queue``). A message of a blob that is done
-before then keeps its bytes until that mark: ENTRIES keeps its done entry just as long.
+A blob goes when the low-water mark passes its last offset: by its key when this process wrote
+it (``QueueRuntime.blobs_below``: a range tombstone per mark would slow every later seek),
+in one range delete for those a restart found (``StoreBatch.delete_blobs_below``), or with its
+queue (``wipe_queue``). A message of a blob that is done before then keeps its bytes until that
+mark: ENTRIES keeps its done entry just as long.
 """
 
 from __future__ import annotations

@@ -268,3 +268,36 @@ def test_blobs_and_single_messages_read_as_one_store(
     assert store.get_messages("q", wanted) == [model.get(b) for b in wanted]
     assert list(store.messages("q")) == sorted(model.items())
     assert [m[0] for m in store.message_meta("q")] == sorted(model)
+
+
+def test_the_low_water_mark_deletes_blobs_by_key_and_older_ones_at_once() -> None:
+    store = MemoryStore()
+    q = queue_config()
+    rt = QueueRuntime(q, QueueEngine(q.name, q.engine_settings()), "q-changelog")
+    for first in (10, 13, 16):  # three rounds: three blobs of three, ending at 12, 15 and 18
+        hand(
+            rt,
+            [
+                Message(TOPIC, 0, o, None, b"{}", timestamp=(1, 1000))
+                for o in range(first, first + 3)
+            ],
+        )
+        batch = StoreBatch()
+        assert rt.admit(NOW, batch) == 3
+        store.write(batch)
+    rt.blobs_before[TP] = 10  # as a restore at read position 10 sets it
+    batch = StoreBatch()
+    rt.blobs_below(batch, TP, 9)
+    assert not batch
+    rt.blobs_below(batch, TP, 16)  # passed 12 and 15, and the restore's read position
+    ops = [(cf, value) for cf, _key, value in batch.ops]
+    assert ops[:2] == [(BLOBS, None), (BLOBS, None)]  # point deletes
+    assert ops[2][0] == BLOBS and ops[2][1] is not None  # one range delete below 10
+    assert rt.blobs_before == {}
+    store.write(batch)
+    rt.payload_cache.clear()
+    got = store.get_messages("q", [bm(o) for o in (12, 13, 15, 16, 18)])
+    assert [m is not None for m in got] == [False, False, False, True, True]
+    batch = StoreBatch()
+    rt.blobs_below(batch, TP, 17)  # 18 is not passed
+    assert not batch
