@@ -21,7 +21,8 @@ A store holds, for every queue of one coordinator:
 Engines keep these as six column families of binary keys that sort like the data:
 ``queue utf8, 0x00, topic utf8, 0x00, partition u32 BE, offset u64 BE``, so one queue, and one
 partition of it, iterate in offset order. Values are the codec's bytes (entries are changelog
-values exactly as produced, messages are ``StoredMessage`` records).
+values exactly as produced, messages are ``StoredMessage`` records, blobs are
+``layer.state.blobs`` values keyed by their last offset).
 
 Everything one coordinator step changes goes into one ``StoreBatch`` and is applied by one
 ``Store.write`` atomically, together with the changelog offset it corresponds to.
