@@ -11,10 +11,11 @@ and the rest to the reader thread and the round around each batch (py-spy; issue
 
 ``Backlog`` admits a fetch of the backlog with as little per message as the queue allows: for a
 plain queue without expressions (no group, conflation, barrier, priority or filter) a message
-without headers is stored (its record encoded directly), its offset extends the partition's
-current run, and a JSON payload is only checked (``DocumentReader.check``, as on the live
-path). Anything else (a message with headers, a restored delay, a
-queue with expressions) goes through ``QueueRuntime.admit`` as on the live path, so the
+without headers goes into its partition's blob (``layer.state.blobs``, as on the live path's
+short way; one that does not parse is stored alone, with its error), its offset extends the
+partition's current run, and a JSON payload is only checked (``DocumentReader.check``, as on
+the live path). Anything else (a message with headers, a restored delay, a queue with
+expressions) goes through ``QueueRuntime.admit`` as on the live path, so the
 semantics are one. The engine's room (``target_queue_depth``) is respected: the backlog stops
 where the room ends and the live reader goes on from the read positions written.
 
@@ -31,7 +32,7 @@ from confluent_kafka import Message
 
 from layer import avro_fast
 from layer.config import OnUnparseable
-from layer.coordinator.runtime import QueueRuntime
+from layer.coordinator.runtime import BLOB_MESSAGES, QueueRuntime
 from layer.engine.model import Bookmark, TopicPartition
 from layer.state.base import StoreBatch, StoredMessage, pack_offset, partition_prefix
 
@@ -64,7 +65,6 @@ class Backlog:
         for bm in rt.restored_delays:
             self._apart.setdefault(TopicPartition(bm.topic, bm.partition), set()).add(bm.offset)
         self._slow = 0  # admitted through rt.admit in this take
-        self._records = avro_fast.PlainRecords()  # the stored records of plain messages
 
     def take(self, messages: Sequence[Message], batch: StoreBatch, now: float) -> int:
         """Admit ``messages`` (error-free, in offset order per partition) as far as the room
@@ -84,7 +84,6 @@ class Backlog:
         fast = self._fast
         dead_letter = rt.config.on_unparseable == OnUnparseable.DEAD_LETTER
         admitted = 0
-        encode = self._records.encode
         # the partition of the messages at hand, and the run of them being built: its first
         # offset, the offset after it, the timestamps
         topic: str | None = None
@@ -99,6 +98,11 @@ class Backlog:
         # the live path keeps the recently admitted ones
         cache = rt.payload_cache
         cache_room = rt.payload_cache_size - len(cache)
+
+        # per partition, the blob being built: offsets, keys, values, timestamps (ms)
+        Pending = tuple[list[int], list[bytes | None], list[bytes | None], list[int]]
+        pending: dict[TopicPartition, Pending] = {}
+        blob: Pending = ([], [], [], [])
 
         def flush() -> None:
             engine.add_run(tp, run_start, times, now)
@@ -120,6 +124,7 @@ class Backlog:
                     times = []
                 topic, partition, tp = t, p, TopicPartition(t, p)
                 prefix = self._prefix(tp)
+                blob = pending.setdefault(tp, ([], [], [], []))
                 apart = self._apart.get(tp, _NONE)
             # the live path's admission for what is not a plain message: not fast, set apart,
             # with headers, or unparseable on a queue that dead-letters those on arrival
@@ -145,11 +150,17 @@ class Backlog:
             if error is not None:
                 rt.unparseable_seen(Bookmark(t, p, offset), error)
             if error is None:
-                encoded = encode(key, value, ts)
+                if len(blob[0]) >= BLOB_MESSAGES:
+                    batch.put_blob(name, tp, *blob)
+                    rt.blob_written(tp, blob[0][-1])
+                    blob = pending[tp] = ([], [], [], [])
+                blob[0].append(offset)
+                blob[1].append(key)
+                blob[2].append(value)
+                blob[3].append(ts)
             else:
-                encoded = avro_fast.stored_message(key, value, (), ts, None, error)
-            put_key(prefix + pack(offset))
-            put_value(encoded)
+                put_key(prefix + pack(offset))
+                put_value(avro_fast.stored_message(key, value, (), ts, None, error))
             if cache_room > 0:
                 cache[Bookmark(t, p, offset)] = StoredMessage(key, value, (), ts, None, error)
                 cache_room -= 1
@@ -164,6 +175,10 @@ class Backlog:
             run_start, run_end, times = offset, offset + 1, [ts / 1000.0 if ts else now]
         if times:
             flush()
+        for at, one in pending.items():
+            if one[0]:
+                batch.put_blob(name, at, *one)
+                rt.blob_written(at, one[0][-1])
         self._mark_read(read_to, batch)
         fast_count = admitted - self._slow
         rt.counters.ingested += fast_count  # rt.admit counts its own

@@ -290,6 +290,9 @@ class Restore:
         for tp, pos in positions.items():
             if pos.read_position is not None and pos.read_position > engine.low_water(tp):
                 engine.mark_read(tp, pos.read_position)
+            if pos.read_position is not None:
+                # blobs written before this restart end below it (QueueRuntime.blobs_below)
+                rt.blobs_before[tp] = pos.read_position
         rt.restored_done = done
         rt.record_runs = plain_queue
         if batch:
@@ -385,6 +388,8 @@ class Restore:
                 runs.append((tp, bm.offset, [ts], priority, False))
         if arrivals:
             engine.add(arrivals, now)
+        for tp, low in lows.items():
+            batch.delete_blobs_below(name, tp, low)  # what the loop above skipped
         batch.delete_runs(name)
         if plain:
             for tp, start, times, priority, singled in runs:
@@ -416,6 +421,7 @@ class Restore:
         for tp in engine.partitions():
             lows[tp] = engine.low_water(tp)
             batch.delete_messages_below(name, tp, lows[tp])  # a crash after the commit left them
+            batch.delete_blobs_below(name, tp, lows[tp])
         loaded = 0
         for record in records:
             tp, start, times = record.partition, record.start, record.times

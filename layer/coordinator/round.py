@@ -663,7 +663,8 @@ def mirror(
     elif isinstance(change, Done):
         assert value is not None
         batch.put_entry_value(name, change.bookmark, value)
-        batch.delete_message(name, change.bookmark)
+        if not rt.in_blobs(change.bookmark, 1):
+            batch.delete_message(name, change.bookmark)
         rt.payload_cache.pop(change.bookmark, None)
         if change.reason is DoneReason.ACKED:
             rt.counters.acked += 1
@@ -680,6 +681,7 @@ def mirror(
     elif isinstance(change, LowWater):
         batch.put_low_water(name, change.partition, change.offset)
         batch.delete_runs_below(name, change.partition, change.offset)
+        rt.blobs_below(batch, change.partition, change.offset)
     elif isinstance(change, Forget):
         bm = change.bookmark
         batch.delete_entry_run(
@@ -725,7 +727,8 @@ class RunMirror:
                 if isinstance(head, Returned):
                     rt.counters.returned(head.reason)
                 return []
-            self._gone.append(key)
+            if not rt.in_blobs(first, 1):
+                self._gone.append(key)
         else:
             keys = run_keys(name, first, count)
             if entries:
@@ -735,7 +738,8 @@ class RunMirror:
                 if isinstance(head, Returned):
                     rt.counters.returned(head.reason, count)  # one value: one reason
                 return []
-            self._gone.extend(keys)
+            if not rt.in_blobs(first, count):
+                self._gone.extend(keys)
         assert isinstance(head, Done)
         cache = rt.payload_cache
         if cache:

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, cast
 
 from confluent_kafka import Message
 
-from layer import avro_fast
 from layer.api.service import DeliverySink, QueueStats
 from layer.config import OnUnparseable, QueueConfig
 from layer.coordinator.counters import Counters
@@ -40,7 +39,7 @@ from layer.engine.queue import QueueEngine
 from layer.exceptions import UnknownQueue
 from layer.expr import Expression, Record, compile_expression
 from layer.expr.values import text_to_number
-from layer.state.base import Store, StoreBatch, StoredMessage, pack_offset, partition_prefix
+from layer.state.base import Store, StoreBatch, StoredMessage
 
 if TYPE_CHECKING:
     from layer.coordinator.view_history import ViewHistory
@@ -51,6 +50,9 @@ _INF = float("inf")
 _VALUE = Message.value
 
 
+# the most messages one blob (layer.state.blobs) holds: a delivery reads and decodes a whole
+# blob for a few of them (then keeps it a while: KeyValueStore._BLOB_CACHE)
+BLOB_MESSAGES = 1024
 UNPARSEABLE_LOG_INTERVAL = 10.0  # seconds between log lines about unparseable messages
 DELIVER_AFTER = "deliver_after"  # header: not deliverable before this UNIX time (seconds)
 
@@ -221,6 +223,15 @@ class QueueRuntime:
     # beyond ``payload_cache_size`` messages, payloads are read back from the store.
     payload_cache: dict[Bookmark, StoredMessage] = field(default_factory=dict)
     payload_cache_size: int = 20_000
+    # Per partition number, [topic, start, end]: every message this process admitted at
+    # offsets start .. end - 1 of that partition is in a blob (layer.state.blobs), none in
+    # MESSAGES, so their being done deletes nothing there (``in_blobs``).
+    blob_spans: dict[int, list[object]] = field(default_factory=dict)
+    # Per partition, the last offsets of the blobs this process wrote and has not deleted, in
+    # order; and (set by a restore) the read position below which blobs written before it may
+    # be: they go in one range delete once the low-water mark reaches it (``blobs_below``).
+    blob_ends: dict[TopicPartition, deque[int]] = field(default_factory=dict)
+    blobs_before: dict[TopicPartition, int] = field(default_factory=dict)
     route: PublishRoute | None = None  # copies publishes to the queue's name (publish_route)
     # Write a run record (layer.state.base.RunRecord) for every message admitted: the store's
     # run records cover the queue (set by the restore when they do).
@@ -432,10 +443,10 @@ class QueueRuntime:
         A plain message without headers on a queue whose expressions read no document (most of
         a throughput run) takes a short way: no ``Bookmark``, ``StoredMessage`` (but for the
         payload cache) or parsed document is made for it, its JSON is only checked
-        (``DocumentReader.check``) and its stored record is built from a head per value length
-        and a tail per timestamp (``avro_fast.PlainRecords``, byte-identical to
-        ``StoredMessage.encode``; the backlog's bulk read encodes with it too). One that does
-        not parse goes the long way, which words it."""
+        (``DocumentReader.check``) and its key, value and timestamp go into its partition's
+        blob (``layer.state.blobs``: one store value for up to ``BLOB_MESSAGES`` of them, not
+        a ``StoredMessage`` record each). One that does not parse goes the long way, which
+        words it; a message that goes the long way is stored alone (MESSAGES)."""
         room = min(self.engine.room(), limit)
         if not self.inbox or room <= 0:
             return 0
@@ -461,7 +472,27 @@ class QueueRuntime:
             if record:
                 batch.put_run(name, run_tp, run_start, array("d", run_times), run_priority)
 
-        # the short way (see above): its partition at hand, the stored records' keys and values
+        spans = self.blob_spans
+
+        def put_blob(
+            tp: TopicPartition,
+            offsets: list[int],
+            keys: list[bytes | None],
+            values: list[bytes | None],
+            times: list[int],
+        ) -> None:
+            batch.put_blob(name, tp, offsets, keys, values, times)
+            first, last = offsets[0], offsets[-1]
+            self.blob_written(tp, last)
+            span = spans.get(tp.partition)
+            if last - first != len(offsets) - 1:  # a gap: maybe a message in MESSAGES
+                spans.pop(tp.partition, None)
+            elif span is not None and span[0] == tp.topic and span[2] == first:
+                span[2] = last + 1
+            else:
+                spans[tp.partition] = [tp.topic, first, last + 1]
+
+        # the short way (see above): its partition at hand, and the blob being built there
         short = plain_queue and not exprs.needed and not self.restored_delays
         reader = exprs.reader
         check = reader.check if reader is not None else None
@@ -475,15 +506,16 @@ class QueueRuntime:
             and reader.check_all(list(map(_VALUE, islice(inbox, room))))
         ):
             check = None
-        keys: list[bytes] = []
-        values: list[bytes] = []
-        if short:
-            keys, values = batch.put_messages_encoded()
         at_topic: str | None = None
         at_partition = -1
         at_tp = TopicPartition("", -1)
-        prefix = b""
-        encode = avro_fast.PlainRecords().encode
+        # per partition, the blob being built: offsets, keys, values, timestamps (ms)
+        Pending = tuple[list[int], list[bytes | None], list[bytes | None], list[int]]
+        pending: dict[TopicPartition, Pending] = {}
+        blob_offsets: list[int] = []
+        blob_keys: list[bytes | None] = []
+        blob_values: list[bytes | None] = []
+        blob_times: list[int] = []
         while inbox and room > 0:
             msg = inbox.popleft()
             if short and not msg.headers():
@@ -493,7 +525,10 @@ class QueueRuntime:
                 offset: int = msg.offset()  # type: ignore[assignment]
                 if p != at_partition or t != at_topic:
                     at_topic, at_partition, at_tp = t, p, TopicPartition(t, p)
-                    prefix = partition_prefix(name, t, p)
+                    blob = pending.get(at_tp)
+                    if blob is None:
+                        blob = pending[at_tp] = ([], [], [], [])
+                    blob_offsets, blob_keys, blob_values, blob_times = blob
                 value = msg.value()
                 if check is None or check(value) is None:
                     read_to[at_tp] = offset + 1
@@ -504,8 +539,14 @@ class QueueRuntime:
                     ts_ms: int = msg.timestamp()[1]
                     if ts_ms < 0:
                         ts_ms = 0
-                    keys.append(prefix + pack_offset(offset))
-                    values.append(encode(key, value, ts_ms))
+                    if len(blob_offsets) >= BLOB_MESSAGES:
+                        put_blob(at_tp, blob_offsets, blob_keys, blob_values, blob_times)
+                        blob = pending[at_tp] = ([], [], [], [])
+                        blob_offsets, blob_keys, blob_values, blob_times = blob
+                    blob_offsets.append(offset)
+                    blob_keys.append(key)
+                    blob_values.append(value)
+                    blob_times.append(ts_ms)
                     if len(payload_cache) < cache_size:
                         # a plain tuple is a Bookmark's equal as a key, and made ~7x faster
                         payload_cache[(t, p, offset)] = StoredMessage(key, value, (), ts_ms)  # type: ignore[index]
@@ -574,6 +615,9 @@ class QueueRuntime:
                 batch.put_run(name, tp, bookmark.offset, times, stored.priority, whole=True)
         if run_times:
             flush()
+        for tp, blob in pending.items():
+            if blob[0]:
+                put_blob(tp, *blob)
         if self.stages is not None:
             self._time_admitted(before - len(inbox), self.stages)
         self.counters.ingested += admitted
@@ -581,6 +625,38 @@ class QueueRuntime:
             engine.mark_read(tp, position)
             batch.put_read_position(name, tp, position)
         return admitted
+
+    def blob_written(self, tp: TopicPartition, last: int) -> None:
+        """A blob of ``tp`` whose last offset is ``last`` goes into the store."""
+        ends = self.blob_ends.get(tp)
+        if ends is None:
+            ends = self.blob_ends[tp] = deque()
+        ends.append(last)
+
+    def blobs_below(self, batch: StoreBatch, tp: TopicPartition, mark: int) -> None:
+        """The low-water mark of ``tp`` is at ``mark``: delete the blobs it passed. Those this
+        process wrote by their keys (a point delete each: range tombstones would slow every
+        later seek of a read); those written before the restore in one range delete, once the
+        mark reaches where they end."""
+        ends = self.blob_ends.get(tp)
+        if ends:
+            while ends and ends[0] < mark:
+                batch.delete_blob(self.name, tp, ends.popleft())
+        before = self.blobs_before.get(tp)
+        if before is not None and mark >= before:
+            batch.delete_blobs_below(self.name, tp, before)
+            del self.blobs_before[tp]
+
+    def in_blobs(self, first: Bookmark, count: int) -> bool:
+        """Whether the messages at ``first`` and the ``count - 1`` offsets after it are known
+        to be kept in blobs (``blob_spans``), not in MESSAGES."""
+        span = self.blob_spans.get(first.partition)
+        return (
+            span is not None
+            and span[0] == first.topic
+            and span[1] <= first.offset  # type: ignore[operator]
+            and first.offset + count <= span[2]  # type: ignore[operator]
+        )
 
     def stats(self, now: float, rounds: int, fetch_wait_ms: float) -> QueueStats:
         """The queue's figures now (``rounds``: the coordinator's rounds so far;

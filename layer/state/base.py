@@ -7,6 +7,9 @@ A store holds, for every queue of one coordinator:
 - **positions**: per underlying partition, the low-water mark (from changelog POSITION records)
   and, separately, the local read position (next offset to read; never in the changelog);
 - **messages**: per message, the local copy of the underlying message while it is in the queue;
+- **blobs**: the local copies of a run of plain messages as one value, keyed by the run's last
+  offset (``layer.state.blobs``: written by the short way of the live admission, read with one
+  get per blob; a message is kept in one of the two forms, and a reader looks in both);
 - **runs**: per queue whose messages are kept as runs (``layer.engine.runs``), the offsets,
   timestamps and priority of every batch of messages admitted (a run record, keyed by its last
   offset), so a restart rebuilds the runs without reading every message; and a marker saying
@@ -15,10 +18,11 @@ A store holds, for every queue of one coordinator:
   the Kafka cluster the state was built from (so a state directory that meets another cluster, or
   a broker that lost its changelog, is recognised: ``layer.state.ownership``).
 
-Engines keep these as five column families of binary keys that sort like the data:
+Engines keep these as six column families of binary keys that sort like the data:
 ``queue utf8, 0x00, topic utf8, 0x00, partition u32 BE, offset u64 BE``, so one queue, and one
 partition of it, iterate in offset order. Values are the codec's bytes (entries are changelog
-values exactly as produced, messages are ``StoredMessage`` records).
+values exactly as produced, messages are ``StoredMessage`` records, blobs are
+``layer.state.blobs`` values keyed by their last offset).
 
 Everything one coordinator step changes goes into one ``StoreBatch`` and is applied by one
 ``Store.write`` atomically, together with the changelog offset it corresponds to.
@@ -27,8 +31,11 @@ Everything one coordinator step changes goes into one ``StoreBatch`` and is appl
 from __future__ import annotations
 
 import contextlib
+import heapq
 import struct
+import threading
 from array import array
+from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -38,8 +45,10 @@ from layer import avro_fast, codec
 from layer.codec import CHANGELOG_VALUE, STORED_MESSAGE, ChangeKind
 from layer.engine.model import Bookmark, TopicPartition
 from layer.exceptions import SerializationError, StateError
+from layer.state.blobs import Blob, encode_blob
 
 __all__ = [
+    "BLOBS",
     "ENTRIES",
     "MESSAGES",
     "META",
@@ -61,7 +70,8 @@ POSITIONS = "positions"
 MESSAGES = "messages"
 META = "meta"
 RUNS = "runs"
-COLUMN_FAMILIES = (ENTRIES, POSITIONS, MESSAGES, META, RUNS)
+BLOBS = "blobs"
+COLUMN_FAMILIES = (ENTRIES, POSITIONS, MESSAGES, META, RUNS, BLOBS)
 
 # Suffix of a positions key: which of the two positions of a partition it holds.
 _LOW_WATER = b"L"
@@ -180,6 +190,11 @@ class StoredMessage:
             obj["priority"],
             obj["error"],
         )
+
+
+def _first(item: tuple[Any, ...]) -> Bookmark:
+    bookmark: Bookmark = item[0]
+    return bookmark
 
 
 def decode_entry(data: bytes) -> EntryState:
@@ -420,6 +435,33 @@ class StoreBatch:
         last = last[: -_OFFSET.size] + _OFFSET.pack(start + len(times) - 1)
         self.ops.append((RUNS, last, encode_run(start, times, priority, whole)))
 
+    def put_blob(
+        self,
+        queue: str,
+        partition: TopicPartition,
+        offsets: list[int],
+        keys: list[bytes | None],
+        values: list[bytes | None],
+        times_ms: list[int],
+    ) -> None:
+        """The local copies of plain messages (no headers, priority nor error) of one
+        partition at ``offsets`` (ascending), as one blob (``layer.state.blobs``)."""
+        value = encode_blob(offsets, keys, values, times_ms)
+        key = partition_prefix(queue, partition.topic, partition.partition)
+        self.ops.append((BLOBS, key + _OFFSET.pack(offsets[-1]), value))
+
+    def delete_blob(self, queue: str, partition: TopicPartition, last: int) -> None:
+        """Delete the blob of one partition whose last offset is ``last``."""
+        key = partition_prefix(queue, partition.topic, partition.partition)
+        self.ops.append((BLOBS, key + _OFFSET.pack(last), None))
+
+    def delete_blobs_below(self, queue: str, partition: TopicPartition, offset: int) -> None:
+        """Delete the blobs of one partition whose offsets are all below ``offset`` (a range
+        delete: for a restore, not for every low-water mark, as range tombstones slow the
+        seeks of reads in a column family until it compacts: ``QueueRuntime.blobs_below``)."""
+        prefix = partition_prefix(queue, partition.topic, partition.partition)
+        self.ops.append((BLOBS, prefix, _Range(prefix + _OFFSET.pack(max(offset, 0)))))
+
     def delete_runs_below(self, queue: str, partition: TopicPartition, offset: int) -> None:
         """Delete the run records of one partition whose offsets are all below ``offset``."""
         prefix = partition_prefix(queue, partition.topic, partition.partition)
@@ -512,9 +554,18 @@ class KeyValueStore:
     """
 
     _PAGE = 1024
+    #: decoded blobs kept (the last read or written): a delivery takes a few messages of a
+    #: blob at a time, and must not read and decode the whole blob again for each
+    _BLOB_CACHE = 32
 
     def __init__(self) -> None:
         self._closed = False
+        # blob key -> decoded blob, least recently used first
+        self._blobs: dict[bytes, Blob] = {}
+        # per queue: whether it may have blobs (a queue with none is read in one multi_get)
+        self._has_blobs: dict[str, bool] = {}
+        # both are shared by the event loop and a restore's thread (``asyncio.to_thread``)
+        self._blob_lock = threading.Lock()
 
     # -- engine primitives ----------------------------------------------------------------
 
@@ -545,7 +596,122 @@ class KeyValueStore:
     def write(self, batch: StoreBatch) -> None:
         self._check_open()
         if batch.ops:
+            for cf, key, value in batch.ops:
+                if cf == BLOBS:
+                    self._blobs_changed(key, value)
             self._apply(batch.ops)
+
+    def _blobs_changed(self, key: bytes, value: object) -> None:
+        """Keep the blob cache and the queues' flags true to a write of BLOBS."""
+        with self._blob_lock:
+            if isinstance(value, _Range):
+                for cached in [k for k in self._blobs if key <= k < value.end]:
+                    del self._blobs[cached]
+            elif isinstance(value, bytes | type(None)):
+                self._blobs.pop(key, None)
+                if value is not None:
+                    self._has_blobs[key[: key.index(b"\x00")].decode()] = True
+
+    def _queue_has_blobs(self, queue: str) -> bool:
+        has = self._has_blobs.get(queue)
+        if has is None:
+            prefix = queue_prefix(queue)
+            first = self._first_key_at_or_after(BLOBS, prefix)
+            has = self._has_blobs[queue] = first is not None and first.startswith(prefix)
+        return has
+
+    def _blob(self, key: bytes, value: bytes) -> Blob:
+        """The decoded blob of this key and value, cached."""
+        cache = self._blobs
+        with self._blob_lock:
+            blob = cache.pop(key, None)
+        if blob is None:
+            blob = Blob(value)
+        with self._blob_lock:
+            while len(cache) >= self._BLOB_CACHE:
+                del cache[next(iter(cache))]
+            cache[key] = blob
+        return blob
+
+    def _from_blobs(
+        self, queue: str, bookmarks: Sequence[Bookmark], out: list[StoredMessage | None]
+    ) -> list[int]:
+        """Fill ``out`` with the messages of ``bookmarks`` found in blobs: first the cached
+        blobs, then one seek per blob not cached; returns the positions not found."""
+        cache = self._blobs
+        # per partition prefix: its cached blobs
+        cached: dict[bytes, list[tuple[bytes, Blob]]] = {}
+        with self._blob_lock:
+            items = list(cache.items())
+        for key, one in items:
+            cached.setdefault(key[: -_OFFSET.size], []).append((key, one))
+        rest: dict[bytes, list[tuple[int, int]]] = {}  # prefix -> [(offset, position)]
+        # per partition (deliveries interleave them): [topic, prefix, the blob last used]
+        at: dict[int, list[Any]] = {}
+        for n, bm in enumerate(bookmarks):
+            topic, partition, offset = bm
+            state = at.get(partition)
+            if state is None or state[0] != topic:
+                state = at[partition] = [topic, partition_prefix(queue, topic, partition), None]
+            blob: Blob | None = state[2]
+            i = -1
+            if blob is not None and blob.first <= offset <= blob.last:
+                i = blob.index(offset)
+            if i < 0:
+                prefix = state[1]
+                for key, candidate in cached.get(prefix, ()):
+                    if candidate.first <= offset <= candidate.last:
+                        i = candidate.index(offset)
+                        if i >= 0:
+                            blob = state[2] = candidate
+                            with self._blob_lock:
+                                cache.pop(key, None)
+                                cache[key] = candidate  # used: the last to go
+                            break
+                if i < 0:
+                    rest.setdefault(prefix, []).append((offset, n))
+                    continue
+            assert blob is not None
+            out[n] = StoredMessage(blob.key(i), blob.value(i), (), blob.times[i])
+        missing: list[int] = []
+        for prefix, wanted in rest.items():
+            wanted.sort()
+            end = prefix_end(prefix)
+            seen: Blob | None = None
+            exhausted = False
+            for offset, n in wanted:
+                if seen is None or offset > seen.last:
+                    if exhausted:
+                        missing.append(n)
+                        continue
+                    start = prefix + _OFFSET.pack(offset)
+                    page = self._scan(BLOBS, start, end, 1)
+                    if not page:
+                        exhausted = True  # no blob of the partition from here on
+                        missing.append(n)
+                        continue
+                    seen = self._blob(*page[0])
+                i = seen.index(offset)
+                if i < 0:  # before the blob, or in a gap of it: not in a blob
+                    missing.append(n)
+                    continue
+                out[n] = StoredMessage(seen.key(i), seen.value(i), (), seen.times[i])
+        return missing
+
+    def _blob_items(self, queue: str, first: bytes) -> Iterator[tuple[Bookmark, Blob, int]]:
+        """Every message of the queue's blobs from the key ``first`` on: (bookmark, its blob,
+        its position there), in bookmark order."""
+        prefix = queue_prefix(queue)
+        n = len(prefix)
+        start = first if len(first) > n else prefix
+        for key, value in self._iterate(BLOBS, start, prefix_end(prefix)):
+            last = parse_message_key(key, n)
+            blob = Blob(value)
+            low = 0
+            if len(first) > n and key[: -_OFFSET.size] == first[: -_OFFSET.size]:
+                low = bisect_left(blob.offsets, _OFFSET.unpack(first[-_OFFSET.size :])[0])
+            for i in range(low, len(blob)):
+                yield Bookmark(last.topic, last.partition, blob.offsets[i]), blob, i
 
     def _iterate(self, cf: str, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
         # Pages, so that no engine iterator outlives one call: a reader that stops half-way
@@ -611,11 +777,30 @@ class KeyValueStore:
         prefix = queue_prefix(queue)
         n = len(prefix)
         first = prefix if start is None else message_key(queue, start)
-        for key, value in self._iterate(MESSAGES, first, prefix_end(prefix)):
-            yield parse_message_key(key, n), StoredMessage.decode(value)
+        singles = (
+            (parse_message_key(key, n), StoredMessage.decode(value))
+            for key, value in self._iterate(MESSAGES, first, prefix_end(prefix))
+        )
+        if not self._queue_has_blobs(queue):
+            yield from singles
+            return
+        in_blobs = (
+            (bm, StoredMessage(blob.key(i), blob.value(i), (), blob.times[i]))
+            for bm, blob, i in self._blob_items(queue, first)
+        )
+        yield from heapq.merge(singles, in_blobs, key=_first)
 
     def message_meta(self, queue: str) -> Iterator[tuple[Bookmark, int, int | None, bool]]:
         self._check_open()
+        if not self._queue_has_blobs(queue):
+            yield from self._single_meta(queue)
+            return
+        in_blobs = (
+            (bm, blob.times[i], None, False) for bm, blob, i in self._blob_items(queue, b"")
+        )
+        yield from heapq.merge(self._single_meta(queue), in_blobs, key=_first)
+
+    def _single_meta(self, queue: str) -> Iterator[tuple[Bookmark, int, int | None, bool]]:
         prefix = queue_prefix(queue)
         n = len(prefix)
         for key, value in self._iterate(MESSAGES, prefix, prefix_end(prefix)):
@@ -631,8 +816,17 @@ class KeyValueStore:
         self._check_open()
         if not bookmarks:
             return []
-        found = self._multi_get(MESSAGES, [message_key(queue, bm) for bm in bookmarks])
-        return [None if data is None else StoredMessage.decode(data) for data in found]
+        if not self._queue_has_blobs(queue):
+            found = self._multi_get(MESSAGES, [message_key(queue, bm) for bm in bookmarks])
+            return [None if data is None else StoredMessage.decode(data) for data in found]
+        out: list[StoredMessage | None] = [None] * len(bookmarks)
+        rest = self._from_blobs(queue, bookmarks, out)
+        if rest:
+            found = self._multi_get(MESSAGES, [message_key(queue, bookmarks[n]) for n in rest])
+            for n, data in zip(rest, found, strict=True):
+                if data is not None:
+                    out[n] = StoredMessage.decode(data)
+        return out
 
     def runs(self, queue: str) -> list[RunRecord] | None:
         self._check_open()
@@ -677,7 +871,7 @@ class KeyValueStore:
     def queues(self) -> set[str]:
         self._check_open()
         found: set[str] = set()
-        for cf in (ENTRIES, POSITIONS, MESSAGES):
+        for cf in (ENTRIES, POSITIONS, MESSAGES, BLOBS):
             key = self._first_key_at_or_after(cf, b"")
             while key is not None:
                 name = key[: key.index(b"\x00")]
@@ -694,7 +888,10 @@ class KeyValueStore:
         self._check_open()
         prefix = queue_prefix(queue)
         end = _Range(prefix_end(prefix))
-        self._apply([(cf, prefix, end) for cf in (ENTRIES, POSITIONS, MESSAGES, RUNS)])
+        self._apply([(cf, prefix, end) for cf in (ENTRIES, POSITIONS, MESSAGES, RUNS, BLOBS)])
+        with self._blob_lock:
+            self._blobs.clear()
+            self._has_blobs.pop(queue, None)
 
     def close(self) -> None:
         if not self._closed:

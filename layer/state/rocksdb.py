@@ -1,4 +1,4 @@
-"""The RocksDB ``Store`` (through ``rocksdict``): four column families of raw byte keys and values.
+"""The RocksDB ``Store`` (through ``rocksdict``): six column families of raw byte keys and values.
 
 Durability: every ``write`` is one RocksDB ``WriteBatch`` through the write-ahead log, so a
 process killed at any moment reopens with every completed write and no partial one. With
@@ -25,7 +25,16 @@ from typing import Any
 import rocksdict
 
 from layer.exceptions import StateError
-from layer.state.base import COLUMN_FAMILIES, MESSAGES, KeyValueStore, Op, _Each, _Many, _Range
+from layer.state.base import (
+    BLOBS,
+    COLUMN_FAMILIES,
+    MESSAGES,
+    KeyValueStore,
+    Op,
+    _Each,
+    _Many,
+    _Range,
+)
 
 __all__ = ["RocksDBStore", "discard_state_dir"]
 
@@ -146,16 +155,18 @@ class RocksDBStore(KeyValueStore):
 
     @contextlib.contextmanager
     def bulk_load(self) -> Iterator[None]:
-        messages = self._cfs[MESSAGES]
+        loaded = [self._cfs[MESSAGES], self._cfs[BLOBS]]
         with self._lock:
             self._check_open()
-            messages.set_options(_BULK)
+            for cf in loaded:
+                cf.set_options(_BULK)
         try:
             yield
         finally:
             with self._lock:
                 if not self._closed:
-                    messages.set_options(_AFTER_BULK)
+                    for cf in loaded:
+                        cf.set_options(_AFTER_BULK)
                     # Flushed now, in the background: otherwise the memtables the load left
                     # (up to ``db_write_buffer_size``, and the WAL behind them) are replayed
                     # and flushed by the next open, before the restart can serve (a restart
