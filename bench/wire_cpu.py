@@ -59,10 +59,10 @@ def consume(address: str, queue: str, n: int, window: int) -> None:
             for inner in frame.frames:
                 count(inner)
 
-    def counting(self: Any, frame: Any) -> Any:
+    def counting(self: Any, frame: Any, *args: Any) -> Any:
         frames["writes"] = frames.get("writes", 0) + 1
         count(frame)
-        return on_frame(self, frame)
+        return on_frame(self, frame, *args)
 
     SubscriptionCore.on_frame = counting  # type: ignore[method-assign]
     me = psutil.Process()
