@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Generic, TypeVar
 
 from google.protobuf.message import DecodeError, EncodeError
@@ -636,24 +637,38 @@ _KEY, _VALUE, _DEADLINE, _BARRIER, _ERROR, _HEADERS = 1, 2, 4, 8, 16, 32
 def _add_columns(columns: Any, messages: Sequence[DeliveredMessage]) -> None:
     """``messages`` into a MessageColumns: a column at a time (each one C call over a list),
     the only per-message Python a comprehension that picks a field."""
-    bookmarks = [m.bookmark for m in messages]
-    columns.topic.extend([b[0] for b in bookmarks])
-    columns.partition.extend([b[1] for b in bookmarks])
-    columns.offset.extend([b[2] for b in bookmarks])
+    n = len(messages)
+    if not n:
+        return
+    topics, partitions, offsets = zip(*[m.bookmark for m in messages], strict=True)
+    columns.topic.extend(topics)
+    columns.partition.extend(partitions)
+    columns.offset.extend(offsets)
     keys = [m.key for m in messages]
     values = [m.value for m in messages]
     deadlines = [m.lease_deadline_ms for m in messages]
     errors = [m.parse_error for m in messages]
     headers = [m.headers for m in messages]
     barriers = [m.barrier for m in messages]
-    fields = zip(keys, values, deadlines, barriers, errors, headers, strict=True)
-    columns.flags.extend(
-        [
-            (k is not None) + 2 * (v is not None) + 4 * (d is not None) + 8 * b
-            + 16 * (e is not None) + 32 * bool(h)
-            for k, v, d, b, e, h in fields
-        ]
-    )  # fmt: skip
+    if (
+        keys.count(None) == n
+        and errors.count(None) == n
+        and not any(headers)
+        and not any(barriers)
+        and None not in values
+        and None not in deadlines
+    ):
+        # a plain batch (the common case): every message has the same flags
+        columns.flags.extend([_VALUE | _DEADLINE] * n)
+    else:
+        fields = zip(keys, values, deadlines, barriers, errors, headers, strict=True)
+        columns.flags.extend(
+            [
+                (k is not None) + 2 * (v is not None) + 4 * (d is not None) + 8 * b
+                + 16 * (e is not None) + 32 * bool(h)
+                for k, v, d, b, e, h in fields
+            ]
+        )  # fmt: skip
     columns.key.extend([b"" if k is None else k for k in keys])
     columns.value.extend([b"" if v is None else v for v in values])
     columns.timestamp_ms.extend([m.timestamp_ms for m in messages])
@@ -674,6 +689,10 @@ _PER_MESSAGE = (
 )  # fmt: skip
 
 
+# a Bookmark from a (topic, partition, offset) tuple without NamedTuple's Python-level __new__
+_new_tuple = tuple.__new__
+
+
 def _columns_from(columns: Any) -> list[DeliveredMessage]:
     flags = list(columns.flags)
     n = len(flags)
@@ -682,11 +701,17 @@ def _columns_from(columns: Any) -> list[DeliveredMessage]:
             raise ValueError(
                 f"MessageColumns: {name} has {len(getattr(columns, name))} entries, flags {n}"
             )
+    common = flags[0] if n else 0
+    uniform = flags.count(common) == n  # every message with the same flags (a plain batch)
     errors = iter(list(columns.parse_error))
-    if sum(1 for f in flags if f & _ERROR) != len(columns.parse_error):
+    with_error = (n if common & _ERROR else 0) if uniform else sum(1 for f in flags if f & _ERROR)
+    if with_error != len(columns.parse_error):
         raise ValueError("MessageColumns: parse_error does not match the flags")
     counts = list(columns.header_count)
-    if sum(1 for f in flags if f & _HEADERS) != len(counts) or sum(counts) != len(columns.headers):
+    with_headers = (
+        (n if common & _HEADERS else 0) if uniform else sum(1 for f in flags if f & _HEADERS)
+    )
+    if with_headers != len(counts) or sum(counts) != len(columns.headers):
         raise ValueError("MessageColumns: header_count or headers do not match the flags")
     all_headers = _headers_from(columns.headers) if counts else []
     lists: list[Headers] = []
@@ -695,9 +720,30 @@ def _columns_from(columns: Any) -> list[DeliveredMessage]:
         lists.append(all_headers[at : at + count])
         at += count
     per_message = iter(lists)
+    bookmarks = map(
+        _new_tuple,
+        repeat(Bookmark),
+        zip(columns.topic, columns.partition, columns.offset, strict=True),
+    )
+    if uniform and not common & (_KEY | _HEADERS | _ERROR):
+        # every message alike, with no key, headers or parse error (a plain batch): the fields
+        # from the columns without a test per message
+        barrier = bool(common & _BARRIER)
+        values = columns.value if common & _VALUE else repeat(None)
+        deadlines = columns.lease_deadline_ms if common & _DEADLINE else repeat(None)
+        return [
+            DeliveredMessage(
+                bookmark, None, value, [], timestamp_ms, deliveries, cancels, deadline, barrier,
+                queue,
+            )
+            for bookmark, value, timestamp_ms, deliveries, cancels, deadline, queue in zip(
+                bookmarks, values, columns.timestamp_ms, columns.deliveries, columns.cancels,
+                deadlines, columns.queue, strict=False,  # the lengths are checked above
+            )
+        ]  # fmt: skip
     return [
         DeliveredMessage(
-            Bookmark(topic, partition, offset),
+            bookmark,
             key if f & _KEY else None,
             value if f & _VALUE else None,
             next(per_message) if f & _HEADERS else [],
@@ -709,9 +755,8 @@ def _columns_from(columns: Any) -> list[DeliveredMessage]:
             queue,
             next(errors) if f & _ERROR else None,
         )
-        for f, topic, partition, offset, key, value, timestamp_ms, deliveries, cancels, deadline,
-        queue in zip(
-            flags, columns.topic, columns.partition, columns.offset, columns.key, columns.value,
+        for f, bookmark, key, value, timestamp_ms, deliveries, cancels, deadline, queue in zip(
+            flags, bookmarks, columns.key, columns.value,
             columns.timestamp_ms, columns.deliveries, columns.cancels, columns.lease_deadline_ms,
             columns.queue, strict=True,
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Sequence
-from heapq import heapify, heappop, heappush
+from heapq import heapify, heappop, heappush, heapreplace
 from typing import Any
 
 from layer.engine.model import Bookmark, Fairness
@@ -88,6 +88,15 @@ class Picker(ABC):
         another, if nothing else changes: they may go to it at once, ``served`` told once.
         At least 1; 1 when the picker cannot tell cheaply."""
         return 1
+
+    def share(self, n: int) -> list[tuple[Subscriber, int]] | None:
+        """How the next ``n`` messages would be split, as (subscription, count) in the order
+        each is first picked, where only the counts are this picker's rule (not which message
+        goes to whom): dispatch then hands each its count as one run of consecutive messages
+        (a run of leases, and of acks, that the changelog and the wire carry as one). None: the
+        picker hands out one at a time (its order is its rule: round-robin), or cannot tell
+        cheaply. Changes nothing."""
+        return None
 
     def choose(self, candidates: Sequence[Subscriber]) -> Subscriber:
         """The one of ``candidates`` (non-empty, all with room) that gets the next message when
@@ -211,6 +220,34 @@ class ProportionalPicker(Picker):
         while n < room and ((outstanding + n) / backlog, index) < rival:
             n += 1
         return n
+
+    def share(self, n: int) -> list[tuple[Subscriber, int]] | None:
+        # the picks one by one over a heap of (load, index) of the subscriptions with room,
+        # loads computed as ``update`` does: the counts are exactly those of n picks
+        subs = self._subs
+        if len(subs) > _QUOTA_SUBS:
+            return None
+        heap = [
+            (s.outstanding / s.backlog, s.index, s)
+            for s in subs.values()
+            if s.outstanding < s.backlog
+        ]
+        heapify(heap)
+        counts: dict[int, int] = {}
+        order: list[Subscriber] = []
+        while n > 0 and heap:
+            _, index, sub = heap[0]
+            count = counts.get(index, 0) + 1
+            if count == 1:
+                order.append(sub)
+            counts[index] = count
+            outstanding = sub.outstanding + count
+            if outstanding < sub.backlog:
+                heapreplace(heap, (outstanding / sub.backlog, index, sub))
+            else:
+                heappop(heap)
+            n -= 1
+        return [(sub, counts[sub.index]) for sub in order]
 
     def choose(self, candidates: Sequence[Subscriber]) -> Subscriber:
         return min(candidates, key=_load)

@@ -521,6 +521,21 @@ class QueueEngine(Queries, Holding, Leases, Intake):
         expiration = self._expiration
         ttl = self._ttl
         alo = self._alo
+        # A picker that rules only how many each gets (proportional) splits what is available
+        # at once, and each subscription gets its share as a run of consecutive messages: to
+        # consumers whose acks came in the same round, one at a time in turn would make runs of
+        # one (a changelog record, an ack run, a dispatch step per message).
+        while alo and self._available > 1:
+            shares = picker.share(self._available)
+            if shares is None:
+                break
+            if not shares:
+                return
+            for sub, n in shares:
+                entries = order.pop_many(n)
+                if not entries:  # unreachable while the available count is right
+                    return
+                self._lease_many(sub, entries, now)  # expired ones leave room: asked again
         # the picker is asked for a quota only when it picks the one it picked last: with
         # subscriptions taking turns, quota would answer 1 each time, at a cost
         last: Subscriber | None = None

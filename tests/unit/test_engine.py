@@ -397,7 +397,8 @@ def test_subscribe_caps_the_backlog_at_the_queue_maximum(engine_factory):
     with pytest.raises(ValueError, match="max_backlog"):
         engine.subscribe("c", -1, 0.0)  # 0 is allowed: barrier messages only
     add(engine, *range(10))
-    assert delivered(engine) == [("a", 0), ("b", 1), ("a", 2), ("a", 3)]
+    # proportional: a 3, b 1, each its share as a run (one at a time: a, b, a, a)
+    assert delivered(engine) == [("a", 0), ("a", 1), ("a", 2), ("b", 3)]
     assert len(engine.outstanding("a")) == 3 and len(engine.outstanding("b")) == 1
 
 
@@ -446,7 +447,21 @@ def test_proportional_ties_go_to_subscribe_order(engine_factory):
     engine.subscribe("b", 2, 0.0)
     engine.subscribe("a", 4, 0.0)
     add(engine, *range(6))
-    assert delivered(engine) == [("b", 0), ("a", 1), ("a", 2), ("b", 3), ("a", 4), ("a", 5)]
+    # the picks one by one are b, a, a, b, a, a: b's 2 and a's 4, each as a run, b first
+    assert delivered(engine) == [("b", 0), ("b", 1), ("a", 2), ("a", 3), ("a", 4), ("a", 5)]
+
+
+def test_proportional_hands_each_its_share_as_a_run(engine_factory):
+    # four consumers whose acks came in the same round: runs of offsets, not one each in turn
+    engine = engine_factory(fairness=Fairness.PROPORTIONAL)
+    for name in "abcd":
+        engine.subscribe(name, 3, 0.0)
+    add(engine, *range(12))
+    assert delivered(engine) == [(name, o) for o, name in enumerate("aaabbbcccddd")]
+    engine.ack("b", [bm(3), bm(4), bm(5)], ACK, 0.0)
+    engine.ack("d", [bm(9), bm(10)], ACK, 0.0)
+    add(engine, *range(12, 17))
+    assert delivered(engine) == [("b", 12), ("b", 13), ("b", 14), ("d", 15), ("d", 16)]
 
 
 def test_no_subscription_with_room_delivers_nothing(engine_factory):

@@ -662,3 +662,38 @@ def test_quota_is_the_run_of_picks_one_by_one(
         assert run == quota
     else:
         assert run >= 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    subs=st.lists(
+        st.tuples(st.integers(0, 12), st.integers(1, 12)), min_size=1, max_size=5
+    ),  # (outstanding, backlog)
+    n=st.integers(1, 40),
+)
+def test_share_counts_the_picks_one_by_one(subs: list[tuple[int, int]], n: int) -> None:
+    """``share(n)`` (what dispatch hands each subscription as a run) gives each as many as
+    ``n`` picks one at a time would, in the order they are first picked, and changes nothing."""
+    counts = []
+    for picker in (make_picker(Fairness.PROPORTIONAL), make_picker(Fairness.PROPORTIONAL)):
+        subscribers = []
+        for i, (outstanding, backlog) in enumerate(subs):
+            sub = Subscriber(f"s{i}", i, backlog)
+            sub.outstanding = min(outstanding, backlog)
+            picker.update(sub)
+            subscribers.append(sub)
+        counts.append((picker, subscribers))
+    (planner, planned), (stepper, stepped) = counts
+    before = [s.outstanding for s in planned]
+    shares = planner.share(n)
+    assert shares is not None
+    assert [s.outstanding for s in planned] == before
+    one_by_one: dict[str, int] = {}
+    for _ in range(n):
+        sub = stepper.pick()
+        if sub is None:
+            break
+        one_by_one[sub.name] = one_by_one.get(sub.name, 0) + 1
+        sub.outstanding += 1
+        stepper.served(sub)
+    assert [(sub.name, count) for sub, count in shares] == list(one_by_one.items())
