@@ -194,10 +194,11 @@ class ClusterMap:
                     self.leaving.add(rest)
                     self.leaves += 1
             elif kind == "group":
+                new = None if body is None else str(body["member_id"])  # (a bad one: skipped)
                 old = self.group_ids.pop(rest, None)
-                if body is not None:
-                    self.group_ids[rest] = str(body["member_id"])
-                if old is not None and old != self.group_ids.get(rest):
+                if new is not None:
+                    self.group_ids[rest] = new
+                if old is not None and old != new:
                     self.departed.add(old)
             elif kind == "epoch":
                 if body is not None:

@@ -92,6 +92,10 @@ def test_a_group_id_tombstoned_or_replaced_has_departed() -> None:
         cmap.apply(w.key, w.value, offset)
     assert cmap.departed == {"gid-b1", "gid-b2"}
     assert "b" not in cmap.group_ids
+    # a bad record is skipped: the id in force stays, nothing departs
+    cmap.apply(group_write(A, "gid-a").key, group_write(A, "gid-a").value, 3)
+    cmap.apply(b"group/a", b'{"no": "id"}', 4)
+    assert cmap.group_ids["a"] == "gid-a" and "gid-a" not in cmap.departed
 
 
 def watch(cmap: ClusterMap, leave_seen_at: float | None) -> Any:
