@@ -180,6 +180,7 @@ class Evictions:
                 task.add_done_callback(self._fences.discard)
             group = self._membership.group
             asked = time.monotonic()
+            self._membership.removed(gid)  # gone either way: now, or when its session expires
             try:
                 answer = await asyncio.to_thread(self._remove, group, gid)
             except Exception as exc:  # the session will expire anyway

@@ -23,7 +23,9 @@ def membership(*writes: Any) -> Any:
     cmap = ClusterMap("a")
     for offset, w in enumerate(writes):
         cmap.apply(w.key, w.value, offset)
-    return SimpleNamespace(map=cmap, member=A, cluster="c1", group="qlayer.c1")
+    return SimpleNamespace(
+        map=cmap, member=A, cluster="c1", group="qlayer.c1", removed=cmap.departed.add
+    )
 
 
 def test_a_member_refusing_connections_in_a_row_is_removed_once() -> None:

@@ -6,6 +6,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
+from layer.coordinator.group_log import LeaderWatch
 from layer.coordinator.membership import (
     CONTROL_PARTITIONS,
     ClusterMap,
@@ -146,6 +147,7 @@ def watch(cmap: ClusterMap, leave_seen_at: float | None) -> Any:
     return SimpleNamespace(
         map=cmap, epoch=0, _bumped_at=-1000.0, stall_s=20.0, left_stall_s=8.0,
         _assigned_at=0.0, _joined_at=0.0, _unowned_since={}, _leave_seen_at=leave_seen_at,
+        leaders=LeaderWatch(cmap.departed),
     )  # fmt: skip
 
 
