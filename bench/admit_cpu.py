@@ -14,17 +14,15 @@ go to ``bench/results/admit-cpu-<label>-<time>.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import psutil
 from confluent_kafka import Message
 
+from bench import cpu_result
 from layer.config import QueueConfig
 from layer.coordinator.ingest import Fetched, PartitionStarted
 from layer.coordinator.runtime import QueueRuntime
@@ -33,7 +31,6 @@ from layer.engine.queue import QueueEngine
 from layer.state.base import StoreBatch
 from layer.state.rocksdb import RocksDBStore
 
-RESULTS = Path(__file__).resolve().parent / "results"
 TOPIC = "orders"
 
 
@@ -92,20 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     runs = [one_run(n, args.size, args.partitions) for _ in range(args.runs)]
     best = min(runs) / n * 1e6
     result = {
-        "benchmark": "admit-cpu",
-        "label": args.label,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "git": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip(),
-        "settings": {k: getattr(args, k) for k in ("messages", "size", "partitions", "runs")},
-        "loadavg": list(psutil.getloadavg()),
+        **cpu_result.head("admit-cpu", args, ("messages", "size", "partitions", "runs")),
         "us_per_msg_best": round(best, 2),
         "us_per_msg_runs": [round(r / n * 1e6, 2) for r in runs],
     }
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"admit-cpu-{args.label or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = cpu_result.write(result)
     print(f"admission + store write: {best:.2f} us/msg (best of {args.runs})\nwritten: {out}")
     return 0
 

@@ -13,23 +13,18 @@ time per commit is printed too. Results go to ``bench/results/changelog-cpu-<lab
 from __future__ import annotations
 
 import argparse
-import json
 import struct
-import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
-import psutil
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from bench import cpu_result
 from connectors import start_broker
 from connectors.kafka import client_settings
 from layer.state.changelog import ChangelogWriter
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def one_run(settings: dict[str, Any], commits: int, per: int) -> tuple[float, float]:
@@ -76,21 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     n = args.commits * args.records
     best = min(cpu for cpu, _wall in runs) / n * 1e6
     result = {
-        "benchmark": "changelog-cpu",
-        "label": args.label,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "git": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip(),
-        "settings": {k: getattr(args, k) for k in ("commits", "records", "runs")},
-        "loadavg": list(psutil.getloadavg()),
+        **cpu_result.head("changelog-cpu", args, ("commits", "records", "runs")),
         "us_per_record_best": round(best, 3),
         "us_per_record_runs": [round(cpu / n * 1e6, 3) for cpu, _wall in runs],
         "ms_per_commit_runs": [round(wall / args.commits * 1e3, 2) for _cpu, wall in runs],
     }
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"changelog-cpu-{args.label or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = cpu_result.write(result)
     print(
         f"changelog commit thread: {best:.3f} us/record (best of {args.runs}),"
         f" {min(w for _c, w in runs) / args.commits * 1e3:.2f} ms/commit\nwritten: {out}"

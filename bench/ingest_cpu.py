@@ -14,23 +14,19 @@ watermarks, hand-over), not librdkafka's fetch: process CPU time per message, th
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import psutil
 from confluent_kafka import Message
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
+from bench import cpu_result
 from layer.coordinator import ingest
 from layer.coordinator.ingest import Fetched, IngestReader
 from layer.engine.model import TopicPartition
 
-RESULTS = Path(__file__).resolve().parent / "results"
 TOPIC = "orders"
 
 
@@ -139,22 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     runs = [one_run(n, args.size, args.partitions, args.batch) for _ in range(args.runs)]
     best = min(runs) / n * 1e6
     result = {
-        "benchmark": "ingest-cpu",
-        "label": args.label,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "git": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip(),
-        "settings": {
-            k: getattr(args, k) for k in ("messages", "size", "partitions", "batch", "runs")
-        },
-        "loadavg": list(psutil.getloadavg()),
+        **cpu_result.head("ingest-cpu", args, ("messages", "size", "partitions", "batch", "runs")),
         "us_per_msg_best": round(best, 3),
         "us_per_msg_runs": [round(r / n * 1e6, 3) for r in runs],
     }
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"ingest-cpu-{args.label or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = cpu_result.write(result)
     print(f"ingest reader: {best:.3f} us/msg (best of {args.runs})\nwritten: {out}")
     return 0
 

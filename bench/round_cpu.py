@@ -21,7 +21,6 @@ import asyncio
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -29,8 +28,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import psutil
-
+from bench import cpu_result
 from bench.admit_cpu import TOPIC, fetched_runtime
 from layer.api.service import DeliveredMessage, OffsetRuns
 from layer.coordinator.app import tune_gc
@@ -40,8 +38,6 @@ from layer.engine.model import AckOp
 from layer.exceptions import QLayerError
 from layer.state.changelog import ChangelogRecord, ExtraRecord
 from layer.state.rocksdb import RocksDBStore
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 class _Changelog:
@@ -176,25 +172,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run {i + 1}/{args.runs}: {json.dumps(run)}", flush=True)
     figures = [r["us_per_msg"] for r in runs]
     result = {
-        "benchmark": "round-cpu",
-        "label": args.label,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "git": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip(),
-        "settings": {
-            k: getattr(args, k)
-            for k in ("messages", "size", "partitions", "consumers", "window", "runs")
-        },
-        "loadavg": list(psutil.getloadavg()),
+        **cpu_result.head(
+            "round-cpu", args, ("messages", "size", "partitions", "consumers", "window", "runs")
+        ),
         "best_us_per_msg": min(figures),
         "median_us_per_msg": statistics.median(figures),
         "runs": runs,
     }
-    RESULTS.mkdir(exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = RESULTS / f"round-cpu-{args.label or 'run'}-{stamp}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = cpu_result.write(result)
     print(f"best {min(figures)} µs, median {statistics.median(figures)} µs\nwritten: {out}")
     return 0
 

@@ -32,11 +32,12 @@ from typing import Any
 
 import psutil
 
+from bench import cpu_result
 from bench.kafka_systems import QLayer, kafka_publish
 from bench.profile import Sampler, compact, render, summarize
 from connectors import EmbeddedBroker
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = cpu_result.RESULTS
 
 
 def consume(address: str, queue: str, n: int, window: int) -> None:
@@ -211,16 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("coordinator_us_per_msg", "consumer_us_per_msg", "msgs_per_s")
     }
     result = {
-        "benchmark": "wire-cpu",
-        "label": args.label,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "git": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip(),
-        "settings": {
-            k: getattr(args, k) for k in ("messages", "size", "window", "runs", "consumers")
-        },
-        "loadavg": list(psutil.getloadavg()),
+        **cpu_result.head("wire-cpu", args, ("messages", "size", "window", "runs", "consumers")),
         "median": median,
         "runs": runs,
     }
@@ -229,9 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = summarize(packed)
         print(render(summary))
         result["profile"] = {"raw_file": packed.name, "of_run": args.runs, **summary}
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"wire-cpu-{args.label or 'run'}-{stamp}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = cpu_result.write(result, stamp)
     print(f"median: {json.dumps(median)}\nwritten: {out}")
     return 0
 
