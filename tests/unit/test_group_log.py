@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
-from typing import Any
 
 from layer.coordinator.group_log import DEAD_LEADER_ROUNDS, GroupLog, LeaderWatch, join_leader
 from layer.coordinator.membership import (
@@ -17,6 +15,7 @@ from layer.coordinator.membership import (
     member_write,
     owner_write,
 )
+from tests.unit.test_membership import watch
 
 # as librdkafka 2.x writes them (taken from a member's log in a history run)
 FOLLOWER = (
@@ -96,15 +95,6 @@ def test_a_group_id_tombstoned_or_replaced_has_departed() -> None:
     cmap.apply(group_write(A, "gid-a").key, group_write(A, "gid-a").value, 3)
     cmap.apply(b"group/a", b'{"no": "id"}', 4)
     assert cmap.group_ids["a"] == "gid-a" and "gid-a" not in cmap.departed
-
-
-def watch(cmap: ClusterMap, leave_seen_at: float | None) -> Any:
-    """What ``Membership._stalled`` reads, of a member assigned at 0 that bumped no epoch."""
-    return SimpleNamespace(
-        map=cmap, epoch=0, _bumped_at=-1000.0, stall_s=20.0, left_stall_s=8.0,
-        _assigned_at=0.0, _joined_at=0.0, _unowned_since={}, _leave_seen_at=leave_seen_at,
-        leaders=LeaderWatch(cmap.departed),
-    )  # fmt: skip
 
 
 def test_a_wedge_by_a_departed_leader_is_taken_up_at_once() -> None:
