@@ -8,6 +8,8 @@ changelog). After every step it checks the effects and the engine's state agains
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -640,13 +642,7 @@ def test_quota_is_the_run_of_picks_one_by_one(
 ) -> None:
     """``quota`` (what dispatch hands one subscription at once) is the number of picks in a
     row the picker gives it when served one message at a time."""
-    picker = make_picker(fairness)
-    subscribers = []
-    for i, (outstanding, backlog) in enumerate(subs):
-        sub = Subscriber(f"s{i}", i, backlog)
-        sub.outstanding = min(outstanding, backlog)
-        picker.update(sub)
-        subscribers.append(sub)
+    picker, subscribers = _served(make_picker(fairness), subs)
     first = picker.pick()
     if first is None:
         assert all(s.outstanding >= s.backlog for s in subscribers)
@@ -674,15 +670,10 @@ def test_quota_is_the_run_of_picks_one_by_one(
 def test_share_counts_the_picks_one_by_one(subs: list[tuple[int, int]], n: int) -> None:
     """``share(n)`` (what dispatch hands each subscription as a run) gives each as many as
     ``n`` picks one at a time would, in the order they are first picked, and changes nothing."""
-    counts = []
-    for picker in (make_picker(Fairness.PROPORTIONAL), make_picker(Fairness.PROPORTIONAL)):
-        subscribers = []
-        for i, (outstanding, backlog) in enumerate(subs):
-            sub = Subscriber(f"s{i}", i, backlog)
-            sub.outstanding = min(outstanding, backlog)
-            picker.update(sub)
-            subscribers.append(sub)
-        counts.append((picker, subscribers))
+    counts = [
+        _served(make_picker(Fairness.PROPORTIONAL), subs),
+        _served(make_picker(Fairness.PROPORTIONAL), subs),
+    ]
     (planner, planned), (stepper, stepped) = counts
     before = [s.outstanding for s in planned]
     shares = planner.share(n)
@@ -697,3 +688,14 @@ def test_share_counts_the_picks_one_by_one(subs: list[tuple[int, int]], n: int) 
         sub.outstanding += 1
         stepper.served(sub)
     assert [(sub.name, count) for sub, count in shares] == list(one_by_one.items())
+
+
+def _served(picker: Any, subs: list[tuple[int, int]]) -> tuple[Any, list[Subscriber]]:
+    """``picker`` told of one subscriber per (outstanding, backlog) of ``subs``."""
+    subscribers = []
+    for i, (outstanding, backlog) in enumerate(subs):
+        sub = Subscriber(f"s{i}", i, backlog)
+        sub.outstanding = min(outstanding, backlog)
+        picker.update(sub)
+        subscribers.append(sub)
+    return picker, subscribers
