@@ -247,6 +247,7 @@ def markdown(results: dict[str, Any], source: Path | str | None = None) -> str:
 STAGE_NAMES = {
     "fetch": "fetch",
     "round_wait": "wait for the round",
+    "lease": "to its lease (fetch + wait for the round + wait for a consumer's room)",
     "decide": "decide",
     "commit": "commit",
     "push": "push",

@@ -413,6 +413,19 @@ class Round:
             stages = rt.stages
             if stages is not None:
                 n = sum(len(messages) for _sub, messages in by_sub)
+                # from the Kafka timestamps of each batch's first and last message (a clock
+                # reading per batch, as the push's ``server`` stage)
+                for _sub, messages in by_sub:
+                    if not messages:
+                        continue
+                    ends = (messages[0],) if len(messages) == 1 else (messages[0], messages[-1])
+                    for m in ends:
+                        if m.timestamp_ms > 0:
+                            stages.add(
+                                "lease",
+                                self.started - m.timestamp_ms / 1000.0,
+                                len(messages) // len(ends),
+                            )
                 stages.add("decide", self.sent_at - self.started, n)
                 stages.add("commit", self.durable_at - self.sent_at, n)
 

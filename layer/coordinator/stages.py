@@ -6,6 +6,9 @@ A message's way from its Kafka timestamp to the consumer, as the coordinator see
   producer's linger, the broker's append, the fetch wait);
 - ``round_wait``: fetched to the start of the round that admits it (the hand-over to the event
   loop, the round under way, the group-commit window);
+- ``lease``: Kafka timestamp to the start of the round that leases it: ``fetch`` and
+  ``round_wait``, plus the time it waited in the queue for a consumer's room (its backlog full,
+  e.g. while the acks that free it wait for a commit): what this stage exceeds the two by;
 - ``decide``: round start to its commit begun (admit, tick, dispatch, changelog records);
 - ``commit``: the round's Kafka transaction, begun to durable (and applied to the store);
 - ``push``: handed to the subscription's stream to written to the transport;
@@ -28,7 +31,7 @@ from array import array
 
 __all__ = ["STAGES", "Stages"]
 
-STAGES = ("fetch", "round_wait", "decide", "commit", "push", "server", "ack")
+STAGES = ("fetch", "round_wait", "lease", "decide", "commit", "push", "server", "ack")
 
 _LOW = 1e-5  # seconds: the first bucket's upper bound
 _GROWTH = 1.05  # each bucket's upper bound over the previous one's

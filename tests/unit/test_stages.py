@@ -60,7 +60,7 @@ def test_a_round_times_fetch_wait_decide_and_commit_for_its_messages() -> None:
         extra = b.rt.stages.extra()
         assert set(extra) == {
             f"stage_{s}_{q}_ms"
-            for s in ("fetch", "round_wait", "decide", "commit")
+            for s in ("fetch", "round_wait", "lease", "decide", "commit")
             for q in ("p50", "p99")
         }
         assert 19.0 <= extra["stage_fetch_p50_ms"] <= 22.0
@@ -68,6 +68,9 @@ def test_a_round_times_fetch_wait_decide_and_commit_for_its_messages() -> None:
         # each stage weighs the messages it covers: all 40 waited for the round, 10 were delivered
         assert sum(b.rt.stages._counts["round_wait"]) == 40
         assert sum(b.rt.stages._counts["commit"]) == 10
+        assert sum(b.rt.stages._counts["lease"]) == 10
+        # produced 20 ms before the fetch, leased by the round after it: at least the fetch
+        assert extra["stage_lease_p50_ms"] >= extra["stage_fetch_p50_ms"]
         assert sum(b.rt.stages._counts["fetch"]) == 40
         assert not b.rt.fetched_at  # every fetch of the inbox was admitted
 
