@@ -498,9 +498,12 @@ class AsyncSubscription(SubscriptionFields):
                 watch.probed(None)
                 continue
             asked = others(core.addresses, address) if watch.asking else []
-            code, *answers = await asyncio.gather(
-                client._probe(address), *(client._ask(a) for a in asked)
-            )
+            try:
+                code, *answers = await asyncio.gather(
+                    client._probe(address), *(client._ask(a) for a in asked)
+                )
+            except (grpc.aio.UsageError, ValueError):  # the client closed its channels
+                return
             watch.probed(code)
             target = watch.moved_to(
                 [(a, info) for a, info in zip(asked, answers, strict=True) if info is not None]

@@ -500,40 +500,44 @@ class Subscription(SubscriptionFields):
     def _watch(self) -> None:
         """Give the stream up when its member hangs and another member serves the queue now
         (``HungOwner``): its leases come again from the new owner."""
-        client, core = self._client, self._core
-        watch = HungOwner(core.queue)
+        watch = HungOwner(self._core.queue)
         while not self._pause(watch.next_wait()):
-            with self._cond:
-                call, address = self._call, core.address
-                if not core.connected:
-                    watch.probed(None)
-                    continue
-            asks = (
-                [(a, client._ask(a)) for a in others(core.addresses, address)]
-                if watch.asking
-                else []
-            )
-            watch.probed(client._probe(address))
-            answers = []
-            for asked, future in asks:
-                try:
-                    answers.append((asked, cast(ClusterInfo, future.result())))
-                except grpc.RpcError:
-                    continue
-            target = watch.moved_to(answers)
-            if target is None:
+            try:
+                self._watch_once(watch)
+            except ValueError:  # the client closed its channels meanwhile
+                return
+
+    def _watch_once(self, watch: HungOwner) -> None:
+        client, core = self._client, self._core
+        with self._cond:
+            call, address = self._call, core.address
+            if not core.connected:
+                watch.probed(None)
+                return
+        asks = (
+            [(a, client._ask(a)) for a in others(core.addresses, address)] if watch.asking else []
+        )
+        watch.probed(client._probe(address))
+        answers = []
+        for asked, future in asks:
+            try:
+                answers.append((asked, cast(ClusterInfo, future.result())))
+            except grpc.RpcError:
                 continue
-            with self._cond:
-                if self._call is not call or not core.connected or core.closing:
-                    continue
-                self._moved_to = target
-            log.warning(
-                "subscription leaves a member that does not answer queue=%s address=%s owner=%s",
-                core.queue,
-                address,
-                target,
-            )
-            call.cancel()
+        target = watch.moved_to(answers)
+        if target is None:
+            return
+        with self._cond:
+            if self._call is not call or not core.connected or core.closing:
+                return
+            self._moved_to = target
+        log.warning(
+            "subscription leaves a member that does not answer queue=%s address=%s owner=%s",
+            core.queue,
+            address,
+            target,
+        )
+        call.cancel()
 
     # --- closing ------------------------------------------------------------------------------
 
