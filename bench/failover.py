@@ -488,6 +488,8 @@ def soak(members: int, seconds: float, burners: int, rate: float) -> dict[str, A
                 except QLayerError:
                     pass
                 time.sleep(1.0 / rate)
+            # a live member left by the consumer (its hung-member watch, or a drop) shows here
+            reconnects = sub.reconnects
         loads.append(loadavg())
         client.close()
         counts = {"removed": 0, "fenced": 0, "revoked_or_lost": 0}
@@ -513,6 +515,7 @@ def soak(members: int, seconds: float, burners: int, rate: float) -> dict[str, A
         "seconds": seconds,
         "burners": burners,
         "acked": acked,
+        "consumer_reconnects": reconnects,
         "loadavg": loads,
         **counts,
     }
