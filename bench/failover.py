@@ -8,9 +8,10 @@ the new owner.
    (``QueueClient`` given every member's address) follows the queue and acks each message,
    waiting for the confirmation.
 3. ``--kills`` times: the member owning the queue is stopped (``--how kill``: SIGKILL,
-   ``term``: SIGTERM, ``both``: alternately), the time to the first delivery from another
-   member is taken, then the stopped member is started again on its state directory and the
-   next round waits until every member holds partitions again.
+   ``term``: SIGTERM, ``both``: alternately; ``stop``: SIGSTOP, a hung member, woken with
+   SIGCONT once another member delivers: it finds itself fenced and exits), the time to the
+   first delivery from another member is taken, then the stopped member is started again on
+   its state directory and the next round waits until every member holds partitions again.
 4. Correctness over the run: acks confirmed twice, and messages delivered again after their
    ack was confirmed (both must be 0); messages delivered again after a stop are counted
    (at-least-once: what the stopped owner had leased).
@@ -116,9 +117,28 @@ class Member:
 
     def stop(self, how: str) -> None:
         assert self.proc is not None
+        if how == "stop":  # hung: its port still accepts connections, nothing answers
+            self.proc.send_signal(signal.SIGSTOP)
+            return
         self.proc.send_signal(signal.SIGKILL if how == "kill" else signal.SIGTERM)
         self.proc.wait(60)
         self.address = ""
+
+    def wake(self, timeout: float = 60.0) -> float | None:
+        """SIGCONT a stopped member and wait for it to exit (fenced: its queues moved), at
+        most ``timeout`` (then SIGKILL); seconds it took to exit, None if it had to be killed."""
+        assert self.proc is not None
+        t0 = time.monotonic()
+        self.proc.send_signal(signal.SIGCONT)
+        try:
+            self.proc.wait(timeout)
+            took: float | None = time.monotonic() - t0
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(60)
+            took = None
+        self.address = ""
+        return took
 
 
 _LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ [\w.]+: (.*)$")
@@ -355,6 +375,9 @@ def run(members: int, kills: int, how: str, rate: float, bootstrap: str | None) 
                 stages["exited"] = round(exited, 3)
             if state["subscribed"] is not None:
                 stages["subscribed"] = round(state["subscribed"], 3)
+            if kind == "stop":  # woken now: it exits (fenced), or is killed after 60 s
+                woke = victim.wake()
+                stages["woken_exited"] = round(time.monotonic() - t0, 3) if woke else -1.0
             stages["delivered"] = round(took, 3)
             stages = dict(sorted(stages.items(), key=lambda kv: kv[1]))
             rounds.append(
@@ -374,7 +397,7 @@ def run(members: int, kills: int, how: str, rate: float, bootstrap: str | None) 
                 p.stop("term")
         broker.stop()
     summary: dict[str, Any] = {}
-    for kind in ("kill", "term"):
+    for kind in ("kill", "term", "stop"):
         times = [r["seconds"] for r in rounds if r["how"] == kind]
         if times:
             summary[kind] = {
@@ -465,6 +488,8 @@ def soak(members: int, seconds: float, burners: int, rate: float) -> dict[str, A
                 except QLayerError:
                     pass
                 time.sleep(1.0 / rate)
+            # a live member left by the consumer (its hung-member watch, or a drop) shows here
+            reconnects = sub.reconnects
         loads.append(loadavg())
         client.close()
         counts = {"removed": 0, "fenced": 0, "revoked_or_lost": 0}
@@ -490,6 +515,7 @@ def soak(members: int, seconds: float, burners: int, rate: float) -> dict[str, A
         "seconds": seconds,
         "burners": burners,
         "acked": acked,
+        "consumer_reconnects": reconnects,
         "loadavg": loads,
         **counts,
     }
@@ -499,7 +525,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--members", type=int, default=2)
     parser.add_argument("--kills", type=int, default=5, help="stops of the owner")
-    parser.add_argument("--how", choices=("kill", "term", "both"), default="both")
+    parser.add_argument("--how", choices=("kill", "term", "both", "stop"), default="both")
     parser.add_argument("--rate", type=float, default=50.0, help="messages published a second")
     parser.add_argument("--bootstrap", default=None, help="an external broker (default: embedded)")
     parser.add_argument(

@@ -8,6 +8,18 @@ calls (the member addresses it learns join the client's ``Addresses``).
 A coordinator alone answers the ``Cluster`` call with itself, owning no control partition:
 then nothing is learned and nothing changes (its advertised address may not be how this client
 reaches it, so it is not added to the addresses to try).
+
+**A member that hangs** (``SIGSTOP``, a frozen host) keeps its clients' streams open: its kernel
+still keeps the TCP connection, so nothing ends them until it wakes (seconds later, fenced,
+it exits), though the group gave its queues to another member a session after the stop. So in
+a cluster each subscription watches its member (``HungOwner``): every ``WATCH_S`` a gRPC health
+check that must be answered within ``PROBE_S``; while it is not, the other members are asked
+where the queue is, and the stream is given up only when one of them answers that it serves
+the queue itself now. A slow member is never left for its slowness alone: while no other
+member has taken its queue, the stream stays (a member that lost its queue after a stall
+ends its streams itself, or is fenced and exits). Its leases are lost with the stream
+(at-least-once: the new owner delivers them again) and its unconfirmed acks are counted in
+``unconfirmed_acks``, as after a kill.
 """
 
 from __future__ import annotations
@@ -17,6 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
+
 from layer.api.service import ClusterInfo
 from layer.client._core import Addresses, ReconnectPolicy, SubscriptionCore
 from layer.exceptions import InvalidRequest, NotOwner, QLayerError, QueueRemoved, UnknownQueue
@@ -24,18 +38,35 @@ from layer.shards import parse_shard, queue_of, shards_in
 
 __all__ = [
     "FOLLOW_FIRST_S",
+    "HEALTH_METHOD",
+    "PROBE_S",
+    "WATCH_S",
     "ClusterView",
+    "HungOwner",
     "Located",
     "is_cluster",
     "locate_timeout",
     "matching_queues",
     "may_have_moved",
     "moved_unless_asked",
+    "others",
 ]
 
 # How long a first subscribe follows a queue that is moving (no owner yet, or the owner
 # named is not serving it yet) when the client has no timeout: then it fails with NotOwner.
 FOLLOW_FIRST_S = 30.0
+
+# A subscription in a cluster probes the member its stream is on every WATCH_S (WATCH_S / 2
+# while that member does not answer); a probe not answered within PROBE_S makes the client ask
+# the other members, each of which answers within ASK_S (it probes the members too: up to a
+# second for a stopped one).
+WATCH_S = 0.5
+PROBE_S = 1.0
+ASK_S = 3.0
+HEALTH_METHOD = "/grpc.health.v1.Health/Check"
+
+# a probe that ended so was not answered (any other end, even an error, is an answer)
+UNANSWERED = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE})
 
 
 def locate_timeout(policy: ReconnectPolicy, call_timeout: float | None) -> float:
@@ -164,3 +195,44 @@ class ClusterView:
         if not is_cluster(info):
             return Located(any(q.queue == queue for q in info.queues), asked)
         return Located(any(q.queue == queue for q in info.queues), self._owners.get(queue))
+
+
+class HungOwner:
+    """One subscription's watch of the member its stream is on (see the module doc): the
+    face probes that member (``probe_due``, ``probed``), asks the others while it does not
+    answer (``asking``), and gives the stream up for the address ``moved_to`` names."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.unanswered = 0  # probes in a row the member did not answer
+
+    def next_wait(self) -> float:
+        """Seconds until the next probe: sooner while the member does not answer."""
+        return WATCH_S / 2 if self.unanswered else WATCH_S
+
+    def probed(self, code: grpc.StatusCode | None) -> None:
+        """A probe ended: answered (``code`` None, or any status but a timeout or no
+        connection) or not."""
+        self.unanswered = self.unanswered + 1 if code in UNANSWERED else 0
+
+    @property
+    def asking(self) -> bool:
+        """Whether the other members are to be asked where the queue is (beside the next
+        probe: both take up to a second with a stopped member)."""
+        return self.unanswered > 0
+
+    def moved_to(self, answers: Sequence[tuple[str, ClusterInfo]]) -> str | None:
+        """After a probe the member did not answer: the address (as this client reaches it)
+        of the first of ``answers`` (asked address, the member's ``Cluster`` answer) that
+        serves the queue itself; None (stay) when none does."""
+        if not self.unanswered:
+            return None
+        for asked, info in answers:
+            if any(q.queue == self.queue and q.member == info.member for q in info.queues):
+                return asked
+        return None
+
+
+def others(addresses: Addresses, current: str) -> list[str]:
+    """The addresses of the members a client knows, but ``current``."""
+    return [a for a in addresses.all if a != current]

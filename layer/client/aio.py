@@ -21,6 +21,7 @@ from typing import Any, cast
 
 import grpc
 import grpc.aio
+from grpc_health.v1 import health_pb2
 
 from layer.api.errors import error_from_rpc
 from layer.api.frames import (
@@ -93,15 +94,20 @@ from layer.client._core import (
     unary_failure,
 )
 from layer.client._follow import (
+    ASK_S,
     FOLLOW_FIRST_S,
+    HEALTH_METHOD,
+    PROBE_S,
     ClusterView,
+    HungOwner,
     Located,
     locate_timeout,
     moved_unless_asked,
+    others,
 )
 from layer.definitions import toml_literal
 from layer.engine.model import AckOp, Bookmark
-from layer.exceptions import ClientError, ConnectionLost, PartitionedQueue, QLayerError
+from layer.exceptions import ClientError, ConnectionLost, NotOwner, PartitionedQueue, QLayerError
 
 __all__ = ["AsyncMessage", "AsyncQueueClient", "AsyncSubscription"]
 
@@ -172,6 +178,8 @@ class AsyncSubscription(SubscriptionFields):
         self._end: object = _END if buffer is None else Ended(self)
         self._outgoing: asyncio.Queue[ClientFrame | None] = asyncio.Queue()
         self._call: Any = None
+        self._moved_to: str | None = None  # the stream was given up for this owner (_watch)
+        self._watcher: asyncio.Task[None] | None = None
         self._flush_timer: asyncio.TimerHandle | None = None
         self._changed = asyncio.Event()  # set on every change a flush() may wait for
         self._opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -187,6 +195,9 @@ class AsyncSubscription(SubscriptionFields):
         except BaseException:
             await self._shutdown()
             raise
+        client = self._client
+        if client._view.clustered and client._policy.enabled and not self.queue.startswith("^"):
+            self._watcher = asyncio.get_running_loop().create_task(self._watch())
 
     # --- consuming ----------------------------------------------------------------------------
 
@@ -338,6 +349,11 @@ class AsyncSubscription(SubscriptionFields):
         try:
             while True:
                 error = await self._serve(address)
+                moved_to, self._moved_to = self._moved_to, None
+                if moved_to is not None:
+                    error = NotOwner(
+                        f"{address} does not answer; {moved_to} serves {core.queue!r} now"
+                    )
                 moved = await self._moved(error, address)
                 if not self._opened.done():  # the first subscribe: every address once
                     if moved and time.monotonic() < follow_until:
@@ -360,6 +376,9 @@ class AsyncSubscription(SubscriptionFields):
                     break
                 await asyncio.sleep(decision.delay)
                 target = decision.address
+                if moved_to is not None:
+                    address = moved_to  # it said it serves the queue (_watch)
+                    continue
                 if client._view.clustered or moved:
                     located = await client._locate(core.queue, address if moved else None)
                     if located is not None and located.address is not None:
@@ -422,7 +441,10 @@ class AsyncSubscription(SubscriptionFields):
                 error = await self._stream_error(exc, writer, address)
         except asyncio.CancelledError:
             call.cancel()
-            raise
+            task = asyncio.current_task()
+            if self._moved_to is None or (task is not None and task.cancelling()):
+                raise
+            # _watch cancelled the call (grpc's read raises this): its member hangs
         except Exception as exc:
             error = ClientError(f"subscription stream failed: {exc}")
         finally:
@@ -464,6 +486,39 @@ class AsyncSubscription(SubscriptionFields):
                 return ConnectionLost(f"the connection to {address} dropped under a write: {error}")
         return error
 
+    async def _watch(self) -> None:
+        """As ``Subscription._watch``: give the stream up when its member hangs and another
+        member serves the queue now (``HungOwner``)."""
+        client, core = self._client, self._core
+        watch = HungOwner(core.queue)
+        while not core.closing:
+            await asyncio.sleep(watch.next_wait())
+            call, address = self._call, core.address
+            if not core.connected or core.closing:
+                watch.probed(None)
+                continue
+            asked = others(core.addresses, address) if watch.asking else []
+            try:
+                code, *answers = await asyncio.gather(
+                    client._probe(address), *(client._ask(a) for a in asked)
+                )
+            except (grpc.aio.UsageError, ValueError):  # the client closed its channels
+                return
+            watch.probed(code)
+            target = watch.moved_to(
+                [(a, info) for a, info in zip(asked, answers, strict=True) if info is not None]
+            )
+            if target is None or self._call is not call or not core.connected or core.closing:
+                continue
+            self._moved_to = target
+            log.warning(
+                "subscription leaves a member that does not answer queue=%s address=%s owner=%s",
+                core.queue,
+                address,
+                target,
+            )
+            call.cancel()
+
     async def _on_reconnect(self, event: Reconnected | None) -> None:
         result = call_back(self._client._on_reconnect, event)
         if inspect.isawaitable(result):
@@ -493,6 +548,8 @@ class AsyncSubscription(SubscriptionFields):
 
     async def _shutdown(self) -> None:
         self._core.closing = True
+        if self._watcher is not None:
+            self._watcher.cancel()
         if self._call is not None:
             self._call.cancel()
         if self._task is not None and not self._task.done():
@@ -758,6 +815,35 @@ class AsyncQueueClient:
     async def cluster(self) -> ClusterInfo:
         """As ``QueueClient.cluster``."""
         return cast(ClusterInfo, await self._call("Cluster", ClusterRequest()))
+
+    async def _probe(self, address: str) -> grpc.StatusCode | None:
+        """As ``QueueClient._probe``: None if the member at ``address`` answered a health
+        check within ``PROBE_S``, else how the call ended."""
+        method = self._channel(address).unary_unary(
+            HEALTH_METHOD,
+            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+            response_deserializer=health_pb2.HealthCheckResponse.FromString,
+        )
+        try:
+            await method(health_pb2.HealthCheckRequest(), timeout=PROBE_S)
+        except grpc.RpcError as exc:
+            return cast(grpc.StatusCode, exc.code())
+        return None
+
+    async def _ask(self, address: str) -> ClusterInfo | None:
+        """The ``Cluster`` answer of the member at ``address`` (None: none within ``ASK_S``)."""
+        encode, decode = UNARY_METHODS["Cluster"]
+        method = self._channel(address).unary_unary(
+            SERVICE + "Cluster",
+            request_serializer=encode.encode,
+            response_deserializer=decode.decode,
+        )
+        try:
+            return cast(
+                ClusterInfo, await method(ClusterRequest(), metadata=self._metadata, timeout=ASK_S)
+            )
+        except grpc.RpcError:
+            return None
 
     async def _locate(
         self, queue: str, first: str | None = None, only: bool = False

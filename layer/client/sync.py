@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import Any, cast
 
 import grpc
+from grpc_health.v1 import health_pb2
 
 from layer.api.errors import error_from_rpc
 from layer.api.frames import (
@@ -93,15 +94,20 @@ from layer.client._core import (
     unary_failure,
 )
 from layer.client._follow import (
+    ASK_S,
     FOLLOW_FIRST_S,
+    HEALTH_METHOD,
+    PROBE_S,
     ClusterView,
+    HungOwner,
     Located,
     locate_timeout,
     moved_unless_asked,
+    others,
 )
 from layer.definitions import toml_literal
 from layer.engine.model import AckOp, Bookmark
-from layer.exceptions import ClientError, ConnectionLost, PartitionedQueue, QLayerError
+from layer.exceptions import ClientError, ConnectionLost, NotOwner, PartitionedQueue, QLayerError
 
 __all__ = ["Message", "QueueClient", "Subscription"]
 
@@ -187,6 +193,7 @@ class Subscription(SubscriptionFields):
         self._ready: deque[Message] = deque()
         self._requests: queue.Queue[ClientFrame | None] = queue.Queue()
         self._call: Any = None
+        self._moved_to: str | None = None  # the stream was given up for this owner (_watch)
         self._opened: Future[None] = Future()
         self._runner = threading.Thread(
             target=self._run, name=f"qlayer-sub-{queue_name}", daemon=True
@@ -204,6 +211,10 @@ class Subscription(SubscriptionFields):
             target=self._flush_loop, name=f"qlayer-sub-flusher-{queue_name}", daemon=True
         )
         self._flusher.start()
+        if client._view.clustered and client._policy.enabled and not queue_name.startswith("^"):
+            threading.Thread(
+                target=self._watch, name=f"qlayer-sub-watch-{queue_name}", daemon=True
+            ).start()
 
     # --- consuming ----------------------------------------------------------------------------
 
@@ -376,6 +387,9 @@ class Subscription(SubscriptionFields):
         follow_until = time.monotonic() + (self._timeout or FOLLOW_FIRST_S)
         while True:
             error = self._serve(address)
+            moved_to, self._moved_to = self._moved_to, None
+            if moved_to is not None:
+                error = NotOwner(f"{address} does not answer; {moved_to} serves {core.queue!r} now")
             moved = self._moved(error, address)
             if not self._opened.done():  # the first subscribe: every address once, at once
                 if moved and time.monotonic() < follow_until:
@@ -400,8 +414,8 @@ class Subscription(SubscriptionFields):
             self._apply(out)
             if not isinstance(decision, Retry):
                 break
-            if self._pause(decision.delay):
-                address = decision.address
+            if self._pause(decision.delay) or moved_to is not None:
+                address = moved_to or decision.address
                 continue  # closing: the next serve returns at once and lost() ends it
             if client._view.clustered or moved:
                 located = client._locate(core.queue, address if moved else None)
@@ -482,6 +496,48 @@ class Subscription(SubscriptionFields):
 
     def _on_reconnect(self, event: Reconnected | None) -> None:
         call_back(self._client._on_reconnect, event)
+
+    def _watch(self) -> None:
+        """Give the stream up when its member hangs and another member serves the queue now
+        (``HungOwner``): its leases come again from the new owner."""
+        watch = HungOwner(self._core.queue)
+        while not self._pause(watch.next_wait()):
+            try:
+                self._watch_once(watch)
+            except ValueError:  # the client closed its channels meanwhile
+                return
+
+    def _watch_once(self, watch: HungOwner) -> None:
+        client, core = self._client, self._core
+        with self._cond:
+            call, address = self._call, core.address
+            if not core.connected:
+                watch.probed(None)
+                return
+        asks = (
+            [(a, client._ask(a)) for a in others(core.addresses, address)] if watch.asking else []
+        )
+        watch.probed(client._probe(address))
+        answers = []
+        for asked, future in asks:
+            try:
+                answers.append((asked, cast(ClusterInfo, future.result())))
+            except grpc.RpcError:
+                continue
+        target = watch.moved_to(answers)
+        if target is None:
+            return
+        with self._cond:
+            if self._call is not call or not core.connected or core.closing:
+                return
+            self._moved_to = target
+        log.warning(
+            "subscription leaves a member that does not answer queue=%s address=%s owner=%s",
+            core.queue,
+            address,
+            target,
+        )
+        call.cancel()
 
     # --- closing ------------------------------------------------------------------------------
 
@@ -814,6 +870,30 @@ class QueueClient:
         """The cluster: its members with their addresses and the member serving each queue
         (a coordinator alone: itself, serving every queue)."""
         return cast(ClusterInfo, self._call("Cluster", ClusterRequest()))
+
+    def _probe(self, address: str) -> grpc.StatusCode | None:
+        """A health check of the member at ``address`` (``PROBE_S``): None if it answered,
+        else how the call ended."""
+        method = self._channel(address).unary_unary(
+            HEALTH_METHOD,
+            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+            response_deserializer=health_pb2.HealthCheckResponse.FromString,
+        )
+        try:
+            method(health_pb2.HealthCheckRequest(), timeout=PROBE_S)
+        except grpc.RpcError as exc:
+            return cast(grpc.StatusCode, exc.code())
+        return None
+
+    def _ask(self, address: str) -> Any:
+        """A ``Cluster`` call to ``address`` under way (a future of its answer)."""
+        encode, decode = UNARY_METHODS["Cluster"]
+        method = self._channel(address).unary_unary(
+            SERVICE + "Cluster",
+            request_serializer=encode.encode,
+            response_deserializer=decode.decode,
+        )
+        return method.future(ClusterRequest(), metadata=self._metadata, timeout=ASK_S)
 
     def _locate(self, queue: str, first: str | None = None, only: bool = False) -> Located | None:
         """Ask the members (``first`` first; ``only``: that one alone) where ``queue`` is

@@ -3,15 +3,20 @@ queue that moved to another member: no sockets, no threads."""
 
 from __future__ import annotations
 
+import grpc
+
 from layer.api.frames import Subscribed
 from layer.api.service import ClusterInfo, ClusterMember, QueueOwner
 from layer.client._core import Addresses, End, ReconnectPolicy, Retry, SubscriptionCore
 from layer.client._follow import (
+    WATCH_S,
     ClusterView,
+    HungOwner,
     is_cluster,
     locate_timeout,
     may_have_moved,
     moved_unless_asked,
+    others,
 )
 from layer.engine.model import AckOp
 from layer.exceptions import (
@@ -126,3 +131,36 @@ def test_what_a_stream_end_says_of_a_move_before_the_cluster_is_asked() -> None:
     closing = core()
     closing.closing = True
     assert moved_unless_asked(closing, moved, clustered=True) is False
+
+
+def test_a_hung_owner_is_left_only_for_a_member_that_serves_the_queue_itself() -> None:
+    watch = HungOwner("q2")
+    m1_says_m2 = ("10.0.0.1:7070", two_members())  # m1 answers: m2 serves q2
+    m2 = two_members()
+    m2_says_itself = ("localhost:7072", ClusterInfo(m2.cluster, "m2", m2.members, m2.queues))
+    # the member answers, slowly or not: it is never left, whatever the others say
+    watch.probed(None)
+    assert not watch.asking and watch.next_wait() == WATCH_S
+    assert watch.moved_to([m2_says_itself]) is None
+    watch.probed(grpc.StatusCode.PERMISSION_DENIED)  # an error is an answer too
+    assert not watch.asking
+    # it does not answer: ask the others, sooner; a third member's word is not enough, the
+    # member serving the queue must say so itself (reached as this client reaches it)
+    watch.probed(grpc.StatusCode.DEADLINE_EXCEEDED)
+    assert watch.asking and watch.next_wait() < WATCH_S
+    assert watch.moved_to([]) is None
+    assert watch.moved_to([m1_says_m2]) is None
+    assert watch.moved_to([m1_says_m2, m2_says_itself]) == "localhost:7072"
+    # while the queue moves (no owner) nobody serves it: stay
+    assert HungOwner("q3").moved_to([m2_says_itself]) is None
+    # it answers again: stay, and stop asking
+    watch.probed(None)
+    assert not watch.asking and watch.moved_to([m2_says_itself]) is None
+    watch.probed(grpc.StatusCode.UNAVAILABLE)  # no connection: not answered either
+    assert watch.moved_to([m2_says_itself]) == "localhost:7072"
+
+
+def test_the_others_are_every_member_known_but_the_current() -> None:
+    ring = Addresses(["a:1", "b:1"])
+    ring.learn(["c:1"])
+    assert others(ring, "b:1") == ["a:1", "c:1"]
