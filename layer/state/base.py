@@ -494,7 +494,9 @@ class Store(Protocol):
 
     def write(self, batch: StoreBatch) -> None: ...
 
-    def entries(self, queue: str) -> Iterator[tuple[Bookmark, EntryState]]: ...
+    def entries(self, queue: str) -> Iterator[tuple[Bookmark, EntryState]]:
+        """The queue's entries at or above their partition's low-water mark, in key order."""
+        ...
 
     def entry_values(
         self, queue: str, below: Mapping[TopicPartition, int] | None = None
