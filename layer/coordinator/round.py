@@ -83,6 +83,15 @@ log = logging.getLogger(__name__)
 # librdkafka's default message.max.bytes of 1,000,000.
 DEAD_LETTER_PAYLOAD_MAX = 900_000
 
+# The entries of the messages a low-water mark passed are deleted in one range delete once the
+# mark has moved this many offsets past the last one (``mirror``), not by their keys as each
+# round passes them: a point delete per message cost more than its lease's put (RocksDB: a
+# write of puts and deletes, ~0.55 us a message, of the puts alone ~0.16), and a range delete
+# per round would leave hundreds of range tombstones a second, which slow every seek of a
+# read. Until then they stay stored, below the mark that hides them from every reader
+# (``KeyValueStore.entries``, ``entry_values`` with ``below``, a restore from the changelog).
+ENTRY_SWEEP = 1 << 14
+
 # A round whose commit took longer than this (seconds; Kafka was slow or away) restarts the
 # leases it hands out (``restart_leases``).
 LATE_ROUND = 1.0
@@ -274,6 +283,9 @@ class Round:
         # record for the run of offsets the low-water mark passed.
         values: dict[tuple[object, ...], bytes] = {}
         forgotten = _forgotten(changes)
+        # the low-water marks this round writes: the entries of the tombstones below them
+        # need no delete of their own (``_forget_run``)
+        marks = _marks(changes) if forgotten else None
         # before the tombstones' deletes in the batch, as the runs are before them in changes
         to = RunMirror(self.batch)
         run: list[Leased | Returned | Done] = []
@@ -290,7 +302,7 @@ class Round:
             kind = type(change)
             if kind is Leased or kind is Done or kind is Returned:
                 if forget_head is not None:
-                    self._forget_run(rt, forget_head, forget_count)
+                    self._forget_run(rt, forget_head, forget_count, marks)
                     forget_head = None
                 bm = change.bookmark  # type: ignore[union-attr]
                 fields = _fields(change)  # type: ignore[arg-type]
@@ -322,11 +334,11 @@ class Round:
                 elif _follows(forget_head, forget_count, change):  # type: ignore[arg-type]
                     forget_count += change.count  # type: ignore[union-attr]
                 else:
-                    self._forget_run(rt, forget_head, forget_count)
+                    self._forget_run(rt, forget_head, forget_count, marks)
                     forget_head, forget_count = change.bookmark, change.count  # type: ignore[union-attr]
                 continue
             if forget_head is not None:
-                self._forget_run(rt, forget_head, forget_count)
+                self._forget_run(rt, forget_head, forget_count, marks)
                 forget_head = None
             key, value = encode_change(name, change, now_ms)
             records.append((topic, key, value))
@@ -336,7 +348,7 @@ class Round:
         if run:
             self._record_run(rt, run, run_value, payloads, forgotten, to)
         if forget_head is not None:
-            self._forget_run(rt, forget_head, forget_count)
+            self._forget_run(rt, forget_head, forget_count, marks)
         if rt.config.view_topic is not None:
             leases = lease_changes(rt.view_leases, changes, now_ms) if changes else []
             if effects.view or leases:
@@ -372,13 +384,23 @@ class Round:
         if letters:
             self.extra.extend(letters)
 
-    def _forget_run(self, rt: QueueRuntime, first: Bookmark, count: int) -> None:
-        """The tombstones of a run of messages the low-water mark passed: one changelog record,
-        and one store operation that deletes their entries."""
+    def _forget_run(
+        self,
+        rt: QueueRuntime,
+        first: Bookmark,
+        count: int,
+        marks: Mapping[tuple[str, int], int] | None,
+    ) -> None:
+        """The tombstones of a run of messages the low-water mark passed: one changelog record.
+        Their entries stay in the store when the mark this round writes passes them (readers
+        take no entry below a partition's mark, and ``mirror`` deletes them in one range once
+        in ``ENTRY_SWEEP`` offsets); otherwise one store operation deletes them."""
         key = encode_change(rt.name, Forget(first, count), self.now_ms)[0]
         self.records.append((rt.changelog_topic, key, None))
-        tp = TopicPartition(first.topic, first.partition)
-        self.batch.delete_entry_run(rt.name, tp, first.offset, count)
+        mark = marks.get((first.topic, first.partition)) if marks else None
+        if mark is None or first.offset + count > mark:
+            tp = TopicPartition(first.topic, first.partition)
+            self.batch.delete_entry_run(rt.name, tp, first.offset, count)
 
     def send(self) -> Awaitable[Offsets] | None:
         """Step 3 begun (commits complete in the order they begin); None: nothing to commit."""
@@ -607,6 +629,19 @@ def _forgotten(changes: Sequence[Change]) -> dict[tuple[str, int], list[list[int
     return spans
 
 
+def _marks(changes: Sequence[Change]) -> dict[tuple[str, int], int]:
+    """The low-water marks of ``changes`` (ordered by ``_ordered``: they come last), by
+    partition."""
+    marks: dict[tuple[str, int], int] = {}
+    for i in range(len(changes) - 1, -1, -1):
+        change = changes[i]
+        if type(change) is not LowWater:
+            break
+        tp = change.partition  # type: ignore[union-attr]
+        marks[(tp.topic, tp.partition)] = change.offset  # type: ignore[union-attr]
+    return marks
+
+
 def _covered(spans: list[list[int]], first: int, end: int) -> bool:
     """Whether one of ``spans`` holds all of ``[first, end)``."""
     # mostly one span: a loop, not a generator, for a check made per run
@@ -692,7 +727,14 @@ def mirror(
             if topic:
                 return dead_letter(rt.name, topic, change, stored)
     elif isinstance(change, LowWater):
-        batch.put_low_water(name, change.partition, change.offset)
+        tp, mark = change.partition, change.offset
+        batch.put_low_water(name, tp, mark)
+        swept = rt.entries_swept.get(tp)
+        if swept is None or mark - swept >= ENTRY_SWEEP or mark < swept:
+            # the entries the mark passed, kept by ``Round._forget_run``: one range delete
+            # (from the partition's first key: whatever an earlier process left there too)
+            batch.delete_entries_below(name, tp, mark)
+            rt.entries_swept[tp] = mark
         batch.delete_runs_below(name, change.partition, change.offset)
         rt.blobs_below(batch, change.partition, change.offset)
     elif isinstance(change, Forget):

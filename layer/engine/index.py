@@ -394,39 +394,104 @@ def _kept(item: Any) -> bool:
 
 
 class LeaseIndex:
-    """Lease deadlines: a heap of ``(deadline, key, entry)``; an item is live while the entry is
-    leased with exactly that deadline (an extend pushes a new item and strands the old one)."""
+    """Lease deadlines. The leases of one dispatch share a deadline (now + the lease period)
+    and deadlines mostly only grow: they go to a deque of batches ``(deadline, entries)`` in
+    deadline order, one per deadline, not a heap item each; an earlier deadline than the last
+    batch's (an extend by less than the lease period) goes to a heap of ``(deadline, key,
+    entry)``. A reference is live while its entry is leased with exactly that deadline (an
+    extend pushes the entry again and strands the old reference). Due leases come out by
+    deadline, those of one deadline in the order they were pushed."""
 
-    __slots__ = ("_heap",)
+    __slots__ = ("_batches", "_at", "_heap", "_size")
 
     def __init__(self) -> None:
+        self._batches: deque[tuple[float, list[Entry]]] = deque()
+        self._at = 0  # in the front batch, the position of the next entry to look at
         self._heap: list[tuple[float, Any, Entry]] = []
+        self._size = 0  # references held
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return self._size
 
     def push(self, entry: Entry, deadline: float) -> None:
-        heappush(self._heap, (deadline, entry.key, entry))
+        self._size += 1
+        batches = self._batches
+        if batches:
+            last = batches[-1]
+            if deadline == last[0]:
+                last[1].append(entry)
+                return
+            if deadline < last[0]:
+                heappush(self._heap, (deadline, entry.key, entry))
+                return
+        batches.append((deadline, [entry]))
+
+    def push_many(self, entries: list[Entry], deadline: float) -> None:
+        """``push`` of each of ``entries`` with one deadline."""
+        if not entries:
+            return
+        batches = self._batches
+        if batches and deadline <= batches[-1][0]:
+            push = self.push
+            for entry in entries:
+                push(entry, deadline)
+            return
+        self._size += len(entries)
+        batches.append((deadline, list(entries)))
 
     def pop_due(self, now: float) -> Entry | None:
         """Remove and return a leased entry whose deadline is ``<= now``, or None."""
-        heap = self._heap
-        while heap and heap[0][0] <= now:
-            deadline, _, entry = heappop(heap)
-            if entry.state == LEASED and entry.deadline == deadline:
-                return entry
-        return None
+        batches, heap = self._batches, self._heap
+        while True:
+            if batches and batches[0][0] <= now and (not heap or batches[0][0] <= heap[0][0]):
+                deadline, entries = batches[0]
+                at, n = self._at, len(entries)
+                while at < n:
+                    entry = entries[at]
+                    at += 1
+                    if entry.state == LEASED and entry.deadline == deadline:
+                        self._size -= at - self._at
+                        self._at = at
+                        return entry
+                self._size -= n - self._at
+                batches.popleft()
+                self._at = 0
+                continue
+            if heap and heap[0][0] <= now:
+                deadline, _, entry = heappop(heap)
+                self._size -= 1
+                if entry.state == LEASED and entry.deadline == deadline:
+                    return entry
+                continue
+            return None
 
     def compact(self, live: int) -> None:
-        if len(self._heap) <= 2 * live + _SLACK:
+        if self._size <= 2 * live + _SLACK:
             return
-        kept: dict[int, tuple[float, Any, Entry]] = {}
+        kept: deque[tuple[float, list[Entry]]] = deque()
+        size = 0
+        at = self._at
+        for deadline, entries in self._batches:
+            live_ones = [
+                e for e in islice(entries, at, None) if e.state == LEASED and e.deadline == deadline
+            ]
+            at = 0
+            if live_ones:
+                kept.append((deadline, live_ones))
+                size += len(live_ones)
+        self._batches, self._at = kept, 0
+        # an entry pushed twice with one deadline (leased, returned and leased again at one
+        # instant) is kept once
+        seen: set[int] = set()
+        heap = []
         for item in self._heap:
             entry = item[2]
-            if entry.state == LEASED and entry.deadline == item[0]:
-                kept[id(entry)] = item
-        self._heap = list(kept.values())
-        heapify(self._heap)
+            if entry.state == LEASED and entry.deadline == item[0] and id(entry) not in seen:
+                seen.add(id(entry))
+                heap.append(item)
+        heapify(heap)
+        self._heap = heap
+        self._size = size + len(heap)
 
 
 class ExpiryIndex:

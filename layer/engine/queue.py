@@ -679,7 +679,8 @@ class QueueEngine(Queries, Holding, Leases, Intake):
         deadline = now + self._lease_period
         name = sub.name
         leases = sub.leases
-        push = self._leases.push
+        leased: list[Entry] = []  # to the lease index as one batch (one deadline)
+        push = leased.append
         changes, deliveries = self._changes, self._deliveries
         viewed = self._view is not None
         count = 0
@@ -695,13 +696,14 @@ class QueueEngine(Queries, Holding, Leases, Intake):
             entry.holder = sub
             entry.deadline = deadline
             leases[entry] = None
-            push(entry, deadline)
+            push(entry)
             if viewed:
                 self._viewed(entry, -1)
             changes.append(Leased(bm, name, deadline, n, entry.cancels))
             deliveries.append(Delivery(name, bm, n, entry.cancels, deadline))
             count += 1
         if count:
+            self._leases.push_many(leased, deadline)
             self._delivered_total += count
             self._available -= count
             self._leased += count

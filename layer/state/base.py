@@ -3,7 +3,8 @@
 A store holds, for every queue of one coordinator:
 
 - **entries**: per message (bookmark), the latest changelog value (the changelog reduced
-  last-value-wins; a Forget deletes it);
+  last-value-wins; a Forget deletes it); none below its partition's low-water mark is read
+  (the live path deletes those in one range now and then, not each as the mark passes it);
 - **positions**: per underlying partition, the low-water mark (from changelog POSITION records)
   and, separately, the local read position (next offset to read; never in the changelog);
 - **messages**: per message, the local copy of the underlying message while it is in the queue;
@@ -493,7 +494,9 @@ class Store(Protocol):
 
     def write(self, batch: StoreBatch) -> None: ...
 
-    def entries(self, queue: str) -> Iterator[tuple[Bookmark, EntryState]]: ...
+    def entries(self, queue: str) -> Iterator[tuple[Bookmark, EntryState]]:
+        """The queue's entries at or above their partition's low-water mark, in key order."""
+        ...
 
     def entry_values(
         self, queue: str, below: Mapping[TopicPartition, int] | None = None
@@ -750,11 +753,17 @@ class KeyValueStore:
                     yield parse_message_key(key, n), value
 
     def entries(self, queue: str) -> Iterator[tuple[Bookmark, EntryState]]:
+        """The queue's entries at or above their partition's low-water mark: those below it
+        are of messages the mark passed, deleted or (the live path deletes them in one range
+        now and then: ``layer.coordinator.round.ENTRY_SWEEP``) about to be."""
         self._check_open()
-        prefix = queue_prefix(queue)
-        n = len(prefix)
-        for key, value in self._iterate(ENTRIES, prefix, prefix_end(prefix)):
-            yield parse_message_key(key, n), decode_entry(value)
+        marks = {
+            tp: pos.low_water
+            for tp, pos in self.positions(queue).items()
+            if pos.low_water is not None
+        }
+        for bookmark, value in self.entry_values(queue, below=marks):
+            yield bookmark, decode_entry(value)
 
     def positions(self, queue: str) -> dict[TopicPartition, PartitionPosition]:
         self._check_open()

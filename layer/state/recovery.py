@@ -174,6 +174,10 @@ class _Restorer:
         self, batch: StoreBatch, queue: str, tp: TopicPartition, value: bytes | None
     ) -> None:
         if value is None:
+            known = self._low_water(queue, tp)
+            if known is not None:
+                # the mark hid the entries below it that the live path had not deleted yet
+                batch.delete_entries_below(queue, tp, known)
             batch.delete_low_water(queue, tp)
             self.low_water.pop((queue, tp), None)
             return

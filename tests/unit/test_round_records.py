@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from layer.codec import decode_key, encode_change
-from layer.coordinator.round import Round, _ordered, mirror
+from layer.coordinator.round import ENTRY_SWEEP, Round, _ordered, mirror
 from layer.engine.model import (
     Bookmark,
     Change,
@@ -84,24 +84,29 @@ def _seeded() -> MemoryStore:
 
 
 def _dump(store: MemoryStore) -> tuple[object, ...]:
+    """What a reader sees: no entry below a partition's low-water mark."""
+    marks = {tp: p.low_water for tp, p in store.positions("q").items() if p.low_water is not None}
     return (
-        dict(store.entry_values("q")),
+        dict(store.entry_values("q", below=marks)),
         [bm for bm, _ in store.messages("q")],
         store.positions("q"),
     )
 
 
 @settings(max_examples=300, deadline=None)
-@given(round_changes())
+@given(round_changes(), st.booleans())
 def test_a_rounds_records_and_batch_say_what_its_changes_say_one_by_one(
-    changes: list[Change],
+    changes: list[Change], swept: bool
 ) -> None:
     q = queue_config()
     now_ms = int(NOW * 1000)
 
-    # the round, as it writes them
+    # the round, as it writes them (swept: its marks are not far enough past the last range
+    # delete of entries for one of their own, so the tombstones' entries stay, hidden)
     store = _seeded()
     rt = new_runtime(q)
+    if swept:
+        rt.entries_swept = {TopicPartition(TOPIC, p): 0 for p in range(PARTITIONS)}
     r = Round(store, MemoryChangelog(), Clock(NOW))
     r.record(rt, Effects(list(changes), []))
     store.write(r.batch)
@@ -127,3 +132,34 @@ def test_a_rounds_records_and_batch_say_what_its_changes_say_one_by_one(
             written.extend((ck.partition, ck.offset + i, value) for i in range(ck.length))
     assert written == records
     assert rt.counters.acked == reference.counters.acked
+
+
+def test_the_entries_a_mark_passes_go_in_one_range_delete_every_entry_sweep_offsets() -> None:
+    q = queue_config()
+    store = MemoryStore()
+    rt = new_runtime(q)
+    tp = TopicPartition(TOPIC, 0)
+    rt.entries_swept[tp] = 0
+    step = ENTRY_SWEEP // 4
+    for first in range(0, ENTRY_SWEEP, step):
+        bm = Bookmark(TOPIC, 0, first)
+        r = Round(store, MemoryChangelog(), Clock(NOW))
+        leased = [
+            Leased(bm._replace(offset=o), "s1", NOW + 30, 1, 0) for o in range(first, first + step)
+        ]
+        r.record(rt, Effects(leased, []))
+        store.write(r.batch)
+        r = Round(store, MemoryChangelog(), Clock(NOW))
+        done = [Done(c.bookmark, DoneReason.ACKED, 1, 0, NOW) for c in leased]
+        forget = Forget(bm, step)
+        r.record(rt, Effects([*done, forget, LowWater(tp, first + step)], []))
+        store.write(r.batch)
+        assert [(f.topic, f.partition, v) for (f, v) in store.entries("q")] == []
+        # the tombstones went to the changelog all the same
+        assert any(value is None for _t, _k, value in r.records)
+        kept = len(store._data["entries"])
+        if first + step < ENTRY_SWEEP:
+            assert kept == first + step  # kept below the mark, hidden
+        else:
+            assert kept == 0  # the mark is ENTRY_SWEEP past the last sweep: one range delete
+            assert rt.entries_swept[tp] == first + step

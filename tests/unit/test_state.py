@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from layer.codec import ChangeKind, encode_change
-from layer.engine.model import Bookmark, Done, DoneReason, Leased, TopicPartition
+from layer.engine.model import Bookmark, Done, DoneReason, Leased, LowWater, TopicPartition
 from layer.exceptions import SerializationError, StateError
 from layer.state import (
     EntryState,
@@ -27,6 +27,7 @@ from layer.state import (
     discard_state_dir,
 )
 from layer.state.base import KeyValueStore, message_key
+from layer.state.recovery import _Restorer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -648,3 +649,37 @@ def test_runs_of_one_value_put_and_delete_each_key_and_later_operations_win(
         Bookmark("t", 0, 4): b"leased",
         Bookmark("t", 0, 5): b"leased",
     }
+
+
+def test_entries_below_the_low_water_mark_are_not_read(store: KeyValueStore) -> None:
+    # the live path leaves the entries a mark passed in the store until one range delete
+    # (layer.coordinator.round.ENTRY_SWEEP): a reader never takes them
+    tp, other = TopicPartition("a", 0), TopicPartition("a", 1)
+    batch = StoreBatch()
+    batch.put_entry_values("q", tp, 0, 6, entry(1).encode())
+    batch.put_entry_values("q", other, 0, 2, entry(1).encode())
+    batch.put_low_water("q", tp, 4)
+    store.write(batch)
+    assert [bm for bm, _ in store.entries("q")] == [
+        Bookmark("a", 0, 4),
+        Bookmark("a", 0, 5),
+        Bookmark("a", 1, 0),
+        Bookmark("a", 1, 1),
+    ]
+
+
+def test_a_position_tombstone_deletes_the_entries_its_mark_hid(store: KeyValueStore) -> None:
+    # as the live path leaves them: entries below the mark, not deleted yet
+    tp = TopicPartition("a", 0)
+    batch = StoreBatch()
+    batch.put_entry_values("q", tp, 0, 6, entry(1).encode())
+    batch.put_low_water("q", tp, 4)
+    store.write(batch)
+    assert [bm.offset for bm, _ in store.entries("q")] == [4, 5]
+    key, _value = encode_change("q", LowWater(tp, 4))
+    batch = StoreBatch()
+    # replayed from the changelog, the mark goes: what it hid must not come back
+    _Restorer(store, "changelog", None).apply(batch, key, None, 0, 1)
+    store.write(batch)
+    assert tp not in store.positions("q")
+    assert [bm.offset for bm, _ in store.entries("q")] == [4, 5]
