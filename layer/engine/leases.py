@@ -163,52 +163,60 @@ class Leases(EngineBase):
         items = part.items
         done = 0
         offset = first
-        while offset <= last:
-            i = part.find(offset)
-            run = items[i] if i >= 0 else None
-            if type(run) is Run:
-                detail = run.detail
-                end = min(last + 1, run.start + run.count)
-                for o in range(offset, end):
-                    entry = detail.get(o)
-                    if (
-                        entry is None
-                        or entry.holder is not sub
-                        or entry.state != LEASED
-                        or entry.group is not None
-                        or entry.ckey is not None
-                    ):
-                        offset = o  # taken one at a time below
-                        break
-                    del leases[entry]
-                    del detail[o]
-                    entry.holder = None
-                    entry.deadline = None
-                    entry.state = DONE
-                    cancels = entry.cancels
-                    changes.append(Done(entry.bookmark, reason, entry.deliveries, cancels, now))
-                    done += 1
-                else:
-                    offset = end
-                    continue
-            error = ack_at(sub, part, offset, op, now, seconds)
-            if error is not None:
-                failures.append((offset, error))
-            offset += 1
-        if done:
-            # what _release and _emit_done do per message, for the span's ``done`` at once
-            sub.outstanding -= done
-            self._leased -= done
-            self._done_total += done
-            if reason.dead_letter:
-                self._dead_total += done
-            if sub.name in self._subs:
-                deferred = self._deferred
-                if deferred is None:
-                    self._picker.update(sub)
-                else:
-                    deferred[sub.index] = sub
-            self._touch(part)
+        try:
+            while offset <= last:
+                i = part.find(offset)
+                run = items[i] if i >= 0 else None
+                if type(run) is Run:
+                    detail = run.detail
+                    end = min(last + 1, run.start + run.count)
+                    for o in range(offset, end):
+                        entry = detail.get(o)
+                        if (
+                            entry is None
+                            or entry.holder is not sub
+                            or entry.state != LEASED
+                            or entry.group is not None
+                            or entry.ckey is not None
+                        ):
+                            offset = o  # taken one at a time below
+                            break
+                        del leases[entry]
+                        del detail[o]
+                        entry.holder = None
+                        entry.deadline = None
+                        entry.state = DONE
+                        cancels = entry.cancels
+                        changes.append(Done(entry.bookmark, reason, entry.deliveries, cancels, now))
+                        done += 1
+                    else:
+                        offset = end
+                        continue
+                if done:  # the counters right before anything reads them
+                    self._spanned(sub, part, reason, done)
+                    done = 0
+                error = ack_at(sub, part, offset, op, now, seconds)
+                if error is not None:
+                    failures.append((offset, error))
+                offset += 1
+        finally:
+            if done:
+                self._spanned(sub, part, reason, done)
+
+    def _spanned(self, sub: Subscriber, part: PartitionState, reason: DoneReason, n: int) -> None:
+        """What ``_release`` and ``_emit_done`` do per message, for ``n`` of ``_ack_span``'s."""
+        sub.outstanding -= n
+        self._leased -= n
+        self._done_total += n
+        if reason.dead_letter:
+            self._dead_total += n
+        if sub.name in self._subs:
+            deferred = self._deferred
+            if deferred is None:
+                self._picker.update(sub)
+            else:
+                deferred[sub.index] = sub
+        self._touch(part)
 
     def _release_slot(self, sub: Subscriber, bm: Bookmark) -> AckError | None:
         """At-most-once: an ack only gives the subscription its backlog slot back."""
