@@ -134,6 +134,9 @@ class EngineBase:
     def _release(self, entry: Entry) -> None:
         raise NotImplementedError
 
+    def _touch(self, part: PartitionState) -> None:
+        raise NotImplementedError
+
     def _requeue(self, entry: Entry) -> None:
         raise NotImplementedError
 

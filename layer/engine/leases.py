@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from layer.engine.base import EngineBase
 from layer.engine.fairness import Subscriber
-from layer.engine.index import Entry
+from layer.engine.index import DONE, LEASED, Entry
 from layer.engine.model import (
     AckError,
     AckOp,
     Bookmark,
+    Done,
     DoneReason,
     Returned,
     ReturnReason,
@@ -131,6 +132,91 @@ class Leases(EngineBase):
             entry.deadline = deadline
             self._leases.push(entry, deadline)
         return None
+
+    def _ack_span(
+        self,
+        sub: Subscriber | None,
+        part: PartitionState,
+        first: int,
+        last: int,
+        op: AckOp,
+        now: float,
+        seconds: float,
+        failures: list[tuple[int, AckError]],
+    ) -> None:
+        """``_ack_at`` of each offset of ``[first, last]`` in order, the refused ones added to
+        ``failures``. An ack or expire of the subscription's own leases in a run (what a
+        consumer sends back: the messages it was handed, in order) is taken a span at a time:
+        one lookup for the part of the span a run holds, each lease ended and its Done made in
+        one loop, the counters and the picker told once. What is not that (another holder, a
+        group or conflation key, no entry) goes through ``_ack_at``."""
+        ack_at = self._ack_at
+        if sub is None or (op is not AckOp.ACK and op is not AckOp.EXPIRE):
+            for offset in range(first, last + 1):
+                error = ack_at(sub, part, offset, op, now, seconds)
+                if error is not None:
+                    failures.append((offset, error))
+            return
+        reason = DoneReason.ACKED if op is AckOp.ACK else DoneReason.CONSUMER_EXPIRE
+        leases = sub.leases
+        changes = self._changes
+        items = part.items
+        done = 0
+        offset = first
+        try:
+            while offset <= last:
+                i = part.find(offset)
+                run = items[i] if i >= 0 else None
+                if type(run) is Run:
+                    detail = run.detail
+                    end = min(last + 1, run.start + run.count)
+                    for o in range(offset, end):
+                        entry = detail.get(o)
+                        if (
+                            entry is None
+                            or entry.holder is not sub
+                            or entry.state != LEASED
+                            or entry.group is not None
+                            or entry.ckey is not None
+                        ):
+                            offset = o  # taken one at a time below
+                            break
+                        del leases[entry]
+                        del detail[o]
+                        entry.holder = None
+                        entry.deadline = None
+                        entry.state = DONE
+                        cancels = entry.cancels
+                        changes.append(Done(entry.bookmark, reason, entry.deliveries, cancels, now))
+                        done += 1
+                    else:
+                        offset = end
+                        continue
+                if done:  # the counters right before anything reads them
+                    self._spanned(sub, part, reason, done)
+                    done = 0
+                error = ack_at(sub, part, offset, op, now, seconds)
+                if error is not None:
+                    failures.append((offset, error))
+                offset += 1
+        finally:
+            if done:
+                self._spanned(sub, part, reason, done)
+
+    def _spanned(self, sub: Subscriber, part: PartitionState, reason: DoneReason, n: int) -> None:
+        """What ``_release`` and ``_emit_done`` do per message, for ``n`` of ``_ack_span``'s."""
+        sub.outstanding -= n
+        self._leased -= n
+        self._done_total += n
+        if reason.dead_letter:
+            self._dead_total += n
+        if sub.name in self._subs:
+            deferred = self._deferred
+            if deferred is None:
+                self._picker.update(sub)
+            else:
+                deferred[sub.index] = sub
+        self._touch(part)
 
     def _release_slot(self, sub: Subscriber, bm: Bookmark) -> AckError | None:
         """At-most-once: an ack only gives the subscription its backlog slot back."""

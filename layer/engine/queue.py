@@ -476,17 +476,14 @@ class QueueEngine(Queries, Holding, Leases, Intake):
             for i in range(0, len(runs), 2):
                 failures.extend((o, _UNKNOWN) for o in range(runs[i], runs[i + 1] + 1))
             return failures
-        ack_at = self._ack_at
+        ack_span = self._ack_span
         # The picker hears of the freed slots once per subscription, when the batch is
         # through, not once per message: nothing picks while acks are taken.
         deferred: dict[int, Subscriber] = {}
         self._deferred = deferred
         try:
             for i in range(0, len(runs), 2):
-                for offset in range(runs[i], runs[i + 1] + 1):
-                    error = ack_at(sub, part, offset, op, now, seconds)
-                    if error is not None:
-                        failures.append((offset, error))
+                ack_span(sub, part, runs[i], runs[i + 1], op, now, seconds, failures)
         finally:
             self._deferred = None
             for freed in deferred.values():

@@ -313,7 +313,14 @@ class EngineMachine(RuleBasedStateMachine):
     def ack(self, data: st.DataObject, op: AckOp, seconds: float, own: int) -> None:
         name = data.draw(st.sampled_from(sorted(self.backlogs)))
         outstanding = self.engine.outstanding(name)
-        if own and outstanding:  # mostly ack what the subscription holds, as consumers do
+        if own == 3 and outstanding:
+            # all it holds at once, as a consumer's batched acks do (whole spans of a run in
+            # one step, ``_ack_span``), now and then with one more bookmark of the topic
+            bookmarks = list(outstanding)
+            extra = [Bookmark(TOPIC, p, o) for p in PARTITIONS for o in range(len(self.log[p]))]
+            if extra and data.draw(st.booleans(), label="and one more"):
+                bookmarks.append(data.draw(st.sampled_from(extra)))
+        elif own and outstanding:  # mostly ack what the subscription holds, as consumers do
             candidates = list(outstanding)
             bookmarks = data.draw(st.lists(st.sampled_from(candidates), min_size=1, max_size=3))
         else:
