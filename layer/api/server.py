@@ -1008,8 +1008,9 @@ class ApiServer:
         self, context: grpc.aio.ServicerContext, sink: _StreamSink, batch: bool, columns: bool
     ) -> None:
         """The stream's one writer. To a client that takes Batch frames (``batch``), what
-        piled up goes as one gRPC message: each write costs the coordinator ~100 µs of CPU on
-        this machine, as much as encoding a hundred messages. To one that takes message
+        piled up goes as one gRPC message: each write costs the coordinator ~30 µs of CPU on
+        a quiet machine (100-120 µs at load 11), as much as encoding fifty to two hundred
+        messages. To one that takes message
         columns (``columns``), Messages go as MessageColumns."""
         while True:
             messages: list[DeliveredMessage] = []
