@@ -29,11 +29,7 @@ class Leases(EngineBase):
         del sub.leases[entry]
         sub.outstanding -= 1
         if sub.name in self._subs:
-            deferred = self._deferred
-            if deferred is None:
-                self._picker.update(sub)
-            else:
-                deferred[sub.index] = sub
+            self._repick(sub)
             self._router.returned(sub, entry.group)
         self._leased -= 1
         entry.holder = None
@@ -211,12 +207,16 @@ class Leases(EngineBase):
         if reason.dead_letter:
             self._dead_total += n
         if sub.name in self._subs:
-            deferred = self._deferred
-            if deferred is None:
-                self._picker.update(sub)
-            else:
-                deferred[sub.index] = sub
+            self._repick(sub)
         self._touch(part)
+
+    def _repick(self, sub: Subscriber) -> None:
+        """The picker learns ``sub``'s room changed: now, or at the end of a deferred pass."""
+        deferred = self._deferred
+        if deferred is None:
+            self._picker.update(sub)
+        else:
+            deferred[sub.index] = sub
 
     def _release_slot(self, sub: Subscriber, bm: Bookmark) -> AckError | None:
         """At-most-once: an ack only gives the subscription its backlog slot back."""
