@@ -416,6 +416,11 @@ class AckBatcher(Generic[W]):
         return self._first_pending_at
 
     @property
+    def in_flight(self) -> int:
+        """Batches sent and not answered yet."""
+        return len(self._in_flight)
+
+    @property
     def last_request_id(self) -> int:
         return self._next_id - 1
 

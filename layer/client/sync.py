@@ -149,8 +149,12 @@ class Message(MessageBase):
         self._op(AckOp.EXTEND, seconds, wait, timeout)
 
     def _op(self, op: AckOp, seconds: float, wait: bool, timeout: float | None) -> None:
-        if not self.barrier:
+        if self._d.barrier:
+            return
+        if wait:
             self._subscription._operate(op, self._id, seconds, wait, timeout, self._epoch)
+        else:  # the usual msg.ack(): queued under the lock, nothing to wait for or complete
+            self._subscription._queue_op(op, self._id, seconds, self._epoch)
 
 
 class Subscription(SubscriptionFields):
@@ -333,6 +337,15 @@ class Subscription(SubscriptionFields):
         if waiter is not None:
             waiter.result(timeout)  # raises the LeaseError, ClientError or TimeoutError
 
+    def _queue_op(self, op: AckOp, bookmark: Bookmark, seconds: float, epoch: int) -> None:
+        """``_operate`` without a waiter, for a message's own operation (``msg.ack()``)."""
+        with self._cond:
+            size = self._core.operate_unwaited(op, bookmark, seconds, epoch)
+            if size >= ACK_BATCH_SIZE:
+                self._send_locked()
+            elif size == 1:
+                self._cond.notify_all()  # start the flusher's clock
+
     def _send_pending(self) -> None:
         with self._cond:
             self._send_locked()
@@ -463,10 +476,14 @@ class Subscription(SubscriptionFields):
                     self._on_reconnect(event)
                     continue
                 with self._cond:
+                    in_flight = self._core.in_flight
                     out = self._core.on_frame(frame, time.monotonic())
                     for check in self._core.take_checks():
                         requests.put(check)
-                    self._cond.notify_all()
+                    if out.done or self._core.in_flight != in_flight:
+                        # acks answered (a flush() may wait for them) or a replace: not for
+                        # every frame, which would wake the flusher for nothing
+                        self._cond.notify_all()
                 self._apply(out)
         except grpc.RpcError as exc:
             if not self._core.closing:  # once closing, how the call ended no longer matters

@@ -205,6 +205,39 @@ def test_acks_of_messages_from_an_earlier_connection_are_not_sent() -> None:
     assert [f.bookmarks for f in c.take()] == [["t/0/3", "t/0/4"]]
 
 
+def test_a_message_operation_nobody_waits_for_is_queued_as_operate_queues_it() -> None:
+    """``operate_unwaited`` (a consumer's ``msg.ack()``) and ``operate`` without a waiter
+    make the same frames and the same counts, through reconnects, mixed ops and stale
+    messages; a closed subscription refuses both."""
+    rng = random.Random(7)
+    fast, slow = core(), core()
+    ops = [AckOp.ACK, AckOp.ACK, AckOp.ACK, AckOp.CANCEL, AckOp.EXTEND]
+    sent_fast: list[Ack] = []
+    sent_slow: list[Ack] = []
+    for step in range(600):
+        if step % 150 == 149:  # a reconnect: earlier messages' leases are gone
+            for c in (fast, slow):
+                c.lost(ConnectionLost("gone"), now=float(step))
+                c.on_subscribed(Subscribed("s", 5, 60.0), "a:1", now=float(step) + 0.5)
+        op = rng.choice(ops)
+        seconds = 0.0 if op == AckOp.ACK else float(rng.randint(0, 2))
+        bookmark = Bookmark("t", rng.randint(0, 2), rng.randint(0, 50))
+        epoch = fast.epoch if rng.random() < 0.9 else fast.epoch - 1
+        size = fast.operate_unwaited(op, bookmark, seconds, epoch)
+        slow_size, out = slow.operate(op, bookmark, seconds, None, epoch)
+        assert size == slow_size and not out.done
+        if rng.random() < 0.05:
+            sent_fast += fast.take()
+            sent_slow += slow.take()
+    sent_fast += fast.take()
+    sent_slow += slow.take()
+    assert sent_fast == sent_slow and sent_fast
+    assert fast.unconfirmed_acks == slow.unconfirmed_acks > 0
+    fast.end(None)
+    with pytest.raises(ClientError):
+        fast.operate_unwaited(AckOp.ACK, Bookmark("t", 0, 1), 0.0, fast.epoch)
+
+
 def test_replace_bookkeeping_and_resubscribe_with_the_new_spec() -> None:
     c = core()
     frames = c.replace("w", "q2", "/x > 1", 9)
