@@ -123,12 +123,17 @@ class AsyncMessage(MessageBase):
     def __init__(
         self, subscription: AsyncSubscription, delivered: DeliveredMessage, epoch: int = 0
     ) -> None:
-        super().__init__(delivered)
+        # MessageBase's two fields set here, not through its __init__: one call less a message
+        self._d = delivered
+        self._id = delivered.bookmark
         self._subscription = subscription
         self._epoch = epoch
 
     async def ack(self, wait: bool = False, timeout: float | None = None) -> None:
-        await self._op(AckOp.ACK, 0.0, wait, timeout)
+        if wait:
+            await self._op(AckOp.ACK, 0.0, wait, timeout)
+        elif not self._d.barrier:  # the usual ``await msg.ack()``: straight to the batch
+            self._subscription._queue_op(AckOp.ACK, self._id, 0.0, self._epoch)
 
     async def cancel(
         self, delay: float | None = None, wait: bool = False, timeout: float | None = None

@@ -128,12 +128,17 @@ class Message(MessageBase):
     def __init__(
         self, subscription: Subscription, delivered: DeliveredMessage, epoch: int = 0
     ) -> None:
-        super().__init__(delivered)
+        # MessageBase's two fields set here, not through its __init__: one call less a message
+        self._d = delivered
+        self._id = delivered.bookmark
         self._subscription = subscription
         self._epoch = epoch
 
     def ack(self, wait: bool = False, timeout: float | None = None) -> None:
-        self._op(AckOp.ACK, 0.0, wait, timeout)
+        if wait:
+            self._op(AckOp.ACK, 0.0, wait, timeout)
+        elif not self._d.barrier:  # the usual msg.ack(): straight to the batch
+            self._subscription._queue_op(AckOp.ACK, self._id, 0.0, self._epoch)
 
     def cancel(
         self, delay: float | None = None, wait: bool = False, timeout: float | None = None
@@ -182,7 +187,9 @@ class Subscription(SubscriptionFields):
             queue_name, max_backlog, filter, client._client_name, client._addresses, client._policy
         )
         self._timeout = client._timeout
-        self._cond = threading.Condition()
+        # _mutex is _cond's lock: the hot paths take it without Condition's own method call
+        self._mutex = threading.RLock()
+        self._cond = threading.Condition(self._mutex)
         # a frame's messages go through the queue as one list, taken one by one from _ready
         # a shard's subscription shares its partitioned subscription's buffer (and says which
         # one ended: ``Ended``)
@@ -222,7 +229,7 @@ class Subscription(SubscriptionFields):
                     item = ready.popleft()
                 except IndexError:  # another thread took the last one
                     continue
-                if item.barrier or item._epoch == self._core.epoch:
+                if item._d.barrier or item._epoch == self._core.epoch:
                     return item  # else its lease ended with its connection: it will come back
                 continue
             if self._buffer.empty():
@@ -339,7 +346,7 @@ class Subscription(SubscriptionFields):
 
     def _queue_op(self, op: AckOp, bookmark: Bookmark, seconds: float, epoch: int) -> None:
         """``_operate`` without a waiter, for a message's own operation (``msg.ack()``)."""
-        with self._cond:
+        with self._mutex:
             size = self._core.operate_unwaited(op, bookmark, seconds, epoch)
             if size >= ACK_BATCH_SIZE:
                 self._send_locked()
