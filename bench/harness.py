@@ -173,17 +173,25 @@ class Recorder:
     """One consumer's view of the run: its slot in the shared counters and its latencies.
 
     The system's consumer calls ``delivered`` on every delivery and ``acked`` after every ack (or,
-    for raw Kafka, after every consumed batch: there is no ack).
+    for raw Kafka, after every consumed batch: there is no ack). The process's CPU time (every
+    thread: the client library's own included) is counted from ``ready`` to the consumer's end.
     """
 
-    def __init__(self, index: int, shared: tuple[Any, Any, Any, Any]) -> None:
+    def __init__(self, index: int, shared: tuple[Any, Any, Any, Any, Any]) -> None:
         self.index = index
-        self._acks, self._last, self._redelivered, self._ready = shared
+        self._acks, self._last, self._redelivered, self._ready, self._cpu = shared
         self.latencies = array("d")
+        self._cpu_at_ready: float | None = None
 
     def ready(self) -> None:
         """The consumer is subscribed: the driver may start publishing."""
+        self._cpu_at_ready = time.process_time()
         self._ready[self.index] = 1
+
+    def ended(self) -> None:
+        """The consumer returned: its CPU time since ``ready`` goes into the shared slot."""
+        if self._cpu_at_ready is not None:
+            self._cpu[self.index] = time.process_time() - self._cpu_at_ready
 
     def delivered(self, body: bytes, redelivered: bool = False) -> None:
         self.latencies.append(time.time() - publish_time(body))
@@ -200,13 +208,14 @@ def _consumer_main(
     module: str,
     target: dict[str, Any],
     index: int,
-    shared: tuple[Any, Any, Any, Any],
+    shared: tuple[Any, Any, Any, Any, Any],
     stop: Any,
     out: str,
 ) -> None:
     """A consumer process: consume ``target`` with the system in ``module`` until ``stop``."""
     rec = Recorder(index, shared)
     importlib.import_module(module).consume(target, rec, stop)
+    rec.ended()
     Path(out).write_bytes(rec.latencies.tobytes())
 
 
@@ -215,13 +224,18 @@ class Collected:
     acked: int
     redelivered: int
     latencies: array[float]
+    cpu_s: float  # the consumer processes' CPU time from subscribed to stopped, summed
+
+    def cpu_us_per_msg(self, messages: int) -> float:
+        """The consumers' CPU per message (µs): the client's cost and the harness's own."""
+        return round(self.cpu_s / max(1, messages) * 1e6, 1)
 
 
 class ConsumerPool:
     """``consumers`` processes consuming and acking ``target``; counts shared through memory.
 
     Each process owns one slot of the shared arrays (acks counted, wall time of its last ack,
-    redeliveries seen, ready flag), so no locks are needed. Latencies go through a file at the end.
+    redeliveries seen, ready flag, CPU seconds), so no locks are needed. Latencies go through a file at the end.
     """
 
     def __init__(self, module: str, target: dict[str, Any], consumers: int) -> None:
@@ -231,6 +245,7 @@ class ConsumerPool:
         self.last = ctx.Array("d", consumers, lock=False)
         self.redelivered = ctx.Array("q", consumers, lock=False)
         self.ready = ctx.Array("b", consumers, lock=False)
+        self.cpu = ctx.Array("d", consumers, lock=False)
         self.stop = ctx.Event()
         self.procs = [
             ctx.Process(
@@ -239,7 +254,7 @@ class ConsumerPool:
                     module,
                     target,
                     i,
-                    (self.acks, self.last, self.redelivered, self.ready),
+                    (self.acks, self.last, self.redelivered, self.ready, self.cpu),
                     self.stop,
                     str(self._dir / f"latencies-{i}"),
                 ),
@@ -299,7 +314,7 @@ class ConsumerPool:
         latencies = array("d")
         for i in range(len(self.procs)):
             latencies.frombytes((self._dir / f"latencies-{i}").read_bytes())
-        return Collected(sum(self.acks), sum(self.redelivered), latencies)
+        return Collected(sum(self.acks), sum(self.redelivered), latencies, sum(self.cpu))
 
     def _shutdown(self) -> None:
         self.stop.set()
@@ -356,6 +371,8 @@ def throughput(system: System, n: int, size: int, consumers: int = CONSUMERS) ->
         "unacked_after": left,
         # saturated: this is mostly how long messages waited in the queue, not the delivery path
         "latency_saturated": percentiles(got.latencies),
+        # every consumer process's CPU (client library and harness) over the messages
+        "consumer_cpu_us_per_msg": got.cpu_us_per_msg(n),
         **observed,
         "loadavg_before": load_before,
         "loadavg_after": loadavg(),
@@ -412,6 +429,7 @@ def latency(
         "latency": measured if sustained else None,
         "redelivered": got.redelivered,
         "unacked_after": left,
+        "consumer_cpu_us_per_msg": got.cpu_us_per_msg(pub.count),
         **observed,
         "loadavg_before": load_before,
         "loadavg_after": loadavg(),

@@ -91,6 +91,27 @@ def _row(label: str, cells: dict[str, Cell], higher_better: bool, columns: list[
     return f"| {label} | " + " | ".join(shown) + f" | {vs_peer} | {vs_ceiling} |"
 
 
+def _consumer_cpu_rows(results: dict[str, Any], columns: list[str]) -> list[str]:
+    """ "consumer CPU per message": the 4 consumer processes' CPU (client library and the
+    harness's own, the same for every system) over the messages of each throughput run; none
+    for results written before it was measured."""
+    sizes = results["workload"]["sizes"]
+    cells: dict[str, Cell] = {}
+    for s, runs in results.get("throughput", {}).items():
+        cpu = [r.get("consumer_cpu_us_per_msg") for r in runs[: len(sizes)]]
+        if len(cpu) == len(sizes) and all(c is not None for c in cpu):
+            # compared on the first size; every size shown
+            cells[s] = (float(cpu[0]), " / ".join(f"{c:.0f}" for c in cpu))  # type: ignore[arg-type]
+    if not cells:
+        return []
+    label = (
+        "consumer CPU per message in those runs, "
+        + " / ".join(f"{size:,} B" for size in sizes)
+        + " (µs, all consumer processes)"
+    )
+    return [_row(label, cells, False, columns)]
+
+
 def _memory_rows(results: dict[str, Any], columns: list[str]) -> list[str]:
     """RSS (and the peers' disk) per queued message, ingest, and the restarts with them queued.
 
@@ -194,6 +215,7 @@ def markdown(results: dict[str, Any], source: Path | str | None = None) -> str:
                 columns,
             )
         )
+    rows += _consumer_cpu_rows(results, columns)
     for i, rate in enumerate(w["latency_rates"] if results.get("latency") else ()):
         for key, name in (("p50_ms", "p50"), ("p99_ms", "p99"), ("p999_ms", "p99.9")):
             label = f"latency at {rate:,.0f} msg/s offered, {name} (ms)"

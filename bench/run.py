@@ -273,7 +273,16 @@ class Run:
 def _fmt_tp(r: dict[str, Any]) -> str:
     if "msgs_per_s" not in r:
         return r.get("error") or r.get("skipped", "?")
-    return f"{r['msgs_per_s']:,} msg/s (saturated p50 {r['latency_saturated'].get('p50_ms')} ms)"
+    cpu = []
+    if "coordinator_cpu_us_per_msg" in r:
+        cpu.append(f"coordinator {r['coordinator_cpu_us_per_msg']} µs/msg")
+    if "consumer_cpu_us_per_msg" in r:  # absent in results written before it was measured
+        cpu.append(f"consumers {r['consumer_cpu_us_per_msg']} µs/msg")
+    return (
+        f"{r['msgs_per_s']:,} msg/s (saturated p50 {r['latency_saturated'].get('p50_ms')} ms"
+        + "".join(f", {c}" for c in cpu)
+        + ")"
+    )
 
 
 def _fmt_lat(r: dict[str, Any]) -> str:

@@ -9,7 +9,12 @@ others. Measured over that phase alone, with psutil's CPU times (user + system) 
 process (the consumers' summed):
 
 - coordinator µs/msg: what leasing, sending and taking acks cost the server;
-- consumer µs/msg: what receiving, decoding and acking cost the client process.
+- consumer µs/msg: what receiving, decoding and acking cost the client process, and how that
+  splits over its threads (``consumer_threads_us_per_msg``, from ``/proc``'s per-thread times,
+  10 ms ticks): the consumer's own (``MainThread``), the subscription's runner
+  (``qlayer-sub-*``), its flusher, and grpc's (``Thread-1 (_run)``: the channel's spin thread,
+  which receives and decodes; ``Thread-2 (_run)``: the one writing the request iterator's
+  frames; ``event_engine``: its poller).
 
 Each figure is the median of ``--runs`` runs (a fresh queue each). The raw results go to
 ``bench/results/wire-cpu-<time>.json``.
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -38,6 +44,26 @@ from bench.profile import Sampler, compact, render, summarize
 from connectors import EmbeddedBroker
 
 RESULTS = cpu_result.RESULTS
+
+
+def thread_ticks() -> dict[str, int]:
+    """CPU clock ticks (user + system) of each thread of this process, by thread name."""
+    import os
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    ticks: dict[str, int] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        name = names.get(int(tid), comm)
+        ticks[name] = ticks.get(name, 0) + int(fields[11]) + int(fields[12])
+    return ticks
 
 
 def consume(address: str, queue: str, n: int, window: int) -> None:
@@ -68,6 +94,7 @@ def consume(address: str, queue: str, n: int, window: int) -> None:
     SubscriptionCore.on_frame = counting  # type: ignore[method-assign]
     me = psutil.Process()
     with QueueClient(address) as client, client.subscribe(queue, max_backlog=window) as sub:
+        ticks0 = thread_ticks()
         t0, wall0 = me.cpu_times(), time.monotonic()
         got = 0
         while got < n:
@@ -78,10 +105,23 @@ def consume(address: str, queue: str, n: int, window: int) -> None:
             got += 1
         sub.flush(timeout=60)
         t1, wall1 = me.cpu_times(), time.monotonic()
+        ticks1 = thread_ticks()  # before the subscription's threads end
     cpu = (t1.user - t0.user) + (t1.system - t0.system)
+    tick = os.sysconf("SC_CLK_TCK")
+    threads = {
+        name: (count - ticks0.get(name, 0)) / tick
+        for name, count in ticks1.items()
+        if count - ticks0.get(name, 0)
+    }
     print(
         json.dumps(
-            {"consumer_cpu_s": cpu, "wall_s": wall1 - wall0, "messages": got, "frames": frames}
+            {
+                "consumer_cpu_s": cpu,
+                "wall_s": wall1 - wall0,
+                "messages": got,
+                "frames": frames,
+                "threads_cpu_s": threads,
+            }
         )
     )
 
@@ -154,9 +194,12 @@ def one_run(
         consumer_cpu = sum(c["consumer_cpu_s"] for c in each)
         wall = max(c["wall_s"] for c in each)
         frames: dict[str, int] = {}
+        threads: dict[str, float] = {}
         for c in each:
             for kind, count in c["frames"].items():
                 frames[kind] = frames.get(kind, 0) + count
+            for name, seconds in c.get("threads_cpu_s", {}).items():
+                threads[name] = threads.get(name, 0.0) + seconds
         return {
             "messages": n,
             "consumers": consumers,
@@ -167,6 +210,10 @@ def one_run(
             "consume_wall_s": round(wall, 2),
             "msgs_per_s": round(n / wall),
             "frames_received": frames,
+            "consumer_threads_us_per_msg": {
+                name: round(seconds / n * 1e6, 1)
+                for name, seconds in sorted(threads.items(), key=lambda kv: -kv[1])
+            },
         }
     finally:
         system.delete(target)

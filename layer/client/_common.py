@@ -236,6 +236,7 @@ class MessageBase:
     __slots__ = ("_d", "_id")
 
     def __init__(self, delivered: DeliveredMessage) -> None:
+        # (the clients' Message and AsyncMessage set these two themselves: keep them alike)
         self._d = delivered
         self._id = delivered.bookmark  # what an ack sends: no bookmark text to parse again
 
@@ -416,6 +417,11 @@ class AckBatcher(Generic[W]):
         return self._first_pending_at
 
     @property
+    def in_flight(self) -> int:
+        """Batches sent and not answered yet."""
+        return len(self._in_flight)
+
+    @property
     def last_request_id(self) -> int:
         return self._next_id - 1
 
@@ -425,21 +431,22 @@ class AckBatcher(Generic[W]):
 
     def add(self, op: AckOp, bookmark: Bookmark, seconds: float, waiter: W | None) -> int:
         """Queue one operation; returns the size of the batch it joined."""
-        if not self._pending_count:
+        pending = self._pending
+        if pending:
+            last = pending[-1]
+            bookmarks = last.bookmarks
+            if last.op is op and last.seconds == seconds and len(bookmarks) < ACK_FRAME_MAX:
+                # the usual case (an ack after an ack): join the last batch
+                bookmarks.append(bookmark)
+                last.waiters.append(waiter)
+                self._pending_count += 1
+                return len(bookmarks)
+        else:
             self._first_pending_at = time.monotonic()
-        last = self._pending[-1] if self._pending else None
-        if (
-            last is None
-            or last.op != op
-            or last.seconds != seconds
-            or len(last.bookmarks) >= ACK_FRAME_MAX
-        ):
-            last = _Batch(op, seconds)
-            self._pending.append(last)
-        last.bookmarks.append(bookmark)
-        last.waiters.append(waiter)
+        last = _Batch(op, seconds, [bookmark], [waiter])
+        pending.append(last)
         self._pending_count += 1
-        return len(last.bookmarks)
+        return 1
 
     def take(self) -> list[Ack]:
         """The pending batches as frames to send now (they become in flight)."""

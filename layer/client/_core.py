@@ -517,19 +517,35 @@ class SubscriptionCore(Generic[W]):
             if waiter is not None:
                 out.done.append((waiter, None, self._stale(op, bookmark)))
             else:
-                self.unconfirmed_acks += 1
-                if self._stale_logged != self.epoch:
-                    self._stale_logged = self.epoch
-                    log.warning(
-                        "operation on a message delivered before a reconnect not sent "
-                        "queue=%s bookmark=%s op=%s: its lease ended with the connection",
-                        self.queue,
-                        bookmark,
-                        op,
-                        extra={"queue": self.queue, "bookmark": bookmark},
-                    )
+                self._stale_unwaited(op, bookmark)
             return 0, out
         return self._acks.add(op, bookmark, seconds, waiter), out
+
+    def operate_unwaited(self, op: AckOp, bookmark: Bookmark, seconds: float, epoch: int) -> int:
+        """``operate`` for the usual case, a message's own operation nobody waits for (a
+        consumer's ``msg.ack()``): nothing to complete, so no ``Outcome``; returns the size of
+        its batch (0: not queued, its lease ended with an earlier connection)."""
+        if self.ended:
+            raise ClientError(f"subscription to {self.queue!r} is closed; {op} not sent")
+        if epoch != self.epoch:
+            self._stale_unwaited(op, bookmark)
+            return 0
+        return self._acks.add(op, bookmark, seconds, None)
+
+    def _stale_unwaited(self, op: AckOp, bookmark: Bookmark) -> None:
+        """An operation nobody waits for on a message of an earlier connection: not sent,
+        counted in ``unconfirmed_acks`` (and logged once a connection)."""
+        self.unconfirmed_acks += 1
+        if self._stale_logged != self.epoch:
+            self._stale_logged = self.epoch
+            log.warning(
+                "operation on a message delivered before a reconnect not sent "
+                "queue=%s bookmark=%s op=%s: its lease ended with the connection",
+                self.queue,
+                bookmark,
+                op,
+                extra={"queue": self.queue, "bookmark": bookmark},
+            )
 
     def _stale(self, op: AckOp, bookmark: Bookmark | str) -> LeaseLost:
         return LeaseLost(
@@ -545,6 +561,11 @@ class SubscriptionCore(Generic[W]):
     @property
     def first_pending_at(self) -> float:
         return self._acks.first_pending_at
+
+    @property
+    def in_flight(self) -> int:
+        """Ack batches sent and not answered yet (a ``flush()`` waits for some of them)."""
+        return self._acks.in_flight
 
     def take(self) -> list[Ack]:
         """The pending ack batches to send now (none while there is no connection)."""

@@ -14,6 +14,7 @@ import contextlib
 import inspect
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
@@ -128,12 +129,17 @@ class AsyncMessage(MessageBase):
     def __init__(
         self, subscription: AsyncSubscription, delivered: DeliveredMessage, epoch: int = 0
     ) -> None:
-        super().__init__(delivered)
+        # MessageBase's two fields set here, not through its __init__: one call less a message
+        self._d = delivered
+        self._id = delivered.bookmark
         self._subscription = subscription
         self._epoch = epoch
 
     async def ack(self, wait: bool = False, timeout: float | None = None) -> None:
-        await self._op(AckOp.ACK, 0.0, wait, timeout)
+        if wait:
+            await self._op(AckOp.ACK, 0.0, wait, timeout)
+        elif not self._d.barrier:  # the usual ``await msg.ack()``: straight to the batch
+            self._subscription._queue_op(AckOp.ACK, self._id, 0.0, self._epoch)
 
     async def cancel(
         self, delay: float | None = None, wait: bool = False, timeout: float | None = None
@@ -150,9 +156,12 @@ class AsyncMessage(MessageBase):
         await self._op(AckOp.EXTEND, seconds, wait, timeout)
 
     async def _op(self, op: AckOp, seconds: float, wait: bool, timeout: float | None) -> None:
-        if not self.barrier:
-            sub = self._subscription
-            await sub._operate(op, self._id, seconds, wait, timeout, self._epoch)
+        if self._d.barrier:
+            return
+        if wait:
+            await self._subscription._operate(op, self._id, seconds, wait, timeout, self._epoch)
+        else:  # the usual ``await msg.ack()``: queued, nothing to wait for or complete
+            self._subscription._queue_op(op, self._id, seconds, self._epoch)
 
 
 class AsyncSubscription(SubscriptionFields):
@@ -172,9 +181,11 @@ class AsyncSubscription(SubscriptionFields):
             queue_name, max_backlog, filter, client._client_name, client._addresses, client._policy
         )
         self._timeout = client._timeout
+        # a frame's messages go through the queue as one list, taken one by one from _ready;
         # a shard's subscription shares its partitioned subscription's buffer (and says which
         # one ended: ``Ended``)
         self._buffer: asyncio.Queue[Any] = asyncio.Queue() if buffer is None else buffer
+        self._ready: deque[AsyncMessage] = deque()
         self._end: object = _END if buffer is None else Ended(self)
         self._outgoing: asyncio.Queue[ClientFrame | None] = asyncio.Queue()
         self._call: Any = None
@@ -206,24 +217,29 @@ class AsyncSubscription(SubscriptionFields):
         Raises the error that ended it."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
+        ready = self._ready
         while True:
+            if ready:
+                item = ready.popleft()
+                if item.barrier or item._epoch == self._core.epoch:
+                    return item  # else its lease ended with its connection: it will come back
+                continue
             if self._buffer.empty():
                 self._send_pending()  # about to wait: the server must see our acks first
-            if not self._buffer.empty():  # the usual case: no wait, no timer
-                item = self._buffer.get_nowait()
+            if not self._buffer.empty():  # a frame already in: no wait, no timer
+                batch = self._buffer.get_nowait()
             else:
                 wait = None if deadline is None else max(0.0, deadline - loop.time())
                 try:
-                    item = await asyncio.wait_for(self._buffer.get(), wait)
+                    batch = await asyncio.wait_for(self._buffer.get(), wait)
                 except TimeoutError:
                     return None
-            if item is _END:
-                self._buffer.put_nowait(item)
+            if batch is _END:
+                self._buffer.put_nowait(batch)
                 if self._core.error is not None:
                     raise self._core.error.with_traceback(None)
                 return None
-            if item.barrier or item._epoch == self._core.epoch:
-                return item  # else its lease ended with its connection: it will come back
+            ready.extend(batch)
 
     def __aiter__(self) -> AsyncIterator[AsyncMessage]:
         return self._iterate()
@@ -316,6 +332,16 @@ class AsyncSubscription(SubscriptionFields):
         if waiter is not None:
             await asyncio.wait_for(waiter, timeout)
 
+    def _queue_op(self, op: AckOp, bookmark: Bookmark, seconds: float, epoch: int) -> None:
+        """``_operate`` without a waiter, for a message's own operation (``msg.ack()``)."""
+        size = self._core.operate_unwaited(op, bookmark, seconds, epoch)
+        if size >= ACK_BATCH_SIZE:
+            self._send_pending()
+        elif size and self._flush_timer is None:
+            self._flush_timer = asyncio.get_running_loop().call_later(
+                ACK_FLUSH_INTERVAL_S, self._send_pending
+            )
+
     def _send_pending(self) -> None:
         if self._flush_timer is not None:
             self._flush_timer.cancel()
@@ -326,8 +352,9 @@ class AsyncSubscription(SubscriptionFields):
     # --- the connection -----------------------------------------------------------------------
 
     def _apply(self, out: Outcome[_Waiter]) -> None:
-        for delivered in out.messages:
-            self._buffer.put_nowait(AsyncMessage(self, delivered, self._core.epoch))
+        if out.messages:  # one queue item a frame, not one a message
+            epoch = self._core.epoch
+            self._buffer.put_nowait([AsyncMessage(self, d, epoch) for d in out.messages])
         for waiter, value, error in out.done:
             if waiter.done():  # its caller gave up waiting
                 continue

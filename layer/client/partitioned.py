@@ -22,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, TypeVar
 
 from layer.api.service import AckFailure
 from layer.client._common import KEEP, Keep
@@ -403,7 +403,9 @@ class AsyncMergedSubscription(ShardsFields["AsyncSubscription"]):
 
     def __init__(self, queue_name: str) -> None:
         self._queue = queue_name
+        # each stream's frames as lists of messages (and its ``Ended``), taken one by one
         self._buffer: asyncio.Queue[Any] = asyncio.Queue()
+        self._ready: deque[AsyncMessage] = deque()
         self._take_shards([], 0)
 
     @classmethod
@@ -440,29 +442,33 @@ class AsyncMergedSubscription(ShardsFields["AsyncSubscription"]):
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while True:
+            if self._ready:
+                item = self._ready.popleft()
+                if item.barrier:
+                    return item
+                if item._epoch == item._subscription._core.epoch:
+                    if self.regex:
+                        self._handing(item.bookmark, item._subscription)
+                    return item
+                continue  # its lease ended with its connection: it will come back
             if self._buffer.empty():
                 for sub in self.shards:  # about to wait: the server must see our acks first
                     sub._send_pending()
             if not self._buffer.empty():
-                item = self._buffer.get_nowait()
+                batch = self._buffer.get_nowait()
             else:
                 wait = None if deadline is None else max(0.0, deadline - loop.time())
                 try:
-                    item = await asyncio.wait_for(self._buffer.get(), wait)
+                    batch = await asyncio.wait_for(self._buffer.get(), wait)
                 except TimeoutError:
                     return None
-            if isinstance(item, Ended):
-                sub = item.subscription
+            if isinstance(batch, Ended):
+                sub = batch.subscription
                 if self._stream_ended(sub, sub._core.error):
-                    self._buffer.put_nowait(item)  # every later call sees the end too
+                    self._buffer.put_nowait(batch)  # every later call sees the end too
                     return None
                 continue
-            if item.barrier:
-                return cast("AsyncMessage", item)
-            if item._epoch == item._subscription._core.epoch:
-                if self.regex:
-                    self._handing(item.bookmark, item._subscription)
-                return cast("AsyncMessage", item)
+            self._ready.extend(batch)
 
     def __aiter__(self) -> AsyncIterator[AsyncMessage]:
         return self._iterate()

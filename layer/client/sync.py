@@ -134,12 +134,17 @@ class Message(MessageBase):
     def __init__(
         self, subscription: Subscription, delivered: DeliveredMessage, epoch: int = 0
     ) -> None:
-        super().__init__(delivered)
+        # MessageBase's two fields set here, not through its __init__: one call less a message
+        self._d = delivered
+        self._id = delivered.bookmark
         self._subscription = subscription
         self._epoch = epoch
 
     def ack(self, wait: bool = False, timeout: float | None = None) -> None:
-        self._op(AckOp.ACK, 0.0, wait, timeout)
+        if wait:
+            self._op(AckOp.ACK, 0.0, wait, timeout)
+        elif not self._d.barrier:  # the usual msg.ack(): straight to the batch
+            self._subscription._queue_op(AckOp.ACK, self._id, 0.0, self._epoch)
 
     def cancel(
         self, delay: float | None = None, wait: bool = False, timeout: float | None = None
@@ -155,8 +160,12 @@ class Message(MessageBase):
         self._op(AckOp.EXTEND, seconds, wait, timeout)
 
     def _op(self, op: AckOp, seconds: float, wait: bool, timeout: float | None) -> None:
-        if not self.barrier:
+        if self._d.barrier:
+            return
+        if wait:
             self._subscription._operate(op, self._id, seconds, wait, timeout, self._epoch)
+        else:  # the usual msg.ack(): queued under the lock, nothing to wait for or complete
+            self._subscription._queue_op(op, self._id, seconds, self._epoch)
 
 
 class Subscription(SubscriptionFields):
@@ -184,7 +193,9 @@ class Subscription(SubscriptionFields):
             queue_name, max_backlog, filter, client._client_name, client._addresses, client._policy
         )
         self._timeout = client._timeout
-        self._cond = threading.Condition()
+        # _mutex is _cond's lock: the hot paths take it without Condition's own method call
+        self._mutex = threading.RLock()
+        self._cond = threading.Condition(self._mutex)
         # a frame's messages go through the queue as one list, taken one by one from _ready
         # a shard's subscription shares its partitioned subscription's buffer (and says which
         # one ended: ``Ended``)
@@ -229,7 +240,7 @@ class Subscription(SubscriptionFields):
                     item = ready.popleft()
                 except IndexError:  # another thread took the last one
                     continue
-                if item.barrier or item._epoch == self._core.epoch:
+                if item._d.barrier or item._epoch == self._core.epoch:
                     return item  # else its lease ended with its connection: it will come back
                 continue
             if self._buffer.empty():
@@ -343,6 +354,15 @@ class Subscription(SubscriptionFields):
         self._apply(out)
         if waiter is not None:
             waiter.result(timeout)  # raises the LeaseError, ClientError or TimeoutError
+
+    def _queue_op(self, op: AckOp, bookmark: Bookmark, seconds: float, epoch: int) -> None:
+        """``_operate`` without a waiter, for a message's own operation (``msg.ack()``)."""
+        with self._mutex:
+            size = self._core.operate_unwaited(op, bookmark, seconds, epoch)
+            if size >= ACK_BATCH_SIZE:
+                self._send_locked()
+            elif size == 1:
+                self._cond.notify_all()  # start the flusher's clock
 
     def _send_pending(self) -> None:
         with self._cond:
@@ -477,10 +497,14 @@ class Subscription(SubscriptionFields):
                     self._on_reconnect(event)
                     continue
                 with self._cond:
+                    in_flight = self._core.in_flight
                     out = self._core.on_frame(frame, time.monotonic())
                     for check in self._core.take_checks():
                         requests.put(check)
-                    self._cond.notify_all()
+                    if out.done or self._core.in_flight != in_flight:
+                        # acks answered (a flush() may wait for them) or a replace: not for
+                        # every frame, which would wake the flusher for nothing
+                        self._cond.notify_all()
                 self._apply(out)
         except grpc.RpcError as exc:
             if not self._core.closing:  # once closing, how the call ended no longer matters

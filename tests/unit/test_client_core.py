@@ -28,6 +28,8 @@ from layer.api.frames import (
     Subscribed,
 )
 from layer.api.service import AckFailure, DeliveredMessage
+from layer.client import _common
+from layer.client._common import AckBatcher
 from layer.client._core import (
     CONNECT_TIMEOUT,
     Addresses,
@@ -203,6 +205,75 @@ def test_acks_of_messages_from_an_earlier_connection_are_not_sent() -> None:
     c.operate(AckOp.ACK, "t/0/3", 0.0, None, None)
     c.operate(AckOp.ACK, "t/0/4", 0.0, None, c.epoch)
     assert [f.bookmarks for f in c.take()] == [["t/0/3", "t/0/4"]]
+
+
+def test_a_message_operation_nobody_waits_for_is_queued_as_operate_queues_it() -> None:
+    """``operate_unwaited`` (a consumer's ``msg.ack()``) and ``operate`` without a waiter
+    make the same frames and the same counts, through reconnects, mixed ops and stale
+    messages; a closed subscription refuses both."""
+    rng = random.Random(7)
+    fast, slow = core(), core()
+    ops = [AckOp.ACK, AckOp.ACK, AckOp.ACK, AckOp.CANCEL, AckOp.EXTEND]
+    sent_fast: list[Ack] = []
+    sent_slow: list[Ack] = []
+    for step in range(600):
+        if step % 150 == 149:  # a reconnect: earlier messages' leases are gone
+            for c in (fast, slow):
+                c.lost(ConnectionLost("gone"), now=float(step))
+                c.on_subscribed(Subscribed("s", 5, 60.0), "a:1", now=float(step) + 0.5)
+        op = rng.choice(ops)
+        seconds = 0.0 if op == AckOp.ACK else float(rng.randint(0, 2))
+        bookmark = Bookmark("t", rng.randint(0, 2), rng.randint(0, 50))
+        epoch = fast.epoch if rng.random() < 0.9 else fast.epoch - 1
+        size = fast.operate_unwaited(op, bookmark, seconds, epoch)
+        slow_size, out = slow.operate(op, bookmark, seconds, None, epoch)
+        assert size == slow_size and not out.done
+        if rng.random() < 0.05:
+            sent_fast += fast.take()
+            sent_slow += slow.take()
+    sent_fast += fast.take()
+    sent_slow += slow.take()
+    assert sent_fast == sent_slow and sent_fast
+    assert fast.unconfirmed_acks == slow.unconfirmed_acks > 0
+    fast.end(None)
+    with pytest.raises(ClientError):
+        fast.operate_unwaited(AckOp.ACK, Bookmark("t", 0, 1), 0.0, fast.epoch)
+
+
+def test_the_ack_batcher_groups_runs_of_one_op_up_to_the_frame_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Against a model: consecutive operations with the same op and seconds share a batch of
+    at most ``ACK_FRAME_MAX``, in order; each ``add`` returns its batch's size; ``take``
+    sends each batch as one frame and leaves nothing pending; answers resolve the waiters."""
+    monkeypatch.setattr(_common, "ACK_FRAME_MAX", 7)
+    rng = random.Random(11)
+    for _ in range(50):
+        batcher: AckBatcher[str] = AckBatcher()
+        model: list[tuple[AckOp, float, list[Bookmark], list[str | None]]] = []
+        for i in range(rng.randint(1, 60)):
+            op = rng.choice([AckOp.ACK, AckOp.ACK, AckOp.ACK, AckOp.CANCEL, AckOp.EXTEND])
+            seconds = 0.0 if op == AckOp.ACK else float(rng.randint(0, 1))
+            bookmark = Bookmark("t", rng.randint(0, 1), i)
+            waiter = f"w{i}" if rng.random() < 0.2 else None
+            last = model[-1] if model else None
+            if last is None or (last[0], last[1]) != (op, seconds) or len(last[2]) == 7:
+                last = (op, seconds, [], [])
+                model.append(last)
+            last[2].append(bookmark)
+            last[3].append(waiter)
+            assert batcher.add(op, bookmark, seconds, waiter) == len(last[2])
+            assert batcher.pending == sum(len(b[2]) for b in model)
+        frames = batcher.take()
+        assert batcher.pending == 0 and batcher.in_flight == len(model)
+        assert [(f.op, f.seconds, f.count()) for f in frames] == [
+            (op, seconds, len(set(bookmarks))) for op, seconds, bookmarks, _ in model
+        ]
+        for frame, (_, _, bookmarks, waiters) in zip(frames, model, strict=True):
+            assert sorted(frame.bookmarks) == sorted({str(b) for b in bookmarks})
+            resolution = batcher.resolve(AckResult(frame.request_id, []))
+            assert [w for w, _ in resolution.done] == [w for w in waiters if w is not None]
+        assert batcher.in_flight == 0
 
 
 def test_replace_bookkeeping_and_resubscribe_with_the_new_spec() -> None:
