@@ -96,7 +96,7 @@ def _read(typecode: str, data: bytes, at: int, n: int) -> tuple[array[int], int]
 class Blob:
     """A decoded blob: its messages' fields by offset, sliced out of the value on demand."""
 
-    __slots__ = ("data", "offsets", "times", "_keys", "_values", "first", "last", "_dense")
+    __slots__ = ("data", "offsets", "times", "_keys", "_values", "first", "last", "dense")
 
     def __init__(self, data: bytes) -> None:
         if len(data) < _HEAD.size or data[0] != _VERSION:
@@ -118,14 +118,15 @@ class Blob:
         self.data = data
         self.first = self.offsets[0]
         self.last = self.offsets[-1]
-        self._dense = self.last - self.first == n - 1
+        #: no gap: the message at position ``i`` has the offset ``first + i``
+        self.dense = self.last - self.first == n - 1
 
     def __len__(self) -> int:
         return len(self.offsets)
 
     def index(self, offset: int) -> int:
         """The position of the message at ``offset`` in the blob; -1: not in it."""
-        if self._dense:
+        if self.dense:
             i = offset - self.first
             return i if 0 <= i < len(self.offsets) else -1
         i = bisect_left(self.offsets, offset)
@@ -145,6 +146,16 @@ class Blob:
         ends = values.ends
         return self.data[ends[i] : ends[i + 1]]
 
+    def run(self, i: int, j: int) -> tuple[list[bytes | None], list[bytes | None], list[int]]:
+        """The keys, values and times of the messages at the positions ``i .. j - 1``, sliced
+        in one pass each (as ``key``, ``value`` and ``times`` give them one by one)."""
+        keys = self._keys
+        return (
+            [None] * (j - i) if keys is None else keys.slices(self.data, i, j),
+            self._values.slices(self.data, i, j),
+            self.times[i:j].tolist(),
+        )
+
 
 class _Bounds:
     """Where each of a blob's keys (or values) lies: item ``i`` is ``data[ends[i]:ends[i+1]]``,
@@ -158,3 +169,20 @@ class _Bounds:
             self.absent = frozenset(i for i, length in enumerate(lengths) if length < 0)
             lengths = array("i", [max(length, 0) for length in lengths])
         self.ends = list(accumulate(lengths, initial=at))
+
+    def slices(self, data: bytes, i: int, j: int) -> list[bytes | None]:
+        """Items ``i .. j - 1`` of ``data``."""
+        ends = self.ends
+        bounds = zip(ends[i:j], ends[i + 1 : j + 1], strict=True)
+        found: list[bytes | None] = [data[a:b] for a, b in bounds]
+        absent = self.absent
+        if absent:
+            if len(absent) < j - i:
+                for k in absent:
+                    if i <= k < j:
+                        found[k - i] = None
+            else:
+                for k in range(i, j):
+                    if k in absent:
+                        found[k - i] = None
+        return found

@@ -4,7 +4,8 @@ state directories (read as before)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from layer.coordinator.runtime import BLOB_MESSAGES, QueueRuntime
 from layer.engine.model import Bookmark, Done, DoneReason, TopicPartition
 from layer.engine.queue import QueueEngine
 from layer.exceptions import StateError
+from layer.state import base
 from layer.state.base import BLOBS, MESSAGES, KeyValueStore, StoreBatch, StoredMessage
 from layer.state.blobs import Blob, encode_blob
 from layer.state.memory import MemoryStore
@@ -301,3 +303,89 @@ def test_the_low_water_mark_deletes_blobs_by_key_and_older_ones_at_once() -> Non
     batch = StoreBatch()
     rt.blobs_below(batch, TP, 17)  # 18 is not passed
     assert not batch
+
+
+def _payload(partition: int, offset: int, keys: str, absent: bool) -> StoredMessage:
+    key = {
+        "none": None,
+        "some": None if offset % 2 else b"k%d" % offset,
+        "all": b"k" * (offset % 3),
+    }
+    value = None if absent and offset % 3 == 0 else b"v%d-%d" % (partition, offset)
+    return StoredMessage(key[keys], value, (), 1000 + offset)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2),  # partition
+            st.integers(1, 40),  # messages
+            st.integers(0, 3),  # offsets skipped before them
+            st.booleans(),  # with a gap inside (a sparse blob)
+            st.sampled_from(["none", "some", "all"]),  # keys
+            st.booleans(),  # some values absent
+            st.booleans(),  # each alone in MESSAGES (as an older build kept them)
+        ),
+        max_size=8,
+    ),
+    st.lists(
+        st.tuples(st.integers(0, 2), st.integers(0, 150), st.integers(1, 60)), max_size=6
+    ),  # runs read: partition, first offset, length
+    st.booleans(),  # the runs interleaved (else one after another)
+    st.lists(st.tuples(st.integers(0, 2), st.integers(0, 200)), max_size=6),  # strays
+    st.booleans(),  # bookmarks as a tuple (else a list)
+)
+def test_runs_of_a_blob_read_in_one_pass_as_one_by_one(
+    writes: list[tuple[int, int, int, bool, str, bool, bool]],
+    runs: list[tuple[int, int, int]],
+    interleave: bool,
+    strays: list[tuple[int, int]],
+    as_tuple: bool,
+) -> None:
+    """Runs of consecutive offsets read from a dense blob in one pass give what reading them
+    one by one gives, and what was written: blobs dense and sparse, with and without keys,
+    values absent, messages alone, partitions interleaved, offsets never written, read twice
+    (the second time from the blobs kept)."""
+    model: dict[Bookmark, StoredMessage] = {}
+    store = MemoryStore()
+    next_offset = [0, 0, 0]
+    for partition, count, skip, gap, keys, absent, alone in writes:
+        first = next_offset[partition] + skip
+        offsets = [first + i + (1 if gap and i >= count // 2 else 0) for i in range(count)]
+        next_offset[partition] = offsets[-1] + 1
+        messages = [_payload(partition, o, keys, absent) for o in offsets]
+        batch = StoreBatch()
+        if alone:
+            for o, m in zip(offsets, messages, strict=True):
+                batch.put_message("q", bm(o, partition), m)
+        else:
+            batch.put_blob(
+                "q",
+                TopicPartition(TOPIC, partition),
+                offsets,
+                [m.key for m in messages],
+                [m.value for m in messages],
+                [m.timestamp_ms for m in messages],
+            )
+        store.write(batch)
+        model.update((bm(o, partition), m) for o, m in zip(offsets, messages, strict=True))
+    each = [[bm(o, p) for o in range(first, first + n)] for p, first, n in runs]
+    if interleave:
+        wanted = [b for group in itertools.zip_longest(*each) for b in group if b is not None]
+    else:
+        wanted = [b for run in each for b in run]
+    for i, (p, o) in enumerate(strays):
+        wanted.insert(i * 7 % (len(wanted) + 1), bm(o, p))
+    asked: Sequence[Bookmark] = tuple(wanted) if as_tuple else wanted
+    want = [model.get(b) for b in wanted]
+    one_pass = base._RUN_MIN
+    base._RUN_MIN = 1 << 30  # every message one by one
+    try:
+        assert store.get_messages("q", asked) == want
+        assert store.get_messages("q", asked) == want  # from the blobs kept
+    finally:
+        base._RUN_MIN = one_pass
+    store._blobs.clear()
+    assert store.get_messages("q", asked) == want
+    assert store.get_messages("q", asked) == want
