@@ -1,14 +1,15 @@
 """The results file of a CPU-per-message bench (``bench.admit_cpu``, ``ingest_cpu``,
-``changelog_cpu``, ``round_cpu``, ``wire_cpu``): one head (what, which build, when, settings,
+``changelog_cpu``, ``round_cpu``, ``wire_cpu``, ``payload_cpu``): one head (what, which build, when, settings,
 load) and one place and name in ``bench/results/``."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,4 +38,29 @@ def write(result: dict[str, Any], stamp: str | None = None) -> Path:
     stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
     out = RESULTS / f"{result['benchmark']}-{result['label'] or 'run'}-{stamp}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
+    return out
+
+
+def repeat(
+    benchmark: str,
+    args: argparse.Namespace,
+    settings: Sequence[str],
+    one_run: Callable[[], dict[str, Any]],
+) -> Path:
+    """``one_run`` ``args.runs`` times (each returns ``us_per_msg`` among its figures), each
+    printed; the result (best and median) written and its file named."""
+    runs = []
+    for i in range(args.runs):
+        run = one_run()
+        runs.append(run)
+        print(f"run {i + 1}/{args.runs}: {json.dumps(run)}", flush=True)
+    figures = [r["us_per_msg"] for r in runs]
+    result = {
+        **head(benchmark, args, settings),
+        "best_us_per_msg": min(figures),
+        "median_us_per_msg": statistics.median(figures),
+        "runs": runs,
+    }
+    out = write(result)
+    print(f"best {min(figures)} µs, median {statistics.median(figures)} µs\nwritten: {out}")
     return out

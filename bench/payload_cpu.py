@@ -14,9 +14,7 @@ best and the median of ``--runs`` go to ``bench/results/payload-cpu-<label>-<tim
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -78,22 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--label", default="", help="a name for this build (before, after)")
     args = parser.parse_args(argv)
-    runs = []
-    for i in range(args.runs):
-        one = one_run(args.messages, args.size, args.partitions, args.blob, args.run)
-        runs.append(one)
-        print(f"run {i + 1}/{args.runs}: {json.dumps(one)}", flush=True)
-    figures = [r["us_per_msg"] for r in runs]
-    result = {
-        **cpu_result.head(
-            "payload-cpu", args, ("messages", "size", "partitions", "blob", "run", "runs")
-        ),
-        "best_us_per_msg": min(figures),
-        "median_us_per_msg": statistics.median(figures),
-        "runs": runs,
-    }
-    out = cpu_result.write(result)
-    print(f"best {min(figures)} µs, median {statistics.median(figures)} µs\nwritten: {out}")
+    cpu_result.repeat(
+        "payload-cpu",
+        args,
+        ("messages", "size", "partitions", "blob", "run", "runs"),
+        lambda: one_run(args.messages, args.size, args.partitions, args.blob, args.run),
+    )
     return 0
 
 

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shutil
-import statistics
 import sys
 import tempfile
 import threading
@@ -163,24 +161,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--label", default="", help="a name for this build (before, after)")
     args = parser.parse_args(argv)
-    runs = []
-    for i in range(args.runs):
-        run = asyncio.run(
+    cpu_result.repeat(
+        "round-cpu",
+        args,
+        ("messages", "size", "partitions", "consumers", "window", "runs"),
+        lambda: asyncio.run(
             one_run(args.messages, args.size, args.partitions, args.consumers, args.window)
-        )
-        runs.append(run)
-        print(f"run {i + 1}/{args.runs}: {json.dumps(run)}", flush=True)
-    figures = [r["us_per_msg"] for r in runs]
-    result = {
-        **cpu_result.head(
-            "round-cpu", args, ("messages", "size", "partitions", "consumers", "window", "runs")
         ),
-        "best_us_per_msg": min(figures),
-        "median_us_per_msg": statistics.median(figures),
-        "runs": runs,
-    }
-    out = cpu_result.write(result)
-    print(f"best {min(figures)} µs, median {statistics.median(figures)} µs\nwritten: {out}")
+    )
     return 0
 
 
