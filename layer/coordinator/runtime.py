@@ -208,6 +208,10 @@ class SubscriptionState:
     draining: set[str] = field(default_factory=set)
     # paused (backlog 0 in its queue) because its stream holds a backlog's worth unsent
     stalled: bool = False
+    # when it last became stalled (monotonic), and whether that stall was logged (one that
+    # lasts STALL_LOG_AFTER is: a stream that is only behind by a round's push is not)
+    stalled_since: float = 0.0
+    stall_logged: bool = False
 
 
 @dataclass
