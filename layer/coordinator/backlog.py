@@ -26,19 +26,35 @@ list in unit tests).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence, Set
+from collections.abc import Iterator, Sequence, Set
+from itertools import groupby, repeat
+from typing import cast
 
 from confluent_kafka import Message
 
 from layer import avro_fast
 from layer.config import OnUnparseable
-from layer.coordinator.runtime import BLOB_MESSAGES, QueueRuntime
+from layer.coordinator.runtime import (
+    _HEADERS,
+    _KEY,
+    _OFFSET_OF,
+    _PARTITION_OF,
+    _TIMESTAMP,
+    _TOPIC,
+    _VALUE,
+    BLOB_MESSAGES,
+    QueueRuntime,
+)
 from layer.engine.model import Bookmark, TopicPartition
 from layer.state.base import StoreBatch, StoredMessage, pack_offset, partition_prefix
 
 __all__ = ["Backlog"]
 
 _NONE: frozenset[int] = frozenset()
+
+
+def _tp_of(msg: Message) -> tuple[str, int]:
+    return msg.topic(), msg.partition()  # type: ignore[return-value]
 
 
 class Backlog:
@@ -71,9 +87,17 @@ class Backlog:
         allows; returns how many entered the queue. Read positions go into ``batch``."""
         rt = self.rt
         engine = rt.engine
+        room = engine.room()
+        if self._fast and messages and room > 0:
+            head = messages if len(messages) <= room else messages[:room]
+            columns = self._plain(head)
+            if columns is not None:
+                admitted = self._take_columns(head, columns, batch, now)
+                if len(head) < len(messages):
+                    self.full = True
+                return admitted
         name = rt.name
         record = rt.record_runs
-        room = engine.room()
         keys, values = batch.put_messages_encoded()
         put_key, put_value = keys.append, values.append
         pack = pack_offset
@@ -185,6 +209,104 @@ class Backlog:
         self._slow = 0
         self.admitted += admitted
         return admitted
+
+    def _plain(self, head: Sequence[Message]) -> list[bytes | None] | None:
+        """The values of ``head`` when every message in it is plain (no headers, none set
+        apart, every JSON payload parses: ``DocumentReader.check_all``, per batch); None when
+        one may not be (then ``take`` goes message by message)."""
+        if any(map(_HEADERS, head)):
+            return None
+        values: list[bytes | None] = list(map(_VALUE, head))
+        if self._check_json:
+            reader = self.rt.exprs.reader
+            if reader is None or not reader.check_all(values):
+                return None
+        if self._apart and any(
+            not self._apart.get(TopicPartition(t, p), _NONE).isdisjoint(map(_OFFSET_OF, group))
+            for (t, p), group in groupby(head, key=_tp_of)
+        ):
+            return None
+        return values
+
+    def _take_columns(
+        self, head: Sequence[Message], values: list[bytes | None], batch: StoreBatch, now: float
+    ) -> int:
+        """``take`` for a fetch of plain messages (``_plain``), by columns: each field read
+        for all of them at once (``map``, in C), their blobs cut at ``BLOB_MESSAGES`` as the
+        message-by-message way cuts them, a run per stretch of consecutive offsets."""
+        rt = self.rt
+        engine = rt.engine
+        name = rt.name
+        record = rt.record_runs
+        topics = list(map(_TOPIC, head))
+        partitions = list(map(_PARTITION_OF, head))
+        offsets: list[int] = list(map(_OFFSET_OF, head))  # type: ignore[arg-type]
+        keys = list(map(_KEY, head))
+        stamps: list[int] = [ts for _kind, ts in map(_TIMESTAMP, head)]
+        if min(stamps) < 0:
+            stamps = [ts if ts > 0 else 0 for ts in stamps]
+        cache = rt.payload_cache
+        read_to: dict[TopicPartition, int] = {}
+        # per partition, the blob being built: offsets, keys, values, timestamps (ms)
+        pending: dict[
+            TopicPartition, tuple[list[int], list[bytes | None], list[bytes | None], list[int]]
+        ] = {}
+        i = 0
+        for (topic, partition), group in groupby(zip(topics, partitions, strict=True)):
+            j = i + sum(1 for _ in group)
+            tp = TopicPartition(topic, partition)  # type: ignore[arg-type]
+            segment = offsets[i:j]
+            blob = pending.get(tp)
+            if blob is None:
+                blob = pending[tp] = ([], [], [], [])
+            at = i
+            while at < j:
+                if len(blob[0]) >= BLOB_MESSAGES:
+                    batch.put_blob(name, tp, *blob)
+                    rt.blob_written(tp, blob[0][-1])
+                    blob = pending[tp] = ([], [], [], [])
+                end = min(j, at + BLOB_MESSAGES - len(blob[0]))
+                blob[0].extend(offsets[at:end])
+                blob[1].extend(keys[at:end])
+                blob[2].extend(values[at:end])
+                blob[3].extend(stamps[at:end])
+                at = end
+            fits = min(j - i, rt.payload_cache_size - len(cache))
+            if fits > 0:
+                bookmarks = zip(repeat(topic), repeat(partition), segment[:fits])
+                cache.update(
+                    zip(
+                        cast(Iterator[Bookmark], bookmarks),
+                        map(
+                            StoredMessage,
+                            keys[i : i + fits],
+                            values[i : i + fits],
+                            repeat(()),
+                            stamps[i : i + fits],
+                        ),
+                        strict=True,
+                    )
+                )
+            times = [ts / 1000.0 if ts else now for ts in stamps[i:j]]
+            if segment[-1] - segment[0] == len(segment) - 1:
+                runs = [(0, len(segment))]
+            else:  # gaps (transaction markers): a run for each stretch of consecutive offsets
+                cuts = [k for k in range(1, len(segment)) if segment[k] != segment[k - 1] + 1]
+                runs = list(zip([0, *cuts], [*cuts, len(segment)], strict=True))
+            for first, end in runs:
+                engine.add_run(tp, segment[first], times[first:end], now)
+                if record:
+                    batch.put_run(name, tp, segment[first], array("d", times[first:end]), None)
+            read_to[tp] = segment[-1] + 1
+            i = j
+        for tp, blob in pending.items():
+            if blob[0]:
+                batch.put_blob(name, tp, *blob)
+                rt.blob_written(tp, blob[0][-1])
+        self._mark_read(read_to, batch)
+        rt.counters.ingested += len(head)
+        self.admitted += len(head)
+        return len(head)
 
     def _prefix(self, tp: TopicPartition) -> bytes:
         prefix = self._prefixes.get(tp)

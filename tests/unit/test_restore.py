@@ -427,3 +427,75 @@ def test_an_unparseable_message_admitted_but_not_committed_is_dead_lettered_at_r
     )
     assert kept.engine.available() == [bm(0), bm(1), bm(2)]
     assert (store.get_messages("q", [bm(1)])[0] or message(9)).error
+
+
+TP1 = TopicPartition(TOPIC, 1)
+
+
+def _plain_backlog(spans: list[tuple[int, int, int]], tombstones: bool) -> list[Message]:
+    """Plain messages (no headers, JSON that parses) of the spans ``(partition, first, end)``,
+    in that order (a fetch interleaves partitions); every fifth without a key, every seventh a
+    tombstone when ``tombstones``."""
+    return [
+        Message(
+            topic=TOPIC,
+            partition=p,
+            offset=o,
+            key=None if o % 5 == 4 else b"k%d" % o,
+            value=None if tombstones and o % 7 == 6 else b'{"n": %d}' % o,
+            timestamp=(1, 1_699_999_999_000 + o),
+        )
+        for p, first, end in spans
+        for o in range(first, end)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("options", "depth", "gap"),
+    [({}, None, False), ({"message_type": "bytes"}, None, True), ({}, 2_000, True)],
+    ids=["json", "bytes-tombstones-gap", "json-target-depth-gap"],
+)
+def test_a_plain_backlog_read_by_columns_is_the_backlog_read_live(
+    options: dict[str, str], depth: int | None, gap: bool
+) -> None:
+    """Fetches of plain messages only (the backlog's columns path): two partitions interleaved,
+    blobs cut past ``BLOB_MESSAGES``, a gap in the offsets (transaction markers) and a target
+    depth reached inside a fetch: the same queue, store and counters as the live path's."""
+    skip = 1_500 if gap else -1  # an offset never produced (a transaction marker's)
+    spans = [(0, 0, 1_200), (1, 0, 700), (0, 1_200, 2_600), (1, 700, 1_900)]
+    fetches = [
+        [m for m in _plain_backlog(spans[:2], "bytes" in str(options)) if m.offset() != skip],
+        [m for m in _plain_backlog(spans[2:], "bytes" in str(options)) if m.offset() != skip],
+    ]
+    if depth is not None:
+        options = {**options, "target_queue_depth": depth}  # type: ignore[dict-item]
+    q = queue_config(**options)
+    starts = [LowWater(TP, 0), LowWater(TP1, 0)]
+    every = [bm(o) for o in range(2_600)] + [Bookmark(TOPIC, 1, o) for o in range(1_900)]
+
+    def restart(bulk: bool) -> tuple[QueueRuntime, MemoryStore]:
+        store = MemoryStore()
+        source = ReplaySource(starts)  # type: ignore[arg-type]
+        if bulk:
+            source.fetches = [Fetched(f, {TP: 2_600, TP1: 1_900}, []) for f in fetches]
+        restore, _ = restorer(store, source, MemoryChangelog(), [])
+        rt = asyncio.run(restore.queue(q, starting=True))
+        if not bulk:
+            for f in fetches:
+                rt.take_fetched(Fetched(f, {TP: 2_600, TP1: 1_900}, []))
+            while True:
+                batch = StoreBatch()
+                taken = rt.admit(NOW, batch)
+                store.write(batch)
+                if not taken:
+                    break
+        return rt, store
+
+    bulk, bulk_store = restart(bulk=True)
+    live, live_store = restart(bulk=False)
+    assert bulk.engine.available() == live.engine.available()
+    assert len(bulk.engine.available()) == (depth or 2_600 + 1_900 - (2 if gap else 0))
+    assert bulk.engine.stats(NOW) == live.engine.stats(NOW)
+    assert bulk_store.get_messages("q", every) == live_store.get_messages("q", every)
+    assert bulk_store.positions("q") == live_store.positions("q")
+    assert bulk.counters == live.counters
