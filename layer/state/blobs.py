@@ -33,7 +33,7 @@ import struct
 import sys
 from array import array
 from bisect import bisect_left
-from itertools import accumulate
+from itertools import accumulate, chain
 
 from layer.exceptions import StateError
 
@@ -45,11 +45,12 @@ _NO_KEYS = 1
 _SWAP = sys.byteorder != "little"
 
 
-def _lengths(items: list[bytes | None]) -> tuple[array[int], bytes]:
+def _lengths(items: list[bytes | None]) -> tuple[array[int], list[bytes]]:
+    """The lengths of ``items`` (-1: None) and the items to concatenate (b"" for None)."""
     if None in items:
         lengths = array("i", [-1 if item is None else len(item) for item in items])
-        return lengths, b"".join([item or b"" for item in items])
-    return array("i", map(len, items)), b"".join(items)  # type: ignore[arg-type]
+        return lengths, [item or b"" for item in items]
+    return array("i", map(len, items)), items  # type: ignore[arg-type,return-value]
 
 
 def _raw(a: array[int]) -> bytes:
@@ -65,7 +66,9 @@ def encode_blob(
     values: list[bytes | None],
     times_ms: list[int],
 ) -> bytes:
-    """The blob of messages at ``offsets`` (ascending) with these keys, values and times."""
+    """The blob of messages at ``offsets`` (ascending) with these keys, values and times.
+    The keys and values are copied once, by the one join that makes the blob (a join of
+    them first and of the parts then copied each payload twice: 0.1 µs a KiB)."""
     n = len(offsets)
     if not n or len(keys) != n or len(values) != n or len(times_ms) != n:
         raise StateError(f"a blob of {n} offsets for {len(keys)}/{len(values)}/{len(times_ms)}")
@@ -73,15 +76,13 @@ def encode_blob(
     parts = [_HEAD.pack(_VERSION, n, _NO_KEYS if no_keys else 0)]
     parts.append(_raw(array("q", offsets)))
     parts.append(_raw(array("q", times_ms)))
-    key_data = b""
+    key_data: list[bytes] = []
     if not no_keys:
         key_lengths, key_data = _lengths(keys)
         parts.append(_raw(key_lengths))
     value_lengths, value_data = _lengths(values)
     parts.append(_raw(value_lengths))
-    parts.append(key_data)
-    parts.append(value_data)
-    return b"".join(parts)
+    return b"".join(chain(parts, key_data, value_data))
 
 
 def _read(typecode: str, data: bytes, at: int, n: int) -> tuple[array[int], int]:

@@ -130,6 +130,26 @@ def test_check_all_says_true_only_when_check_says_none_of_each() -> None:
     assert not DocumentReader("avro").check_all(good)
 
 
+def test_check_all_reads_long_flat_objects_without_counting_and_counts_the_rest() -> None:
+    """Values of 512 bytes and more: an object of scalars passes from its document (brackets
+    in its strings do not count); any other document sends the batch to the bracket count."""
+    reader = DocumentReader("json")
+    flat = b'{"n": 1, "s": "' + b"[" * 600 + b'", "f": 1.5, "b": true, "z": null}'
+    nested = b'{"a": {"b": [1, 2]}, "pad": "' + b"x" * 600 + b'"}'
+    deep = b'{"a": ' + b"[" * 300 + b"]" * 300 + b"}"
+    assert reader.check(flat) is None and reader.check(nested) is None
+    assert reader.check_all([flat] * 5)
+    plain = b'{"s": "' + b"x" * 600 + b'"}'
+    assert reader.check_all([plain, nested, plain])  # counted: few brackets
+    assert reader.check_all([b"[" + plain + b"]", plain])  # not an object: counted
+    assert not reader.check_all([plain, nested, flat])  # counted: 600 brackets, ask ``check``
+    assert not reader.check_all([flat, flat[:-1]])
+    assert not reader.check_all([flat, nested, flat[:-1]])  # checked past the nested one
+    assert not reader.check_all([flat, nested, None])
+    assert not reader.check_all([None, flat])
+    assert not reader.check_all([flat, deep, flat])  # 300 brackets: ask ``check``
+
+
 def test_a_bad_message_past_the_rounds_room_is_still_found() -> None:
     """The batch check covers the messages a round takes; the next round checks its own."""
     rt = new_runtime(queue_config(on_unparseable="dead-letter"))
