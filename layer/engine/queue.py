@@ -684,7 +684,8 @@ class QueueEngine(Queries, Holding, Leases, Intake):
         # consecutive offsets leased alike are one Leased of their run (``Leased.count``):
         # ``run`` grows while each entry is the offset after it, with its counts
         run: Leased | None = None
-        run_next = run_n = run_cancels = -1
+        run_next = run_n = run_cancels = run_partition = -1
+        run_topic = ""
         for entry in entries:
             if (expiration is not None and now - entry.timestamp >= expiration) or (
                 ttl and entry.expires is not None and now >= entry.expires
@@ -702,20 +703,22 @@ class QueueEngine(Queries, Holding, Leases, Intake):
             push(entry)
             if viewed:
                 self._viewed(entry, -1)
+            topic, partition, offset = bm
             if (
-                run is not None
-                and bm.offset == run_next
+                offset == run_next
                 and n == run_n
                 and cancels == run_cancels
-                and bm.partition == run.bookmark.partition
-                and bm.topic == run.bookmark.topic
+                and partition == run_partition
+                and topic == run_topic
+                and run is not None
             ):
                 run.count += 1  # still being built: nobody has seen it yet
                 run_next += 1
             else:
                 run = Leased(bm, name, deadline, n, cancels)
                 changes.append(run)
-                run_next, run_n, run_cancels = bm.offset + 1, n, cancels
+                run_next, run_n, run_cancels = offset + 1, n, cancels
+                run_topic, run_partition = topic, partition
             deliveries.append(Delivery(name, bm, n, cancels, deadline))
             count += 1
         if count:
