@@ -1,6 +1,6 @@
 """The results file of a CPU-per-message bench (``bench.admit_cpu``, ``ingest_cpu``,
-``changelog_cpu``, ``round_cpu``, ``wire_cpu``, ``payload_cpu``): one head (what, which build,
-when, settings, load) and one place and name in ``bench/results/``."""
+``changelog_cpu``, ``round_cpu``, ``engine_cpu``, ``wire_cpu``, ``payload_cpu``): one head
+(what, which build, when, settings, load) and one place and name in ``bench/results/``."""
 
 from __future__ import annotations
 

@@ -429,7 +429,8 @@ def encode_change(
         at_ms = _ms(change.at) if isinstance(change, Done) else time.time_ns() // 1_000_000
     if isinstance(change, Leased):
         bm = change.bookmark
-        key = _key_prefix(queue, bm.topic, bm.partition) + avro_fast.long(bm.offset) + _ONE
+        key = _key_prefix(queue, bm.topic, bm.partition) + avro_fast.long(bm.offset)
+        key += _ONE if change.count == 1 else avro_fast.long(change.count)
         return key, encode_value(
             ChangeKind.LEASED,
             deliveries=change.deliveries,
@@ -440,7 +441,8 @@ def encode_change(
         )
     if isinstance(change, Returned | Done):
         bm = change.bookmark
-        key = _key_prefix(queue, bm.topic, bm.partition) + avro_fast.long(bm.offset) + _ONE
+        key = _key_prefix(queue, bm.topic, bm.partition) + avro_fast.long(bm.offset)
+        key += _ONE if change.count == 1 else avro_fast.long(change.count)
         if isinstance(change, Returned):
             # a RETURNED record's lease_deadline_ms is when a delayed message is available again
             not_before = None if change.not_before is None else _ms(change.not_before)

@@ -56,6 +56,7 @@ from layer.engine.model import (
     LowWater,
     Returned,
     TopicPartition,
+    singles,
 )
 from layer.exceptions import BrokerError, CommitUncertain, QLayerError, StateError
 from layer.state.base import Store, StoreBatch, StoredMessage, message_key, run_keys
@@ -71,6 +72,7 @@ __all__ = [
     "Round",
     "RoundSignal",
     "Rounds",
+    "changelog_order",
     "dead_letter",
     "materialize",
     "RunMirror",
@@ -258,11 +260,9 @@ class Round:
         need = [d.bookmark for d in effects.deliveries]
         # (an acked message, the most common, is told apart by identity: ``dead_letter`` is a
         # property call)
-        need.extend(
-            c.bookmark
-            for c in changes
-            if type(c) is Done and c.reason is not _ACKED and c.reason.dead_letter
-        )
+        for c in changes:
+            if type(c) is Done and c.reason is not _ACKED and c.reason.dead_letter:
+                need.extend(_bookmarks(c))
         payloads = rt.payloads(self._store, need) if need else {}
         topic = rt.changelog_topic
         records = self.records
@@ -272,9 +272,10 @@ class Round:
             # tombstones (Forget: the low-water mark passed a done message, so no other change
             # of it follows) and its low-water mark go after its messages: restore drops what is
             # below the mark either way.
-            changes = _ordered(changes)
+            changes = changelog_order(changes)
         # Consecutive changes of consecutive offsets of one partition with the same value go
-        # to the changelog as one record: the run (first bookmark, count, value). A change whose
+        # to the changelog as one record: the run (first bookmark, count, value); the engine
+        # makes most runs itself (a change with a ``count``), they join here. A change whose
         # fields (all its value holds but the round's time) are those of the run before it
         # joins it without being encoded: a run costs one encoding, not one per message, and
         # is mirrored into the store batch as a whole (``mirror_run``). Runs that do not join
@@ -291,9 +292,9 @@ class Round:
         run: list[Leased | Returned | Done] = []
         run_value = b""
         run_fields: tuple[object, ...] = ()
-        # the run's partition and the offset that would extend it
+        # the run's partition, its first offset and the offset that would extend it
         run_topic = ""
-        run_partition = run_next = -1
+        run_partition = run_first = run_next = -1
         # the tombstones at hand: the first one's bookmark and how many (each Forget is a run)
         forget_head: Bookmark | None = None
         forget_count = 0
@@ -314,19 +315,22 @@ class Round:
                         and fields == run_fields
                     ):
                         run.append(change)  # type: ignore[arg-type]
-                        run_next += 1
+                        run_next += change.count  # type: ignore[union-attr]
                         continue
-                    self._record_run(rt, run, run_value, payloads, forgotten, to)
+                    self._record_run(
+                        rt, run, run_next - run_first, run_value, payloads, forgotten, to
+                    )
                 value = values.get(fields)
                 if value is None:
                     value = encode_change(name, change, now_ms)[1]
                     assert value is not None
                     values[fields] = value
                 run, run_value, run_fields = [change], value, fields  # type: ignore[list-item]
-                run_topic, run_partition, run_next = bm.topic, bm.partition, bm.offset + 1
+                run_topic, run_partition, run_first = bm.topic, bm.partition, bm.offset
+                run_next = run_first + change.count  # type: ignore[union-attr]
                 continue
             if run:
-                self._record_run(rt, run, run_value, payloads, forgotten, to)
+                self._record_run(rt, run, run_next - run_first, run_value, payloads, forgotten, to)
                 run = []
             if kind is Forget:
                 if forget_head is None:
@@ -346,7 +350,7 @@ class Round:
             if letter is not None:
                 self.extra.append(letter)
         if run:
-            self._record_run(rt, run, run_value, payloads, forgotten, to)
+            self._record_run(rt, run, run_next - run_first, run_value, payloads, forgotten, to)
         if forget_head is not None:
             self._forget_run(rt, forget_head, forget_count, marks)
         if rt.config.view_topic is not None:
@@ -367,20 +371,21 @@ class Round:
         self,
         rt: QueueRuntime,
         run: list[Leased | Returned | Done],
+        count: int,
         value: bytes,
         payloads: Mapping[Bookmark, StoredMessage | None],
         forgotten: Mapping[tuple[str, int], list[list[int]]],
         to: RunMirror,
     ) -> None:
-        """One run of changes with one value: its changelog record and its store mirror."""
+        """One run of changes with one value (``count`` messages: the changes may be runs
+        themselves): its changelog record and its store mirror."""
         first = run[0].bookmark
-        count = len(run)
         self.records.append((rt.changelog_topic, encode_run(rt.name, first, count), value))
         # the entries of done messages a tombstone of this round deletes again: not put (the
         # batch is applied whole, so the store ends the same)
         spans = forgotten.get((first.topic, first.partition)) if forgotten else None
         entries = not (spans and _covered(spans, first.offset, first.offset + count))
-        letters = to.add(rt, run, value, payloads, entries=entries)
+        letters = to.add(rt, run, value, payloads, entries=entries, count=count)
         if letters:
             self.extra.extend(letters)
 
@@ -651,6 +656,40 @@ def _covered(spans: list[list[int]], first: int, end: int) -> bool:
     return False
 
 
+def _bookmarks(change: Leased | Returned | Done) -> list[Bookmark]:
+    """The bookmarks of the messages ``change`` is of (a run's: ``count``)."""
+    bm = change.bookmark
+    if change.count == 1:
+        return [bm]
+    topic, partition, first = bm
+    return [Bookmark(topic, partition, o) for o in range(first, first + change.count)]
+
+
+def _overlapping(changes: Sequence[Change]) -> bool:
+    """Whether, in ``changes`` ordered by ``_ordered``, a change is of a message inside (not at
+    the head of) a run of an earlier one: the sort may have moved it across that run's change
+    of the same message. Single changes of one message keep their order (the sort is stable)."""
+    topic = ""
+    partition = head = end = -1
+    for change in changes:
+        kind = type(change)
+        if kind is Forget or kind is LowWater:
+            break
+        bm = change.bookmark  # type: ignore[union-attr]
+        offset = bm.offset
+        if bm.partition == partition and bm.topic == topic:
+            if offset < end and offset != head:
+                return True
+            top = offset + change.count  # type: ignore[union-attr]
+            if top > end:
+                end = top
+        else:
+            topic, partition = bm.topic, bm.partition
+            end = offset + change.count  # type: ignore[union-attr]
+        head = offset
+    return False
+
+
 def _fields(change: Leased | Returned | Done) -> tuple[object, ...]:
     """What a change's changelog value holds besides the round's time: equal fields, equal
     values."""
@@ -664,6 +703,17 @@ def _fields(change: Leased | Returned | Done) -> tuple[object, ...]:
 _ACKED = DoneReason.ACKED
 _BOOKMARK = attrgetter("bookmark")
 _PARTITION = attrgetter("partition")
+
+
+def changelog_order(changes: list[Change]) -> list[Change]:
+    """``changes`` in the order a round writes them to the changelog (``_ordered``): each
+    message's changes keep their order. A run of the engine's (``Leased.count``) that holds a
+    message another change of the round is of, inside the run, goes message by message, as the
+    sort may have put the two out of order (rare: a lease and its end in one round)."""
+    ordered = _ordered(changes)
+    if _overlapping(ordered):
+        ordered = _ordered(list(singles(changes)))
+    return ordered
 
 
 def _ordered(changes: list[Change]) -> list[Change]:
@@ -765,12 +815,15 @@ class RunMirror:
         payloads: Mapping[Bookmark, StoredMessage | None],
         *,
         entries: bool = True,
+        count: int | None = None,
     ) -> list[ExtraRecord]:
-        """One run; its dead letters, if any. ``entries`` False: the run's entries are not
+        """One run (``count`` messages at consecutive offsets: of its changes' counts, by
+        default); its dead letters, if any. ``entries`` False: the run's entries are not
         put (the same batch deletes them afterwards)."""
         head = run[0]
         first = head.bookmark
-        count = len(run)
+        if count is None:
+            count = sum(change.count for change in run)
         name = rt.name
         if count == 1:
             key = message_key(name, first)
@@ -798,8 +851,10 @@ class RunMirror:
         assert isinstance(head, Done)
         cache = rt.payload_cache
         if cache:
-            for change in run:
-                cache.pop(change.bookmark, None)
+            # keyed by bookmarks, which are tuples: a plain tuple finds one
+            tp_topic, tp_partition, offset = first
+            for o in range(offset, offset + count):
+                cache.pop((tp_topic, tp_partition, o), None)  # type: ignore[call-overload]
         reason = head.reason  # one value: one reason
         if reason is DoneReason.ACKED:
             rt.counters.acked += count
@@ -808,6 +863,8 @@ class RunMirror:
             rt.counters.conflated += count
         if not reason.dead_letter:
             return []
+        if count > len(run):  # dead letters go message by message
+            run = list(singles(run))  # type: ignore[arg-type]
         if rt.exprs.dead_letter_if is not None:  # dead_letter_if decides message by message
             run = [
                 change

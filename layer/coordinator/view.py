@@ -40,6 +40,7 @@ from layer.engine.model import (
     ViewChange,
     ViewChanges,
     lease_change,
+    singles,
 )
 from layer.viewcodec import decode_round, encode_round
 
@@ -96,7 +97,7 @@ def lease_changes(
     -1 for each one ended (``Returned``, ``Done`` of a leased message), and ``leases`` (the
     queue's leases as the view topic says, bookmark -> +1 change) updated to match."""
     out: list[ViewChange] = []
-    for change in changes:
+    for change in singles(changes):
         if isinstance(change, Leased):
             held = leases.get(change.bookmark)
             if held is not None:

@@ -101,7 +101,11 @@ Events in (each takes ``now``, the caller's clock, seconds):
   same outcome (Done EXPIRATION); ``expiration`` still applies, so the earlier one wins.
 
 Effects out, via ``drain() -> Effects``: ``changes`` (Leased / Returned / Done / LowWater / Forget)
-in the order decided, and ``deliveries``. After any change that advances a partition's low-water
+in the order decided, and ``deliveries``. A Leased, Returned or Done with a ``count`` > 1 is
+the same change of each of ``count`` consecutive offsets from its bookmark (a run leased to one
+subscription by one dispatch, a span of one subscription's leases acked at once;
+``model.singles`` gives them one a message); each offset's changes keep their order whichever
+way they are counted. After any change that advances a partition's low-water
 mark (the smallest offset not done, or the read position when every read offset is done), a
 LowWater is emitted, followed by Forget for each done bookmark now below it (each done bookmark is
 forgotten exactly once). At most one LowWater per partition per drain (the latest).

@@ -432,6 +432,12 @@ class LeaseIndex:
             return
         batches = self._batches
         if batches and deadline <= batches[-1][0]:
+            last = batches[-1]
+            if deadline == last[0]:
+                # the leases of one dispatch to several subscriptions share their deadline
+                last[1].extend(entries)
+                self._size += len(entries)
+                return
             push = self.push
             for entry in entries:
                 push(entry, deadline)

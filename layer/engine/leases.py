@@ -159,6 +159,10 @@ class Leases(EngineBase):
         items = part.items
         done = 0
         offset = first
+        # consecutive offsets done alike are one Done of their run (``Done.count``): ``span``
+        # grows while each message is the offset after it, with its counts
+        span: Done | None = None
+        span_next = span_n = span_cancels = -1
         try:
             while offset <= last:
                 i = part.find(offset)
@@ -182,8 +186,15 @@ class Leases(EngineBase):
                         entry.holder = None
                         entry.deadline = None
                         entry.state = DONE
+                        n = entry.deliveries
                         cancels = entry.cancels
-                        changes.append(Done(entry.bookmark, reason, entry.deliveries, cancels, now))
+                        if o == span_next and n == span_n and cancels == span_cancels:
+                            span.count += 1  # type: ignore[union-attr]  # still being built
+                            span_next += 1
+                        else:
+                            span = Done(entry.bookmark, reason, n, cancels, now)
+                            changes.append(span)
+                            span_next, span_n, span_cancels = o + 1, n, cancels
                         done += 1
                     else:
                         offset = end
@@ -191,6 +202,7 @@ class Leases(EngineBase):
                 if done:  # the counters right before anything reads them
                     self._spanned(sub, part, reason, done)
                     done = 0
+                span_next = -1  # whatever ``_ack_at`` emits comes between
                 error = ack_at(sub, part, offset, op, now, seconds)
                 if error is not None:
                     failures.append((offset, error))

@@ -224,13 +224,15 @@ class Delivery:
 # Built per message: not frozen (a frozen __init__ costs ~6x), and never mutated.
 @dataclass(slots=True, unsafe_hash=True)
 class Leased:
-    """Durable: the message is leased (its delivery count went up)."""
+    """Durable: the message is leased (its delivery count went up). ``count`` > 1: the run of
+    ``count`` consecutive offsets from ``bookmark``, each leased alike (see ``singles``)."""
 
     bookmark: Bookmark
     holder: str
     deadline: float
     deliveries: int
     cancels: int
+    count: int = 1
 
 
 # Built per message: not frozen (a frozen __init__ costs ~6x), and never mutated.
@@ -243,18 +245,22 @@ class Returned:
     deliveries: int
     cancels: int
     not_before: float | None = None  # delayed redelivery: available again at this time
+    count: int = 1  # > 1: the run of consecutive offsets from ``bookmark`` (see ``singles``)
 
 
 # Built per message: not frozen (a frozen __init__ costs ~6x), and never mutated.
 @dataclass(slots=True, unsafe_hash=True)
 class Done:
-    """Durable: the message left the queue. Dead-letter it when ``reason.dead_letter``."""
+    """Durable: the message left the queue. Dead-letter it when ``reason.dead_letter``.
+    ``count`` > 1: the run of ``count`` consecutive offsets from ``bookmark`` that left alike
+    (see ``singles``)."""
 
     bookmark: Bookmark
     reason: DoneReason
     deliveries: int
     cancels: int
     at: float
+    count: int = 1
 
 
 # Built per message: not frozen (a frozen __init__ costs ~6x), and never mutated.
@@ -277,6 +283,28 @@ class Forget:
 
 
 Change = Leased | Returned | Done | LowWater | Forget
+
+
+def singles(changes: Iterable[Change]) -> Iterator[Change]:
+    """``changes`` with each run of a Leased, Returned or Done (``count`` > 1) as one change a
+    message, in offset order: for readers that go message by message (the view's lease changes,
+    a round whose runs overlap, tests). Forgets stay runs."""
+    for change in changes:
+        count = getattr(change, "count", 1)
+        if count == 1 or type(change) is Forget:
+            yield change
+            continue
+        topic, partition, first = change.bookmark  # type: ignore[union-attr]
+        for offset in range(first, first + count):
+            bm = Bookmark(topic, partition, offset)
+            if type(change) is Leased:
+                yield Leased(bm, change.holder, change.deadline, change.deliveries, change.cancels)
+            elif type(change) is Done:
+                yield Done(bm, change.reason, change.deliveries, change.cancels, change.at)
+            elif type(change) is Returned:
+                yield Returned(
+                    bm, change.reason, change.deliveries, change.cancels, change.not_before
+                )
 
 
 class ViewChange(NamedTuple):

@@ -681,14 +681,21 @@ class QueueEngine(Queries, Holding, Leases, Intake):
         changes, deliveries = self._changes, self._deliveries
         viewed = self._view is not None
         count = 0
+        # consecutive offsets leased alike are one Leased of their run (``Leased.count``):
+        # ``run`` grows while each entry is the offset after it, with its counts
+        run: Leased | None = None
+        run_next = run_n = run_cancels = run_partition = -1
+        run_topic = ""
         for entry in entries:
             if (expiration is not None and now - entry.timestamp >= expiration) or (
                 ttl and entry.expires is not None and now >= entry.expires
             ):
                 self._finish(entry, DoneReason.EXPIRATION, now)
+                run = None
                 continue
             bm = entry.bookmark
             n = entry.deliveries = entry.deliveries + 1
+            cancels = entry.cancels
             entry.state = LEASED
             entry.holder = sub
             entry.deadline = deadline
@@ -696,8 +703,23 @@ class QueueEngine(Queries, Holding, Leases, Intake):
             push(entry)
             if viewed:
                 self._viewed(entry, -1)
-            changes.append(Leased(bm, name, deadline, n, entry.cancels))
-            deliveries.append(Delivery(name, bm, n, entry.cancels, deadline))
+            topic, partition, offset = bm
+            if (
+                offset == run_next
+                and n == run_n
+                and cancels == run_cancels
+                and partition == run_partition
+                and topic == run_topic
+                and run is not None
+            ):
+                run.count += 1  # still being built: nobody has seen it yet
+                run_next += 1
+            else:
+                run = Leased(bm, name, deadline, n, cancels)
+                changes.append(run)
+                run_next, run_n, run_cancels = offset + 1, n, cancels
+                run_topic, run_partition = topic, partition
+            deliveries.append(Delivery(name, bm, n, cancels, deadline))
             count += 1
         if count:
             self._leases.push_many(leased, deadline)

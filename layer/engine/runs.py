@@ -108,14 +108,19 @@ class Run:
         tp = self.tp
         topic, partition = tp.topic, tp.partition
         start, seq0, rank, times = self.start, self.seq0, self.rank, self.times
+        # the bookmarks made by tuple's own constructor: a NamedTuple's ``__new__`` is a
+        # Python function, a call per message
+        new = tuple.__new__
         if rank is None:
             entries = [
-                Entry(Bookmark(topic, partition, start + j), seq0 + j, times[j], 0, 0)
+                Entry(new(Bookmark, (topic, partition, start + j)), seq0 + j, times[j], 0, 0)
                 for j in range(i, end)
             ]
         else:
             entries = [
-                Entry(Bookmark(topic, partition, start + j), (rank, seq0 + j), times[j], 0, 0)
+                Entry(
+                    new(Bookmark, (topic, partition, start + j)), (rank, seq0 + j), times[j], 0, 0
+                )
                 for j in range(i, end)
             ]
         self.detail.update(zip(range(start + i, start + end), entries, strict=True))

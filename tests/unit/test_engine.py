@@ -27,6 +27,7 @@ from layer.engine.model import (
     Semantics,
     TopicPartition,
     ViewChange,
+    singles,
 )
 from layer.exceptions import QueueError
 
@@ -60,10 +61,11 @@ def add(engine: QueueEngine, *offsets: int, now: float = 0.0, partition: int = 0
 
 
 def changes(engine: QueueEngine) -> list:
-    """The drained changes, a Forget of a run as one per message (``test_a_run_the_mark_passes
-    _is_one_forget`` checks the runs themselves)."""
+    """The drained changes, a run (a Forget, Leased or Done with a ``count``) as one per
+    message (``test_a_run_the_mark_passes_is_one_forget`` and ``test_leases_and_acks_of_a_run
+    _are_one_change`` check the runs themselves)."""
     out = []
-    for c in engine.drain().changes:
+    for c in singles(engine.drain().changes):
         if isinstance(c, Forget) and c.count > 1:
             bm = c.bookmark
             out.extend(Forget(bm._replace(offset=bm.offset + i)) for i in range(c.count))
@@ -866,6 +868,30 @@ def test_a_refused_arrival_keeps_the_run_built_before_it(engine_factory):
     assert engine.available() == [bm(0), bm(1), bm(2)]
     engine.subscribe("a", 5, 0.0)
     assert delivered(engine) == [("a", 0), ("a", 1), ("a", 2)]
+
+
+def test_leases_and_acks_of_a_run_are_one_change(engine_factory):
+    """A run of consecutive offsets leased to one subscription is one Leased (its count), an
+    ack of a span of them one Done; what differs (a cancel in the middle, a message delivered
+    before) splits the run, and ``singles`` gives the changes message by message."""
+    engine = engine_factory()
+    engine.set_high_watermark(TP0, 10)
+    engine.add_run(TP0, 0, [0.0] * 10, 0.0)
+    engine.mark_read(TP0, 10)
+    engine.subscribe("a", 10, 0.0)
+    engine.dispatch(0.0)
+    leased = engine.drain().changes
+    assert leased == [Leased(bm(0), "a", 60.0, 1, 0, count=10)]
+    assert list(singles(leased)) == [Leased(bm(o), "a", 60.0, 1, 0) for o in range(10)]
+    assert errors(engine.ack("a", [bm(4)], CANCEL, 1.0)) == [None]
+    assert engine.ack_runs("a", TP0, [0, 3, 5, 9], ACK, 1.0) == []
+    assert [c for c in engine.drain().changes if not isinstance(c, LowWater | Forget)] == [
+        Returned(bm(4), ReturnReason.CANCEL, 1, 1),
+        Done(bm(0), DoneReason.ACKED, 1, 0, 1.0, count=4),
+        Done(bm(5), DoneReason.ACKED, 1, 0, 1.0, count=5),
+    ]
+    engine.dispatch(2.0)
+    assert engine.drain().changes == [Leased(bm(4), "a", 62.0, 2, 1)]
 
 
 def test_a_run_the_mark_passes_is_one_forget(engine_factory):

@@ -21,6 +21,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from layer.coordinator.round import changelog_order
 from layer.engine.fairness import Subscriber, make_picker
 from layer.engine.index import DONE, Entry
 from layer.engine.model import (
@@ -41,6 +42,7 @@ from layer.engine.model import (
     ReturnReason,
     Semantics,
     TopicPartition,
+    singles,
 )
 from layer.engine.queue import QueueEngine, sort_rank
 from layer.engine.runs import Run
@@ -274,6 +276,19 @@ class EngineMachine(RuleBasedStateMachine):
             if isinstance(c, Returned):
                 assert c.reason is ReturnReason.DISCONNECT
 
+    @rule(name=st.sampled_from(SUBSCRIPTIONS), dice=st.integers(0, 2))
+    def disconnect_then_dispatch(self, name: str, dice: int) -> None:
+        """A subscription leaves and what it held goes out again in the same round (one
+        drain): the Returned of each message and the Leased of their run meet in one round's
+        changes, the case ``changelog_order`` takes message by message."""
+        if dice or name not in self.backlogs:
+            return
+        self.engine.disconnect(name, self.now)
+        self.backlogs.pop(name)
+        self.handed.pop(name, None)
+        self.engine.dispatch(self.now)
+        self.check_effects()
+
     @rule()
     def dispatch(self) -> None:
         self.engine.dispatch(self.now)
@@ -444,6 +459,12 @@ class EngineMachine(RuleBasedStateMachine):
     def check_effects(self) -> list:
         effects = self.engine.drain()
         for c in effects.changes:
+            count = getattr(c, "count", 1)
+            assert count >= 1
+            if count > 1 and not isinstance(c, Forget):
+                event(f"{type(c).__name__} of a run")
+        self.check_changelog_order(effects.changes)
+        for c in singles(effects.changes):
             b = getattr(c, "bookmark", None)
             event(type(c).__name__ + (f" {c.reason}" if isinstance(c, (Done, Returned)) else ""))
             if isinstance(c, Leased):
@@ -522,7 +543,25 @@ class EngineMachine(RuleBasedStateMachine):
         for b in self.done_ever:
             if b.offset < self.low[b.partition]:
                 assert b in self.forgotten, f"{b} is below the low-water mark but not forgotten"
-        return effects.changes
+        return list(singles(effects.changes))
+
+    def check_changelog_order(self, changes: list) -> None:
+        """The changes as a round writes them (``changelog_order``: sorted, runs kept where no
+        other change of the round is inside them) leave each message as the engine's order
+        does: what a restore from the changelog reads back."""
+        ordered = changelog_order(list(changes))
+        if any(getattr(c, "count", 1) > 1 and not isinstance(c, Forget) for c in ordered):
+            event("a run kept in the changelog order")
+        by_engine: dict[Bookmark, object] = {}
+        by_round: dict[Bookmark, object] = {}
+        for into, source in ((by_engine, changes), (by_round, ordered)):
+            for c in singles(source):
+                if isinstance(c, Leased | Returned | Done):
+                    into[c.bookmark] = c
+                elif isinstance(c, Forget):
+                    for offset in range(c.bookmark.offset, c.bookmark.offset + c.count):
+                        into[c.bookmark._replace(offset=offset)] = None
+        assert by_round == by_engine
 
     @invariant()
     def state_is_consistent(self) -> None:

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from layer.codec import decode_key, encode_change
-from layer.coordinator.round import ENTRY_SWEEP, Round, _ordered, mirror
+from layer.coordinator.round import ENTRY_SWEEP, Round, _ordered, changelog_order, mirror
 from layer.engine.model import (
     Bookmark,
     Change,
@@ -21,6 +21,7 @@ from layer.engine.model import (
     Returned,
     ReturnReason,
     TopicPartition,
+    singles,
 )
 from layer.state.base import StoreBatch, StoredMessage
 from layer.state.memory import MemoryStore
@@ -34,29 +35,38 @@ OFFSETS = 12
 @st.composite
 def round_changes(draw: st.DrawFn) -> list[Change]:
     """The changes of one round, as an engine drains them: per message its changes in order,
-    messages of partitions interleaved; tombstones for runs of done messages; a mark."""
+    messages of partitions interleaved, some as runs of consecutive offsets (``count``: a
+    lease of a run, an ack of a span), a run's messages changed before or after it too;
+    tombstones for runs of done messages; a mark."""
     changes: list[Change] = []
     done: dict[int, set[int]] = {p: set() for p in range(PARTITIONS)}
     holders = ["s1", "s2"]
     for _ in range(draw(st.integers(0, 30))):
         p = draw(st.integers(0, PARTITIONS - 1))
         offset = draw(st.integers(0, OFFSETS - 1))
-        if offset in done[p]:
+        count = draw(st.sampled_from([1, 1, 2, 3]))
+        span = range(offset, min(offset + count, OFFSETS))
+        if any(o in done[p] for o in span):
             continue
+        count = len(span)
         bm = Bookmark(TOPIC, p, offset)
         deliveries = draw(st.integers(1, 2))
         kind = draw(st.sampled_from(["leased", "returned", "done"]))
         if kind == "leased":
             holder = draw(st.sampled_from(holders))
             deadline = NOW + draw(st.sampled_from([30.0, 60.0]))
-            changes.append(Leased(bm, holder, deadline, deliveries, 0))
+            changes.append(Leased(bm, holder, deadline, deliveries, 0, count))
         elif kind == "returned":
             returned = draw(st.sampled_from(list(ReturnReason)))
-            changes.append(Returned(bm, returned, deliveries, 0))
+            changes.append(Returned(bm, returned, deliveries, 0, None, count))
         else:
-            left = draw(st.sampled_from([DoneReason.ACKED, DoneReason.MAX_DELIVERIES]))
-            changes.append(Done(bm, left, deliveries, 0, NOW))
-            done[p].add(offset)
+            left = draw(
+                st.sampled_from(
+                    [DoneReason.ACKED, DoneReason.MAX_DELIVERIES, DoneReason.EXPIRATION]
+                )
+            )
+            changes.append(Done(bm, left, deliveries, 0, NOW, count))
+            done[p].update(span)
     for p in range(PARTITIONS):
         # the low-water mark passes a prefix of the done offsets: one Forget per run of them
         mark = 0
@@ -111,12 +121,14 @@ def test_a_rounds_records_and_batch_say_what_its_changes_say_one_by_one(
     r.record(rt, Effects(list(changes), []))
     store.write(r.batch)
 
-    # one change at a time, in the order the round writes them: a record and a mirror each
+    # one change of one message at a time, in the order the engine made them (by message):
+    # a record and a mirror each
     expected = _seeded()
     reference = new_runtime(q)
     batch = StoreBatch()
     records: list[tuple[int, int, bytes | None]] = []
-    for change in _ordered(list(changes)) if len(changes) > 1 else changes:
+    singled = list(singles(changes))
+    for change in _ordered(singled) if len(singled) > 1 else singled:
         key, value = encode_change("q", change, now_ms)
         mirror(reference, change, value, batch, {})
         ck = decode_key(key)
@@ -130,8 +142,10 @@ def test_a_rounds_records_and_batch_say_what_its_changes_say_one_by_one(
         ck = decode_key(key)
         if ck.offset >= 0:
             written.extend((ck.partition, ck.offset + i, value) for i in range(ck.length))
-    assert written == records
+    # each message's records in the same order (a restore reads the last of each)
+    assert sorted(written, key=lambda w: w[:2]) == sorted(records, key=lambda w: w[:2])
     assert rt.counters.acked == reference.counters.acked
+    assert rt.counters.dead_lettered == reference.counters.dead_lettered
 
 
 def test_the_entries_a_mark_passes_go_in_one_range_delete_every_entry_sweep_offsets() -> None:
@@ -163,3 +177,26 @@ def test_the_entries_a_mark_passes_go_in_one_range_delete_every_entry_sweep_offs
         else:
             assert kept == 0  # the mark is ENTRY_SWEEP past the last sweep: one range delete
             assert rt.entries_swept[tp] == first + step
+
+
+def test_changelog_order_takes_a_run_message_by_message_where_a_change_is_inside_it():
+    """A change of a message inside a run of the engine's that came before the run (a return,
+    then the lease of a run that holds it) must stay before the run's change of that message:
+    the round writes such runs message by message; runs nothing is inside stay whole."""
+    tp = ("t", 0)
+    first = Bookmark(*tp, 5)
+    inside = Returned(Bookmark(*tp, 6), ReturnReason.CANCEL, 1, 1)
+    run = Leased(first, "a", 60.0, 2, 1, count=3)
+    ordered = changelog_order([inside, run])
+    assert ordered == [
+        Leased(first, "a", 60.0, 2, 1),
+        inside,
+        Leased(Bookmark(*tp, 6), "a", 60.0, 2, 1),
+        Leased(Bookmark(*tp, 7), "a", 60.0, 2, 1),
+    ]
+    other = Done(Bookmark("t", 1, 0), DoneReason.ACKED, 1, 0, 1.0, count=4)
+    assert changelog_order([run, other, Leased(Bookmark(*tp, 5), "b", 60.0, 3, 1)]) == [
+        run,
+        Leased(Bookmark(*tp, 5), "b", 60.0, 3, 1),
+        other,
+    ]
