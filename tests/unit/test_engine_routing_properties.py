@@ -33,6 +33,7 @@ from layer.engine.model import (
     Returned,
     Semantics,
     TopicPartition,
+    singles,
 )
 from layer.engine.queue import QueueEngine
 
@@ -237,7 +238,7 @@ class RoutingMachine(RuleBasedStateMachine):
                 assert v.bookmark in self.view, f"{v.bookmark} left a view it was not in"
                 self.view.discard(v.bookmark)
         assert self.view == set(self.engine.available()), "the view differs from a browse"
-        for c in effects.changes:
+        for c in singles(effects.changes):  # runs (a count) message by message
             if isinstance(c, Leased):
                 assert c.bookmark not in self.holders, f"{c.bookmark} leased twice at once"
                 assert c.bookmark not in self.done
