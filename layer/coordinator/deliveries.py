@@ -1,0 +1,110 @@
+"""The engine's deliveries of a round as the batches the API writes (``DeliveryBatch``), one
+per subscription: a column at a time (C loops over the round's lists), Python per message
+only for the rare ones (headers, parse errors, barriers, a deadline of their own)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from operator import attrgetter
+
+from layer.api.deliveries import DeliveryBatch
+from layer.engine.model import Bookmark, Delivery
+from layer.state.base import StoredMessage
+
+log = logging.getLogger(__name__)
+
+_SUBSCRIPTION = attrgetter("subscription")
+_BOOKMARK = attrgetter("bookmark")
+_DELIVERIES = attrgetter("deliveries")
+_CANCELS = attrgetter("cancels")
+_DEADLINE = attrgetter("deadline")
+_BARRIER = attrgetter("barrier")
+_KEY = attrgetter("key")
+_VALUE = attrgetter("value")
+_TIMESTAMP = attrgetter("timestamp_ms")
+_HEADERS = attrgetter("headers")
+_ERROR = attrgetter("error")
+
+
+def _ms(deadline: float | None) -> int | None:
+    return None if deadline is None else int(deadline * 1000)
+
+
+def by_subscription(
+    queue: str,
+    deliveries: Sequence[Delivery],
+    payloads: Mapping[Bookmark, StoredMessage | None],
+) -> list[tuple[str, DeliveryBatch]]:
+    """``deliveries`` of ``queue`` with their stored payloads, a batch per subscription in the
+    order of their first delivery; a delivery without a stored payload (which cannot happen
+    while the store is intact) is logged and left out: never hand out a hole."""
+    if not deliveries:
+        return []
+    subs = list(map(_SUBSCRIPTION, deliveries))
+    first = subs[0]
+    groups: dict[str, list[Delivery]]
+    if subs.count(first) == len(subs):
+        groups = {first: list(deliveries)}
+    else:
+        groups = {}
+        for sub, d in zip(subs, deliveries, strict=True):
+            group = groups.get(sub)
+            if group is None:
+                groups[sub] = [d]
+            else:
+                group.append(d)
+    out = []
+    for sub, group in groups.items():
+        batch = _batch(queue, group, payloads)
+        if batch is not None:
+            out.append((sub, batch))
+    return out
+
+
+def _batch(
+    queue: str, group: list[Delivery], payloads: Mapping[Bookmark, StoredMessage | None]
+) -> DeliveryBatch | None:
+    bookmarks = list(map(_BOOKMARK, group))
+    stored = list(map(payloads.get, bookmarks))
+    if None in stored:
+        for d, s in zip(group, stored, strict=True):
+            if s is None:
+                log.error("queue=%s bookmark=%s has no stored payload", queue, d.bookmark)
+        kept = [(d, s) for d, s in zip(group, stored, strict=True) if s is not None]
+        if not kept:
+            return None
+        group = [d for d, _s in kept]
+        bookmarks = list(map(_BOOKMARK, group))
+        stored = [s for _d, s in kept]
+    n = len(group)
+    times = list(map(_DEADLINE, group))
+    common = times[0]
+    deadlines: dict[int, int | None] = {}
+    if times.count(common) != n:
+        deadlines = {i: _ms(t) for i, t in enumerate(times) if t != common}
+    barriers: list[int] = []
+    if any(map(_BARRIER, group)):
+        barriers = [i for i, d in enumerate(group) if d.barrier]
+    headers = {}
+    all_headers = list(map(_HEADERS, stored))
+    if any(all_headers):
+        headers = {i: list(h) for i, h in enumerate(all_headers) if h}
+    errors = {}
+    all_errors = list(map(_ERROR, stored))
+    if all_errors.count(None) != n:
+        errors = {i: e for i, e in enumerate(all_errors) if e is not None}
+    return DeliveryBatch(
+        queue,
+        bookmarks,
+        list(map(_KEY, stored)),
+        list(map(_VALUE, stored)),
+        list(map(_TIMESTAMP, stored)),
+        list(map(_DELIVERIES, group)),
+        list(map(_CANCELS, group)),
+        _ms(common),
+        deadlines,
+        barriers,
+        headers,
+        errors,
+    )
