@@ -5,11 +5,11 @@ only for the rare ones (headers, parse errors, barriers, a deadline of their own
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from operator import attrgetter
 
 from layer.api.deliveries import DeliveryBatch
-from layer.engine.model import Bookmark, Delivery
+from layer.engine.model import Delivery
 from layer.state.base import StoredMessage
 
 log = logging.getLogger(__name__)
@@ -32,41 +32,37 @@ def _ms(deadline: float | None) -> int | None:
 
 
 def by_subscription(
-    queue: str,
-    deliveries: Sequence[Delivery],
-    payloads: Mapping[Bookmark, StoredMessage | None],
+    queue: str, deliveries: Sequence[Delivery], stored: Sequence[StoredMessage | None]
 ) -> list[tuple[str, DeliveryBatch]]:
-    """``deliveries`` of ``queue`` with their stored payloads, a batch per subscription in the
-    order of their first delivery; a delivery without a stored payload (which cannot happen
-    while the store is intact) is logged and left out: never hand out a hole."""
+    """``deliveries`` of ``queue`` with their stored payloads (``stored``, in their order), a
+    batch per subscription in the order of their first delivery; a delivery without a stored
+    payload (which cannot happen while the store is intact) is logged and left out: never hand
+    out a hole."""
     if not deliveries:
         return []
     subs = list(map(_SUBSCRIPTION, deliveries))
     first = subs[0]
-    groups: dict[str, list[Delivery]]
     if subs.count(first) == len(subs):
-        groups = {first: list(deliveries)}
-    else:
-        groups = {}
-        for sub, d in zip(subs, deliveries, strict=True):
-            group = groups.get(sub)
-            if group is None:
-                groups[sub] = [d]
-            else:
-                group.append(d)
+        batch = _batch(queue, list(deliveries), list(stored))
+        return [] if batch is None else [(first, batch)]
+    groups: dict[str, list[int]] = {}
+    for i, sub in enumerate(subs):
+        group = groups.get(sub)
+        if group is None:
+            groups[sub] = [i]
+        else:
+            group.append(i)
     out = []
-    for sub, group in groups.items():
-        batch = _batch(queue, group, payloads)
+    for sub, positions in groups.items():
+        batch = _batch(queue, [deliveries[i] for i in positions], [stored[i] for i in positions])
         if batch is not None:
             out.append((sub, batch))
     return out
 
 
 def _batch(
-    queue: str, group: list[Delivery], payloads: Mapping[Bookmark, StoredMessage | None]
+    queue: str, group: list[Delivery], stored: list[StoredMessage | None]
 ) -> DeliveryBatch | None:
-    bookmarks = list(map(_BOOKMARK, group))
-    stored = list(map(payloads.get, bookmarks))
     if None in stored:
         for d, s in zip(group, stored, strict=True):
             if s is None:
@@ -75,8 +71,8 @@ def _batch(
         if not kept:
             return None
         group = [d for d, _s in kept]
-        bookmarks = list(map(_BOOKMARK, group))
         stored = [s for _d, s in kept]
+    bookmarks = list(map(_BOOKMARK, group))
     n = len(group)
     times = list(map(_DEADLINE, group))
     common = times[0]

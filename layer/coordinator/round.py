@@ -253,15 +253,18 @@ class Round:
         if not changes and not effects.deliveries and not effects.view:
             return
         name = rt.name
-        need = [d.bookmark for d in effects.deliveries]
-        # (an acked message, the most common, is told apart by identity: ``dead_letter`` is a
-        # property call)
-        need.extend(
+        # the payloads of dead letters (an acked message, the most common, is told apart by
+        # identity: ``dead_letter`` is a property call)
+        need = [
             c.bookmark
             for c in changes
             if type(c) is Done and c.reason is not _ACKED and c.reason.dead_letter
-        )
+        ]
         payloads = rt.payloads(self._store, need) if need else {}
+        deliveries = effects.deliveries
+        # those of the deliveries in their order, read before the changes drop them from the
+        # cache (an at-most-once delivery is done in its round)
+        stored = rt.stored(self._store, list(map(_BOOKMARK, deliveries))) if deliveries else []
         topic = rt.changelog_topic
         records = self.records
         if len(changes) > 1:
@@ -359,7 +362,7 @@ class Round:
         if effects.deliveries:
             # counted with the round whose commit makes them durable (its counters go with it)
             rt.counters.delivered += len(effects.deliveries)
-            self.pushes.append((rt, by_subscription(name, effects.deliveries, payloads)))
+            self.pushes.append((rt, by_subscription(name, deliveries, stored)))
 
     def _record_run(
         self,

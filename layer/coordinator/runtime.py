@@ -833,6 +833,20 @@ class QueueRuntime:
             found.update(zip(missing, store.get_messages(self.name, missing), strict=True))
         return found
 
+    def stored(self, store: Store, bookmarks: list[Bookmark]) -> list[StoredMessage | None]:
+        """The stored copies of these messages in their order (None: not stored): from the
+        cache, the rest in one store read."""
+        out: list[StoredMessage | None] = list(map(self.payload_cache.get, bookmarks))
+        absent = out.count(None)
+        if absent == len(out):
+            return store.get_messages(self.name, bookmarks)
+        if absent:
+            missing = [i for i, s in enumerate(out) if s is None]
+            found = store.get_messages(self.name, [bookmarks[i] for i in missing])
+            for i, s in zip(missing, found, strict=True):
+                out[i] = s
+        return out
+
 
 def lookup(runtimes: Mapping[str, QueueRuntime], queue: str) -> QueueRuntime:
     """The runtime of a configured queue; ``UnknownQueue`` names the configured ones."""

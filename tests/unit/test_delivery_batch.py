@@ -50,6 +50,12 @@ def reference(
     return list(by_sub.items())
 
 
+def _stored_of(
+    deliveries: list[Delivery], payloads: dict[Bookmark, StoredMessage | None]
+) -> list[StoredMessage | None]:
+    return [payloads.get(d.bookmark) for d in deliveries]
+
+
 _bytes = st.binary(max_size=12)
 _header = st.tuples(st.sampled_from(["a", "b", "trace"]), st.none() | _bytes)
 _stored = st.builds(
@@ -106,7 +112,7 @@ def test_a_batch_gives_the_messages_and_frames_of_the_former_path(
 ) -> None:
     deliveries, payloads = round_
     expected = reference("q", deliveries, payloads)
-    got = by_subscription("q", deliveries, payloads)
+    got = by_subscription("q", deliveries, _stored_of(deliveries, payloads))
     assert [sub for sub, _ in got] == [sub for sub, _ in expected]
     for (_sub, batch), (_, messages) in zip(got, expected, strict=True):
         assert len(batch) == len(messages)
@@ -130,7 +136,9 @@ def test_slices_joins_and_cuts_keep_the_messages(
     round_: tuple[list[Delivery], dict[Bookmark, StoredMessage | None]], i: int, j: int
 ) -> None:
     deliveries, payloads = round_
-    batches = [batch for _sub, batch in by_subscription("q", deliveries, payloads)]
+    batches = [
+        batch for _sub, batch in by_subscription("q", deliveries, _stored_of(deliveries, payloads))
+    ]
     messages = [m for batch in batches for m in batch.messages()]
     for batch in batches:
         assert batch[i:j].messages() == batch.messages()[i:j]
@@ -173,7 +181,7 @@ def test_a_restart_moves_every_lease_and_no_barrier() -> None:
         Delivery("s", bm[3], 1, 0, 10.0),
     ]
     stored = StoredMessage(key=None, value=b"{}")
-    [(_sub, batch)] = by_subscription("q", deliveries, dict.fromkeys(bm, stored))
+    [(_sub, batch)] = by_subscription("q", deliveries, [stored] * 4)
     before = batch.messages()
     assert batch.leased() == [bm[0], bm[2], bm[3]]
     batch.restart(99_000)
@@ -185,12 +193,8 @@ def test_a_restart_moves_every_lease_and_no_barrier() -> None:
 
 def test_batches_of_several_queues_go_as_messages() -> None:
     stored = StoredMessage(key=b"k", value=b"v")
-    one = by_subscription(
-        "a", [Delivery("s", Bookmark("t", 0, 0), 1, 0, 5.0)], {Bookmark("t", 0, 0): stored}
-    )
-    two = by_subscription(
-        "b", [Delivery("s", Bookmark("u", 0, 0), 1, 0, 5.0)], {Bookmark("u", 0, 0): stored}
-    )
+    one = by_subscription("a", [Delivery("s", Bookmark("t", 0, 0), 1, 0, 5.0)], [stored])
+    two = by_subscription("b", [Delivery("s", Bookmark("u", 0, 0), 1, 0, 5.0)], [stored])
     joined = _joined([one[0][1], two[0][1]])
     assert isinstance(joined, list)
     assert [m.queue for m in joined] == ["a", "b"]

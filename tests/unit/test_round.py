@@ -343,7 +343,7 @@ def test_a_delivery_without_a_stored_copy_is_never_handed_out() -> None:
         Delivery("s", there, 1, 0, None),
     ]
     stored = StoredMessage(key=None, value=b"{}", headers=())
-    [(sub, messages)] = by_subscription(rt.name, deliveries, {there: stored})
+    [(sub, messages)] = by_subscription(rt.name, deliveries, [None, stored])
     assert sub == "s" and [m.bookmark for m in messages] == [there]
 
 
