@@ -29,8 +29,9 @@ def _sparse(column: dict[int, V], i: int, j: int) -> dict[int, V]:
 class DeliveryBatch(Sequence[DeliveredMessage]):
     """The messages ``queue`` hands one subscription, as columns of equal length.
 
-    ``deadline_ms`` is the lease deadline of every message but those in ``deadlines``
-    (position -> its own; None: not leased). ``headers`` and ``errors`` hold the messages that
+    ``deadline_ms`` is the lease deadline of every message (None: not leased), unless the
+    batch has ``deadlines``, a deadline per message (a round's barriers among its leases, or
+    batches of several rounds joined). ``headers`` and ``errors`` hold the messages that
     have any (position -> value); ``barriers`` the positions of barrier messages, in order.
     """
 
@@ -49,7 +50,7 @@ class DeliveryBatch(Sequence[DeliveredMessage]):
         deliveries: list[int],
         cancels: list[int],
         deadline_ms: int | None,
-        deadlines: dict[int, int | None] | None = None,
+        deadlines: list[int | None] | None = None,
         barriers: list[int] | None = None,
         headers: dict[int, Headers] | None = None,
         errors: dict[int, str] | None = None,
@@ -62,7 +63,7 @@ class DeliveryBatch(Sequence[DeliveredMessage]):
         self.deliveries = deliveries
         self.cancels = cancels
         self.deadline_ms = deadline_ms
-        self.deadlines: dict[int, int | None] = deadlines or {}
+        self.deadlines = deadlines
         self.barriers: list[int] = barriers or []
         self.headers: dict[int, Headers] = headers or {}
         self.errors: dict[int, str] = errors or {}
@@ -101,7 +102,7 @@ class DeliveryBatch(Sequence[DeliveredMessage]):
     def deadline(self, i: int) -> int | None:
         """The lease deadline of the message at position ``i``."""
         deadlines = self.deadlines
-        return deadlines[i] if deadlines and i in deadlines else self.deadline_ms
+        return self.deadline_ms if deadlines is None else deadlines[i]
 
     def _message(self, i: int) -> DeliveredMessage:
         headers = self.headers.get(i)
@@ -122,7 +123,7 @@ class DeliveryBatch(Sequence[DeliveredMessage]):
     def messages(self) -> list[DeliveredMessage]:
         """The batch as messages (built once; for whatever does not take columns)."""
         if self._messages is None:
-            plain = not (self.deadlines or self.barriers or self.headers or self.errors)
+            plain = not (self.deadlines is not None or self.barriers or self.headers or self.errors)
             if plain:
                 deadline, queue = self.deadline_ms, self.queue
                 self._messages = [
@@ -138,19 +139,18 @@ class DeliveryBatch(Sequence[DeliveredMessage]):
 
     def leased(self) -> list[Bookmark]:
         """The bookmarks of the messages with a lease deadline."""
-        if self.deadline_ms is not None and not self.deadlines:
-            return list(self.bookmarks)
-        deadline = self.deadline
-        return [b for i, b in enumerate(self.bookmarks) if deadline(i) is not None]
+        deadlines = self.deadlines
+        if deadlines is None:
+            return [] if self.deadline_ms is None else list(self.bookmarks)
+        return [b for b, d in zip(self.bookmarks, deadlines, strict=True) if d is not None]
 
     def restart(self, deadline_ms: int) -> None:
         """Every lease of the batch ends at ``deadline_ms`` (``restart_leases``: they were not
         handed out yet)."""
         if self.deadline_ms is not None:
             self.deadline_ms = deadline_ms
-        for i, d in self.deadlines.items():
-            if d is not None:
-                self.deadlines[i] = deadline_ms
+        if self.deadlines is not None:
+            self.deadlines = [None if d is None else deadline_ms for d in self.deadlines]
         if self._messages is not None:
             for m in self._messages:
                 if m.lease_deadline_ms is not None:
@@ -168,7 +168,7 @@ class DeliveryBatch(Sequence[DeliveredMessage]):
             self.deliveries[i:j],
             self.cancels[i:j],
             self.deadline_ms,
-            _sparse(self.deadlines, i, j),
+            None if self.deadlines is None else self.deadlines[i:j],
             [p - i for p in self.barriers if i <= p < j],
             _sparse(self.headers, i, j),
             _sparse(self.errors, i, j),
@@ -181,6 +181,7 @@ class DeliveryBatch(Sequence[DeliveredMessage]):
             return batches[0]
         first = batches[0]
         out = cls(first.queue, [], [], [], [], [], [], first.deadline_ms)
+        deadlines: list[list[int | None]] = []
         for b in batches:
             if b.queue != first.queue:
                 raise ValueError(f"joining batches of {first.queue!r} and {b.queue!r}")
@@ -191,15 +192,12 @@ class DeliveryBatch(Sequence[DeliveredMessage]):
             out.times += b.times
             out.deliveries += b.deliveries
             out.cancels += b.cancels
-            if b.deadline_ms != out.deadline_ms:
-                out.deadlines.update((at + p, b.deadline_ms) for p in range(len(b.bookmarks)))
-            out.deadlines.update((at + p, d) for p, d in b.deadlines.items())
+            deadlines.append(b.deadlines or [b.deadline_ms] * len(b.bookmarks))
             out.barriers += [at + p for p in b.barriers]
             out.headers.update((at + p, h) for p, h in b.headers.items())
             out.errors.update((at + p, e) for p, e in b.errors.items())
-        # an exception equal to the common deadline is none
-        common = out.deadline_ms
-        out.deadlines = {p: d for p, d in out.deadlines.items() if d != common}
+        if any(b.deadlines is not None or b.deadline_ms != first.deadline_ms for b in batches):
+            out.deadlines = [d for column in deadlines for d in column]
         return out
 
     def payload_size(self) -> int:

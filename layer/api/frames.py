@@ -697,20 +697,18 @@ def _add_batch(columns: Any, batch: DeliveryBatch) -> None:
     columns.offset.extend(offsets)
     keys, values = batch.keys, batch.values
     common, deadlines = batch.deadline_ms, batch.deadlines
+    all_leased = common is not None if deadlines is None else None not in deadlines
     no_keys = keys.count(None) == n
     all_values = None not in values
     barriers, headers, errors = batch.barriers, batch.headers, batch.errors
-    if no_keys and all_values and not (barriers or headers or errors):
-        flag = _VALUE | (_DEADLINE if common is not None else 0)
-        flags = [flag] * n
-        for i, d in deadlines.items():
-            flags[i] = _VALUE | (_DEADLINE if d is not None else 0)
+    if no_keys and all_values and all_leased and not (barriers or headers or errors):
+        columns.flags.extend([_VALUE | _DEADLINE] * n)  # a plain batch (the common case)
     else:
         flags = [(k is not None) + 2 * (v is not None) for k, v in zip(keys, values, strict=True)]
-        if common is not None:
+        if deadlines is not None:
+            flags = [f + 4 * (d is not None) for f, d in zip(flags, deadlines, strict=True)]
+        elif common is not None:
             flags = [f | _DEADLINE for f in flags]
-        for i, d in deadlines.items():
-            flags[i] = flags[i] | _DEADLINE if d is not None else flags[i] & ~_DEADLINE
         for i in barriers:
             flags[i] |= _BARRIER
         for i in errors:
@@ -718,19 +716,18 @@ def _add_batch(columns: Any, batch: DeliveryBatch) -> None:
         for i, h in headers.items():
             if h:
                 flags[i] |= _HEADERS
-    columns.flags.extend(flags)
+        columns.flags.extend(flags)
     columns.key.extend([b""] * n if no_keys else [b"" if k is None else k for k in keys])
     columns.value.extend(values if all_values else [b"" if v is None else v for v in values])
     columns.timestamp_ms.extend(batch.times)
     columns.deliveries.extend(batch.deliveries)
     columns.cancels.extend(batch.cancels)
-    if deadlines:
-        at = [0 if common is None else common] * n
-        for i, d in deadlines.items():
-            at[i] = 0 if d is None else d
-        columns.lease_deadline_ms.extend(at)
-    else:
+    if deadlines is None:
         columns.lease_deadline_ms.extend([0 if common is None else common] * n)
+    elif all_leased:
+        columns.lease_deadline_ms.extend(deadlines)
+    else:
+        columns.lease_deadline_ms.extend([0 if d is None else d for d in deadlines])
     columns.queue.extend([batch.queue] * n)
     if errors:
         columns.parse_error.extend([errors[i] for i in sorted(errors)])

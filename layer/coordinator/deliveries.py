@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from operator import attrgetter
+from typing import cast
 
 from layer.api.deliveries import DeliveryBatch
 from layer.engine.model import Delivery
@@ -38,13 +39,20 @@ def by_subscription(
     batch per subscription in the order of their first delivery; a delivery without a stored
     payload (which cannot happen while the store is intact) is logged and left out: never hand
     out a hole."""
+    found = cast("list[StoredMessage]", list(stored))
+    if None in stored:
+        for d, s in zip(deliveries, stored, strict=True):
+            if s is None:
+                log.error("queue=%s bookmark=%s has no stored payload", queue, d.bookmark)
+        kept = [(d, s) for d, s in zip(deliveries, stored, strict=True) if s is not None]
+        deliveries = [d for d, _s in kept]
+        found = [s for _d, s in kept]
     if not deliveries:
         return []
     subs = list(map(_SUBSCRIPTION, deliveries))
     first = subs[0]
     if subs.count(first) == len(subs):
-        batch = _batch(queue, list(deliveries), list(stored))
-        return [] if batch is None else [(first, batch)]
+        return [(first, _batch(queue, list(deliveries), found))]
     groups: dict[str, list[int]] = {}
     for i, sub in enumerate(subs):
         group = groups.get(sub)
@@ -52,33 +60,20 @@ def by_subscription(
             groups[sub] = [i]
         else:
             group.append(i)
-    out = []
-    for sub, positions in groups.items():
-        batch = _batch(queue, [deliveries[i] for i in positions], [stored[i] for i in positions])
-        if batch is not None:
-            out.append((sub, batch))
-    return out
+    return [
+        (sub, _batch(queue, [deliveries[i] for i in positions], [found[i] for i in positions]))
+        for sub, positions in groups.items()
+    ]
 
 
-def _batch(
-    queue: str, group: list[Delivery], stored: list[StoredMessage | None]
-) -> DeliveryBatch | None:
-    if None in stored:
-        for d, s in zip(group, stored, strict=True):
-            if s is None:
-                log.error("queue=%s bookmark=%s has no stored payload", queue, d.bookmark)
-        kept = [(d, s) for d, s in zip(group, stored, strict=True) if s is not None]
-        if not kept:
-            return None
-        group = [d for d, _s in kept]
-        stored = [s for _d, s in kept]
+def _batch(queue: str, group: list[Delivery], stored: list[StoredMessage]) -> DeliveryBatch:
     bookmarks = list(map(_BOOKMARK, group))
     n = len(group)
     times = list(map(_DEADLINE, group))
     common = times[0]
-    deadlines: dict[int, int | None] = {}
+    deadlines = None  # one for all: the common case
     if times.count(common) != n:
-        deadlines = {i: _ms(t) for i, t in enumerate(times) if t != common}
+        deadlines = [_ms(t) for t in times]
     barriers: list[int] = []
     if any(map(_BARRIER, group)):
         barriers = [i for i, d in enumerate(group) if d.barrier]

@@ -200,3 +200,33 @@ def test_batches_of_several_queues_go_as_messages() -> None:
     assert [m.queue for m in joined] == ["a", "b"]
     [frame] = _message_frames(joined, True)
     assert SERVER_FRAME_CODEC.decode(SERVER_FRAME_CODEC.encode(frame)) == Messages(joined, True)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(rounds(), min_size=1, max_size=4))
+def test_batches_of_several_rounds_join_into_the_frame_of_their_messages(
+    rounds_: list[tuple[list[Delivery], dict[Bookmark, StoredMessage | None]]],
+) -> None:
+    batches: list[DeliveryBatch] = []
+    for n, (deliveries, payloads) in enumerate(rounds_):
+        # each round leases to its own deadline
+        moved = [
+            Delivery(
+                d.subscription,
+                d.bookmark,
+                d.deliveries,
+                d.cancels,
+                d.deadline and d.deadline + n,
+                d.barrier,
+            )
+            for d in deliveries
+        ]
+        batches += [b for _sub, b in by_subscription("q", moved, _stored_of(moved, payloads))]
+    if not batches:
+        return
+    messages = [m for b in batches for m in b.messages()]
+    joined = _joined(list(batches))
+    assert isinstance(joined, DeliveryBatch)
+    assert joined.messages() == messages
+    for columns in (True, False):
+        assert _encode(joined, columns) == _encode(messages, columns)
