@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, is_
 from typing import cast
 
 from layer.api.deliveries import DeliveryBatch
@@ -40,7 +41,8 @@ def by_subscription(
     payload (which cannot happen while the store is intact) is logged and left out: never hand
     out a hole."""
     found = cast("list[StoredMessage]", list(stored))
-    if None in stored:
+    # by identity: ``None in stored`` would call StoredMessage.__eq__ (Python) per message
+    if any(map(is_, stored, repeat(None))):
         for d, s in zip(deliveries, stored, strict=True):
             if s is None:
                 log.error("queue=%s bookmark=%s has no stored payload", queue, d.bookmark)

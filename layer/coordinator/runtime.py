@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import groupby, islice, repeat
+from operator import is_
 from typing import TYPE_CHECKING, cast
 
 from confluent_kafka import Message
@@ -837,7 +838,8 @@ class QueueRuntime:
         """The stored copies of these messages in their order (None: not stored): from the
         cache, the rest in one store read."""
         out: list[StoredMessage | None] = list(map(self.payload_cache.get, bookmarks))
-        absent = out.count(None)
+        # by identity: ``count(None)`` would call StoredMessage.__eq__ (Python) per message
+        absent = sum(map(is_, out, repeat(None)))
         if absent == len(out):
             return store.get_messages(self.name, bookmarks)
         if absent:
