@@ -32,7 +32,7 @@ from layer.api.service import DeliveredMessage, OffsetRuns
 from layer.coordinator.app import tune_gc
 from layer.coordinator.round import Offsets, Rounds, RoundSignal
 from layer.coordinator.subscriptions import Subscriptions
-from layer.engine.model import AckOp
+from layer.engine.model import AckOp, Bookmark
 from layer.exceptions import QLayerError
 from layer.state.changelog import ChangelogRecord, ExtraRecord
 from layer.state.rocksdb import RocksDBStore
@@ -63,11 +63,18 @@ class _Changelog:
 
 
 class _Sink:
+    """Keeps the bookmarks handed out, to ack them; reads a DeliveryBatch's column as the
+    server writes it, without building its messages (a list of messages from a build
+    without batches)."""
+
     def __init__(self) -> None:
-        self.messages: list[DeliveredMessage] = []
+        self.messages: list[Bookmark] = []
 
     def deliver(self, messages: Sequence[DeliveredMessage]) -> None:
-        self.messages.extend(messages)
+        bookmarks = getattr(messages, "bookmarks", None)
+        if bookmarks is None:
+            bookmarks = [m.bookmark for m in messages]
+        self.messages.extend(bookmarks)
 
     @property
     def unsent(self) -> int:
@@ -77,12 +84,13 @@ class _Sink:
         pass
 
 
-def _runs(messages: Sequence[DeliveredMessage]) -> list[OffsetRuns]:
-    """The acks of ``messages`` as the client sends them: inclusive offset runs per partition."""
+def _runs(bookmarks: Sequence[Bookmark]) -> list[OffsetRuns]:
+    """The acks of ``bookmarks`` as the client sends them: inclusive offset runs per
+    partition."""
     by_partition: dict[int, list[int]] = {}
-    for m in sorted(messages, key=lambda m: (m.bookmark.partition, m.bookmark.offset)):
-        runs = by_partition.setdefault(m.bookmark.partition, [])
-        offset = m.bookmark.offset
+    for b in sorted(bookmarks, key=lambda b: (b.partition, b.offset)):
+        runs = by_partition.setdefault(b.partition, [])
+        offset = b.offset
         if runs and runs[-1] == offset - 1:
             runs[-1] = offset
         else:

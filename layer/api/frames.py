@@ -25,6 +25,7 @@ from typing import Any, Generic, TypeVar
 
 from google.protobuf.message import DecodeError, EncodeError
 
+from layer.api.deliveries import DeliveryBatch
 from layer.api.errors import ErrorCode, parse_code
 from layer.api.proto.qlayer.v1 import queue_pb2 as pb
 from layer.api.service import (
@@ -240,7 +241,7 @@ class Checked:
 
 @dataclass(frozen=True, slots=True)
 class Messages:
-    messages: list[DeliveredMessage]
+    messages: Sequence[DeliveredMessage]  # a DeliveryBatch from the coordinator
     # on the wire as MessageColumns (to a client that set Subscribe.message_columns)
     columns: bool = False
     made_at: float = 0.0  # the server's monotonic clock when it decided to write the frame
@@ -683,6 +684,60 @@ def _add_columns(columns: Any, messages: Sequence[DeliveredMessage]) -> None:
         columns.headers.extend([header(key=k, value=v) for h in headers for k, v in h])
 
 
+def _add_batch(columns: Any, batch: DeliveryBatch) -> None:
+    """``batch`` into a MessageColumns, as ``_add_columns`` writes its messages: its columns
+    extend the frame's as they are, the sparse ones (deadline exceptions, barriers, headers,
+    parse errors) filled in where there are any."""
+    n = len(batch.bookmarks)
+    if not n:
+        return
+    topics, partitions, offsets = zip(*batch.bookmarks, strict=True)
+    columns.topic.extend(topics)
+    columns.partition.extend(partitions)
+    columns.offset.extend(offsets)
+    keys, values = batch.keys, batch.values
+    common, deadlines = batch.deadline_ms, batch.deadlines
+    all_leased = common is not None if deadlines is None else None not in deadlines
+    no_keys = keys.count(None) == n
+    all_values = None not in values
+    barriers, headers, errors = batch.barriers, batch.headers, batch.errors
+    if no_keys and all_values and all_leased and not (barriers or headers or errors):
+        columns.flags.extend([_VALUE | _DEADLINE] * n)  # a plain batch (the common case)
+    else:
+        flags = [(k is not None) + 2 * (v is not None) for k, v in zip(keys, values, strict=True)]
+        if deadlines is not None:
+            flags = [f + 4 * (d is not None) for f, d in zip(flags, deadlines, strict=True)]
+        elif common is not None:
+            flags = [f | _DEADLINE for f in flags]
+        for i in barriers:
+            flags[i] |= _BARRIER
+        for i in errors:
+            flags[i] |= _ERROR
+        for i, h in headers.items():
+            if h:
+                flags[i] |= _HEADERS
+        columns.flags.extend(flags)
+    columns.key.extend([b""] * n if no_keys else [b"" if k is None else k for k in keys])
+    columns.value.extend(values if all_values else [b"" if v is None else v for v in values])
+    columns.timestamp_ms.extend(batch.times)
+    columns.deliveries.extend(batch.deliveries)
+    columns.cancels.extend(batch.cancels)
+    if deadlines is None:
+        columns.lease_deadline_ms.extend([0 if common is None else common] * n)
+    elif all_leased:
+        columns.lease_deadline_ms.extend(deadlines)
+    else:
+        columns.lease_deadline_ms.extend([0 if d is None else d for d in deadlines])
+    columns.queue.extend([batch.queue] * n)
+    if errors:
+        columns.parse_error.extend([errors[i] for i in sorted(errors)])
+    if headers:
+        header = pb.Header
+        lists = [headers[i] for i in sorted(headers) if headers[i]]
+        columns.header_count.extend([len(h) for h in lists])
+        columns.headers.extend([header(key=k, value=v) for h in lists for k, v in h])
+
+
 _PER_MESSAGE = (
     "topic", "partition", "offset", "key", "value", "timestamp_ms", "deliveries", "cancels",
     "lease_deadline_ms", "queue",
@@ -806,7 +861,10 @@ def _fill_server(out: Any, frame: ServerFrame) -> None:
             out.messages.made_at = frame.made_at
         if frame.columns:
             out.messages.columns.SetInParent()
-            _add_columns(out.messages.columns, frame.messages)
+            if isinstance(frame.messages, DeliveryBatch):
+                _add_batch(out.messages.columns, frame.messages)
+            else:
+                _add_columns(out.messages.columns, frame.messages)
         else:
             _add_messages(out.messages.messages, frame.messages)
     elif isinstance(frame, AckResult):

@@ -53,6 +53,7 @@ from grpc_health.v1 import health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from layer.api.access import RPC_RIGHTS, Access, Principal, Right
+from layer.api.deliveries import DeliveryBatch
 from layer.api.errors import CODE_METADATA_KEY, ErrorCode, code_of, status_of
 from layer.api.frames import (
     ACK_WHERE_CODEC,
@@ -193,7 +194,16 @@ class _End:
 
 
 _END = _End()
-_Outgoing = list[DeliveredMessage] | AckResult | Error | Replaced | Checked | _SinkClosed | _End
+_Outgoing = (
+    DeliveryBatch
+    | list[DeliveredMessage]
+    | AckResult
+    | Error
+    | Replaced
+    | Checked
+    | _SinkClosed
+    | _End
+)
 
 
 #: (queue, stage, seconds, messages): a latency stage timed here (layer.coordinator.stages)
@@ -226,7 +236,9 @@ class _StreamSink:
     def deliver(self, messages: Sequence[DeliveredMessage]) -> None:
         if messages:
             self.unsent += len(messages)
-            self._out.put_nowait(list(messages))
+            self._out.put_nowait(
+                messages if isinstance(messages, DeliveryBatch) else list(messages)
+            )
             if self._pushed is not None:
                 self._delivered_at.append([time.time(), float(len(messages))])
 
@@ -312,12 +324,28 @@ def _batch_size(messages: list[DeliveredMessage]) -> int:
     return size
 
 
-def _message_frames(messages: list[DeliveredMessage], columns: bool = False) -> list[Messages]:
+def _joined(items: list[DeliveryBatch | list[DeliveredMessage]]) -> Sequence[DeliveredMessage]:
+    """The messages of what piled up for a write, in order: one DeliveryBatch when they all
+    are batches of one queue (the rounds of a subscription to one queue), else a list."""
+    if len(items) == 1 and isinstance(items[0], DeliveryBatch):
+        return items[0]
+    batches = [item for item in items if isinstance(item, DeliveryBatch)]
+    if len(batches) == len(items) and all(b.queue == batches[0].queue for b in batches):
+        return DeliveryBatch.join(batches)
+    return [m for item in items for m in item]
+
+
+def _message_frames(messages: Sequence[DeliveredMessage], columns: bool = False) -> list[Messages]:
     """``messages`` as Messages frames, a frame cut once its payload passes
     ``_FRAME_PAYLOAD_BYTES``: one frame, measured per batch, when the whole batch is under it
     (what a round hands a subscription almost always is)."""
     if not messages:
         return []
+    if isinstance(messages, DeliveryBatch):
+        if messages.payload_size() < _FRAME_PAYLOAD_BYTES:
+            return [Messages(messages, columns)]
+        return [Messages(piece, columns) for piece in messages.cut(_FRAME_PAYLOAD_BYTES)]
+    messages = list(messages)
     if _batch_size(messages) < _FRAME_PAYLOAD_BYTES:
         return [Messages(messages, columns)]
     frames: list[Messages] = []
@@ -749,7 +777,7 @@ class ApiServer:
         try:
             async for batch in stream:
                 for frame in _message_frames(batch):
-                    yield ReplayReply(frame.messages)
+                    yield ReplayReply(list(frame.messages))
         except QLayerError as exc:
             await _refuse(context, exc)
         finally:
@@ -1013,12 +1041,12 @@ class ApiServer:
         messages. To one that takes message
         columns (``columns``), Messages go as MessageColumns."""
         while True:
-            messages: list[DeliveredMessage] = []
+            delivered: list[DeliveryBatch | list[DeliveredMessage]] = []
             control: list[_Control] = []
             end: _End | _SinkClosed | None = None
             for item in await sink.take(linger=batch):
-                if isinstance(item, list):
-                    messages.extend(item)
+                if isinstance(item, DeliveryBatch | list):
+                    delivered.append(item)
                 elif isinstance(item, _End | _SinkClosed):
                     end = end or item
                 elif batch:
@@ -1035,7 +1063,7 @@ class ApiServer:
                         context, grpc.StatusCode.UNAVAILABLE, f"subscription closed: {end.reason}"
                     )
                 return
-            frames = _message_frames(messages, columns)
+            frames = _message_frames(_joined(delivered), columns) if delivered else []
             if control:
                 first = []
                 if frames:

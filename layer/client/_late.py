@@ -105,7 +105,7 @@ class LateFrames:
     def messages(self, frame: Messages, now: float) -> list[DeliveredMessage]:
         """The messages of ``frame`` to hand to the consumer now (none while held)."""
         if self._asking is None and not self._late(frame, now):
-            return frame.messages
+            return list(frame.messages)
         self._held.append(frame)
         if self._asking is None:
             self._ask(frame, now)

@@ -32,22 +32,21 @@ import contextlib
 import logging
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import repeat
 from operator import attrgetter
 from typing import TYPE_CHECKING, Protocol
 
-from layer.api.service import DeliveredMessage
+from layer.api.deliveries import DeliveryBatch
 from layer.codec import encode, encode_change, encode_run
+from layer.coordinator.deliveries import by_subscription
 from layer.coordinator.runtime import QueueRuntime
 from layer.coordinator.view import lease_changes, view_record
 from layer.engine.model import (
     AckOp,
     Bookmark,
     Change,
-    Delivery,
     Done,
     DoneReason,
     Effects,
@@ -74,7 +73,6 @@ __all__ = [
     "Rounds",
     "changelog_order",
     "dead_letter",
-    "materialize",
     "RunMirror",
     "mirror",
 ]
@@ -101,7 +99,7 @@ LATE_ROUND = 1.0
 #: the last offset written, per changelog (topic, partition)
 Offsets = dict[tuple[str, int], int]
 #: one queue's deliveries of a round, by subscription
-Push = tuple[QueueRuntime, list[tuple[str, list[DeliveredMessage]]]]
+Push = tuple[QueueRuntime, list[tuple[str, DeliveryBatch]]]
 
 
 class Changelog(Protocol):
@@ -257,13 +255,17 @@ class Round:
         if not changes and not effects.deliveries and not effects.view:
             return
         name = rt.name
-        need = [d.bookmark for d in effects.deliveries]
-        # (an acked message, the most common, is told apart by identity: ``dead_letter`` is a
-        # property call)
+        # the payloads of dead letters (an acked message, the most common, is told apart by
+        # identity: ``dead_letter`` is a property call); a Done may be a run (a count)
+        need: list[Bookmark] = []
         for c in changes:
             if type(c) is Done and c.reason is not _ACKED and c.reason.dead_letter:
                 need.extend(_bookmarks(c))
         payloads = rt.payloads(self._store, need) if need else {}
+        deliveries = effects.deliveries
+        # those of the deliveries in their order, read before the changes drop them from the
+        # cache (an at-most-once delivery is done in its round)
+        stored = rt.stored(self._store, list(map(_BOOKMARK, deliveries))) if deliveries else []
         topic = rt.changelog_topic
         records = self.records
         if len(changes) > 1:
@@ -365,7 +367,7 @@ class Round:
         if effects.deliveries:
             # counted with the round whose commit makes them durable (its counters go with it)
             rt.counters.delivered += len(effects.deliveries)
-            self.pushes.append((rt, materialize(rt, effects.deliveries, payloads)))
+            self.pushes.append((rt, by_subscription(name, deliveries, stored)))
 
     def _record_run(
         self,
@@ -920,43 +922,6 @@ def dead_letter(queue: str, topic: str, change: Done, stored: StoredMessage | No
     return (topic, str(bm).encode(), encode("dead_letter", envelope), headers)
 
 
-def materialize(
-    rt: QueueRuntime,
-    deliveries: Sequence[Delivery],
-    payloads: Mapping[Bookmark, StoredMessage | None],
-) -> list[tuple[str, list[DeliveredMessage]]]:
-    """The engine's deliveries as the messages the API sends, by subscription."""
-    by_sub: dict[str, list[DeliveredMessage]] = defaultdict(list)
-    name = rt.name
-    last_deadline: float | None = None
-    deadline_ms: int | None = None
-    for d in deliveries:
-        stored = payloads.get(d.bookmark)
-        if stored is None:  # cannot happen while the store is intact; never hand out a hole
-            log.error("queue=%s bookmark=%s has no stored payload", name, d.bookmark)
-            continue
-        if d.deadline != last_deadline:  # a round's leases mostly share one deadline
-            last_deadline = d.deadline
-            deadline_ms = None if d.deadline is None else int(d.deadline * 1000)
-        headers = stored.headers
-        by_sub[d.subscription].append(
-            DeliveredMessage(
-                d.bookmark,
-                stored.key,
-                stored.value,
-                list(headers) if headers else [],
-                stored.timestamp_ms,
-                d.deliveries,
-                d.cancels,
-                deadline_ms,
-                d.barrier,
-                name,
-                stored.error,
-            )
-        )
-    return list(by_sub.items())
-
-
 def restart_leases(pushes: Sequence[Push], now: float) -> None:
     """The leases of a round whose commit waited (on Kafka) lost that time before their
     messages were even handed out: start them again now, so a consumer gets its whole lease
@@ -965,12 +930,10 @@ def restart_leases(pushes: Sequence[Push], now: float) -> None:
     for rt, by_sub in pushes:
         period = rt.config.lease_period
         deadline_ms = int((now + period) * 1000)
-        for sub_id, messages in by_sub:
+        for sub_id, batch in by_sub:
             sub = rt.subscriptions.get(sub_id)
-            leased = [m.bookmark for m in messages if m.lease_deadline_ms is not None]
+            leased = batch.leased()
             if sub is None or sub.closed or not leased:
                 continue
             rt.engine.ack(sub_id, leased, AckOp.EXTEND, now, period)
-            for m in messages:
-                if m.lease_deadline_ms is not None:
-                    m.lease_deadline_ms = deadline_ms  # not handed out yet
+            batch.restart(deadline_ms)  # not handed out yet

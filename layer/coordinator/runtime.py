@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import groupby, islice, repeat
+from operator import is_
 from typing import TYPE_CHECKING, cast
 
 from confluent_kafka import Message
@@ -836,6 +837,21 @@ class QueueRuntime:
         if missing:
             found.update(zip(missing, store.get_messages(self.name, missing), strict=True))
         return found
+
+    def stored(self, store: Store, bookmarks: list[Bookmark]) -> list[StoredMessage | None]:
+        """The stored copies of these messages in their order (None: not stored): from the
+        cache, the rest in one store read."""
+        out: list[StoredMessage | None] = list(map(self.payload_cache.get, bookmarks))
+        # by identity: ``count(None)`` would call StoredMessage.__eq__ (Python) per message
+        absent = sum(map(is_, out, repeat(None)))
+        if absent == len(out):
+            return store.get_messages(self.name, bookmarks)
+        if absent:
+            missing = [i for i, s in enumerate(out) if s is None]
+            found = store.get_messages(self.name, [bookmarks[i] for i in missing])
+            for i, s in zip(missing, found, strict=True):
+                out[i] = s
+        return out
 
 
 def lookup(runtimes: Mapping[str, QueueRuntime], queue: str) -> QueueRuntime:

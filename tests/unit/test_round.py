@@ -15,6 +15,7 @@ from layer.api.service import DeliverySink, OffsetRuns
 from layer.codec import ChangeKind, decode, decode_key
 from layer.config import QueueConfig
 from layer.coordinator.counters import Counters
+from layer.coordinator.deliveries import by_subscription
 from layer.coordinator.health import Health
 from layer.coordinator.restore import Restore
 from layer.coordinator.round import (
@@ -24,7 +25,6 @@ from layer.coordinator.round import (
     Rounds,
     RoundSignal,
     dead_letter,
-    materialize,
 )
 from layer.coordinator.runtime import QueueRuntime
 from layer.coordinator.subscriptions import SubscriptionHandle
@@ -343,7 +343,7 @@ def test_a_delivery_without_a_stored_copy_is_never_handed_out() -> None:
         Delivery("s", there, 1, 0, None),
     ]
     stored = StoredMessage(key=None, value=b"{}", headers=())
-    [(sub, messages)] = materialize(rt, deliveries, {there: stored})
+    [(sub, messages)] = by_subscription(rt.name, deliveries, [None, stored])
     assert sub == "s" and [m.bookmark for m in messages] == [there]
 
 
