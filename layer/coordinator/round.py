@@ -491,7 +491,9 @@ class Rounds:
     and the slots they free would wait for the round after it: a slot of a backlog served one
     round in two, which capped 4 consumers of 100 unacked messages at about 200 messages a
     round (9,000-10,000 msg/s on a loaded 2-core machine). Waiting, a slot serves again in
-    the first round after its ack: the backlog is leased whole each round."""
+    the first round after its ack: the backlog is leased whole each round. The room waited
+    for is that of the round's deliveries on top of what is there at its hand-out (acks of
+    earlier deliveries that came during its commit)."""
 
     def __init__(
         self,
@@ -523,8 +525,8 @@ class Rounds:
         self._stopping = False
         self._last_commit = 0.0  # monotonic start of the last changelog commit
         self._room_wait = room_wait
-        # the queues the last round left without room, with how many it leased in each (the
-        # room the next round waits for, ``_wait_for_room``), and until when at most
+        # the queues the last round left without room, each with the room the next round
+        # waits for (``_wait_for_room``), and until when at most
         self._full: list[tuple[QueueRuntime, int]] = []
         self._full_until = 0.0
         self.count = 0  # rounds completed
@@ -575,13 +577,13 @@ class Rounds:
             raise
 
     async def _wait_for_room(self) -> None:
-        """Until a queue the last round left without room has as much room as that round
-        leased there (woken by each ack), another queue has work, or ``_full_until``."""
+        """Until a queue the last round left without room has its room back (woken by each
+        ack), another queue has work, or ``_full_until``."""
         full, self._full = self._full, []
         until = self._full_until
         while not self._stopping and self._fatal is None:
             left = until - time.monotonic()
-            if left <= 0 or any(_room(rt) >= leased for rt, leased in full):
+            if left <= 0 or any(_room(rt) >= room for rt, room in full):
                 return
             if self._others_ready(full):
                 return
@@ -645,7 +647,12 @@ class Rounds:
         r.hand_out()
         self._signal.answer()
         if full:
-            self._full, self._full_until = full, time.monotonic() + self._room_wait
+            # the room there now (acks of earlier rounds' deliveries that came during the
+            # commit) and the room of this round's deliveries: waiting only for room as large
+            # as the round leased, two rounds would go on taking turns, each leasing what the
+            # acks of the one before freed, half the backlog
+            self._full = [(rt, min(_room(rt) + leased, _backlog(rt))) for rt, leased in full]
+            self._full_until = time.monotonic() + self._room_wait
         if committing and self._timings is not None:
             self._timings.commit(durable - sent)  # the transaction and the store write
             self._timings.round(time.monotonic() - began)
@@ -659,6 +666,11 @@ def _room(rt: QueueRuntime) -> int:
         for sub in rt.subscriptions.values()
         if not sub.stalled
     )
+
+
+def _backlog(rt: QueueRuntime) -> int:
+    """The room of the queue's subscriptions that read when they hold nothing."""
+    return sum(sub.backlog for sub in rt.subscriptions.values() if not sub.stalled)
 
 
 def _left_full(pushes: Sequence[Push]) -> list[tuple[QueueRuntime, int]]:

@@ -29,7 +29,7 @@ from layer.coordinator.round import (
 )
 from layer.coordinator.runtime import QueueRuntime
 from layer.coordinator.subscriptions import SubscriptionHandle
-from layer.engine.model import AckOp, Bookmark, Delivery, Done, DoneReason
+from layer.engine.model import AckOp, Bookmark, Delivery, Done, DoneReason, TopicPartition
 from layer.exceptions import CommitUncertain, QLayerError, StateError
 from layer.state.base import ENTRIES, StoreBatch, StoredMessage, _Each, _Many, _Range
 from layer.state.memory import MemoryStore
@@ -626,3 +626,43 @@ def test_a_round_that_leaves_room_is_followed_at_the_next_wake() -> None:
 async def _count(b: Bench, rounds: int) -> None:
     while b.rounds.count < rounds:
         await asyncio.sleep(0.001)
+
+
+def test_the_wait_for_room_waits_for_the_rounds_own_deliveries() -> None:
+    """Acks of an earlier round's deliveries that came during the commit are room the round
+    did not lease: the next one waits for the acks of this round's deliveries on top of them,
+    or two rounds would take turns, each with half the backlog."""
+
+    async def scenario() -> None:
+        b = Bench(room_wait=60.0)
+        first, sink_a = await b.subscribe(backlog=1)
+        second, sink_b = await b.subscribe(backlog=1)
+        fetch(b.rt, [b'{"n": %d}' % n for n in range(5)])
+        await b.rounds.one()  # one message to each: no room left
+        [a0] = [m.bookmark.offset for m in sink_a.messages]
+        [b0] = [m.bookmark.offset for m in sink_b.messages]
+        acked = asyncio.ensure_future(first.ack(AckOp.ACK, [OffsetRuns("orders", 0, [a0, a0])]))
+        await asyncio.sleep(0)
+
+        def second_acks() -> None:  # its ack comes while the next round commits
+            tp = TopicPartition(TOPIC, 0)
+            b.rt.engine.ack_runs(second.id, tp, [b0, b0], AckOp.ACK, b.clock())
+            b.changelog.during = None
+
+        b.changelog.during = second_acks
+        await b.rounds.one()  # leases the first one's slot only
+        assert await acked == []
+        assert len(sink_a.messages) == 2 and len(sink_b.messages) == 1
+        run_task = asyncio.ensure_future(b.rounds.run())
+        b.signal.wake()
+        await _turns()
+        assert b.rounds.count == 2  # the second's room is there, the first's is not back yet
+
+        a1 = sink_a.messages[1].bookmark.offset
+        await first.ack(AckOp.ACK, [OffsetRuns("orders", 0, [a1, a1])])
+        assert b.rounds.count == 3
+        assert (len(sink_a.messages), len(sink_b.messages)) == (3, 2)  # both slots leased
+        b.rounds.stop()
+        await asyncio.wait_for(run_task, 5)
+
+    run(scenario())
