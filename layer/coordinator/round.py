@@ -578,7 +578,9 @@ class Rounds:
 
     async def _wait_for_room(self) -> None:
         """Until a queue the last round left without room has its room back (woken by each
-        ack), another queue has work, or ``_full_until``."""
+        ack), another queue has work, or ``_full_until``.
+        Meanwhile what is fetched is admitted (the next round's step 1, taken early): the
+        round that the acks start has that much less to do before its leases."""
         full, self._full = self._full, []
         until = self._full_until
         while not self._stopping and self._fatal is None:
@@ -587,6 +589,9 @@ class Rounds:
                 return
             if self._others_ready(full):
                 return
+            runtimes = self._runtimes.values()
+            if any(rt.inbox for rt in runtimes):
+                Round(self._store, self._changelog, self._clock).admit(runtimes)
             self._signal.clear()
             await self._signal.wait(left)
 

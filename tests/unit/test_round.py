@@ -560,7 +560,8 @@ async def _turns(n: int = 50) -> None:
 
 def test_a_round_that_leaves_no_room_is_followed_once_its_deliveries_are_acked() -> None:
     """The next round waits for the acks that give the room back, not for the next wake: a
-    slot freed by an ack is leased again in the first round after it."""
+    slot freed by an ack is leased again in the first round after it. What is fetched
+    meanwhile is admitted."""
 
     async def scenario() -> None:
         b = Bench(room_wait=60.0)
@@ -577,6 +578,8 @@ def test_a_round_that_leaves_no_room_is_followed_once_its_deliveries_are_acked()
         await _turns()
         assert b.rounds.count == 1  # one slot back of the two the round leased: still waiting
         assert not first.done()
+        assert not b.rt.inbox  # the fetch is admitted meanwhile
+        assert Bookmark(TOPIC, 0, 4) in b.rt.engine.available()
 
         second = asyncio.ensure_future(handle.ack(AckOp.ACK, [OffsetRuns("orders", 0, [1, 1])]))
         await asyncio.wait_for(_count(b, 2), 5)
