@@ -21,6 +21,7 @@ from layer.coordinator.restore import Restore
 from layer.coordinator.round import (
     DEAD_LETTER_PAYLOAD_MAX,
     LATE_ROUND,
+    ROOM_WAIT,
     Round,
     Rounds,
     RoundSignal,
@@ -28,7 +29,7 @@ from layer.coordinator.round import (
 )
 from layer.coordinator.runtime import QueueRuntime
 from layer.coordinator.subscriptions import SubscriptionHandle
-from layer.engine.model import AckOp, Bookmark, Delivery, Done, DoneReason
+from layer.engine.model import AckOp, Bookmark, Delivery, Done, DoneReason, TopicPartition
 from layer.exceptions import CommitUncertain, QLayerError, StateError
 from layer.state.base import ENTRIES, StoreBatch, StoredMessage, _Each, _Many, _Range
 from layer.state.memory import MemoryStore
@@ -48,7 +49,9 @@ from tests.unit.ports import (
 class Bench:
     """One queue, its subscriptions and the rounds, wired as the coordinator wires them."""
 
-    def __init__(self, store: MemoryStore | None = None, **options: object) -> None:
+    def __init__(
+        self, store: MemoryStore | None = None, room_wait: float = ROOM_WAIT, **options: object
+    ) -> None:
         self.clock = Clock()
         self.store = MemoryStore() if store is None else store
         self.changelog = MemoryChangelog()
@@ -67,6 +70,7 @@ class Bench:
             readers=list,
             commit_interval=0.0,
             interrupt=threading.Event(),
+            room_wait=room_wait,
         )
 
     async def subscribe(self, backlog: int = 10) -> tuple[SubscriptionHandle, ListSink]:
@@ -544,5 +548,124 @@ def test_leases_to_subscriptions_in_turn_each_carry_their_holder() -> None:
             if ck.offset >= 0 and value is not None:
                 for i in range(ck.length):
                     assert stored[Bookmark(TOPIC, 0, ck.offset + i)] == value
+
+    run(scenario())
+
+
+async def _turns(n: int = 50) -> None:
+    """Let the event loop run ``n`` times round (no time passes for the rounds' bounds)."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+def test_a_round_that_leaves_no_room_is_followed_once_its_deliveries_are_acked() -> None:
+    """The next round waits for the acks that give the room back, not for the next wake: a
+    slot freed by an ack is leased again in the first round after it. What is fetched
+    meanwhile is admitted."""
+
+    async def scenario() -> None:
+        b = Bench(room_wait=60.0)
+        handle, sink = await b.subscribe(backlog=2)
+        fetch(b.rt, [b'{"n": %d}' % n for n in range(4)])
+        run_task = asyncio.ensure_future(b.rounds.run())
+        while b.rounds.count < 1:
+            await asyncio.sleep(0)
+        assert [m.bookmark.offset for m in sink.messages] == [0, 1]  # its backlog's worth
+
+        fetch(b.rt, [b'{"n": 4}'], first=4)
+        b.signal.wake()  # work, but none that room would let a round lease
+        first = asyncio.ensure_future(handle.ack(AckOp.ACK, [OffsetRuns("orders", 0, [0, 0])]))
+        await _turns()
+        assert b.rounds.count == 1  # one slot back of the two the round leased: still waiting
+        assert not first.done()
+        assert not b.rt.inbox  # the fetch is admitted meanwhile
+        assert Bookmark(TOPIC, 0, 4) in b.rt.engine.available()
+
+        second = asyncio.ensure_future(handle.ack(AckOp.ACK, [OffsetRuns("orders", 0, [1, 1])]))
+        await asyncio.wait_for(_count(b, 2), 5)
+        assert await first == [] and await second == []  # their done records committed
+        assert [m.bookmark.offset for m in sink.messages] == [0, 1, 2, 3]  # the room, leased
+        b.rounds.stop()
+        await asyncio.wait_for(run_task, 5)
+
+    run(scenario())
+
+
+def test_the_wait_for_room_ends_after_room_wait() -> None:
+    async def scenario() -> None:
+        b = Bench(room_wait=0.001)
+        handle, sink = await b.subscribe(backlog=1)
+        fetch(b.rt, [b'{"n": 0}', b'{"n": 1}'])
+        run_task = asyncio.ensure_future(b.rounds.run())
+        while b.rounds.count < 1:
+            await asyncio.sleep(0)
+        b.signal.wake()  # no ack comes: the next round runs once the wait is over
+        await asyncio.wait_for(_count(b, 2), 5)
+        assert len(sink.messages) == 1
+        b.rounds.stop()
+        await asyncio.wait_for(run_task, 5)
+
+    run(scenario())
+
+
+def test_a_round_that_leaves_room_is_followed_at_the_next_wake() -> None:
+    async def scenario() -> None:
+        b = Bench(room_wait=60.0)
+        _, sink = await b.subscribe(backlog=3)
+        fetch(b.rt, [b'{"n": 0}', b'{"n": 1}'])
+        run_task = asyncio.ensure_future(b.rounds.run())
+        while b.rounds.count < 1:
+            await asyncio.sleep(0)
+        fetch(b.rt, [b'{"n": 2}'], first=2)
+        b.signal.wake()
+        await asyncio.wait_for(_count(b, 2), 5)
+        assert len(sink.messages) == 3
+        b.rounds.stop()
+        await asyncio.wait_for(run_task, 5)
+
+    run(scenario())
+
+
+async def _count(b: Bench, rounds: int) -> None:
+    while b.rounds.count < rounds:
+        await asyncio.sleep(0.001)
+
+
+def test_the_wait_for_room_waits_for_the_rounds_own_deliveries() -> None:
+    """Acks of an earlier round's deliveries that came during the commit are room the round
+    did not lease: the next one waits for the acks of this round's deliveries on top of them,
+    or two rounds would take turns, each with half the backlog."""
+
+    async def scenario() -> None:
+        b = Bench(room_wait=60.0)
+        first, sink_a = await b.subscribe(backlog=1)
+        second, sink_b = await b.subscribe(backlog=1)
+        fetch(b.rt, [b'{"n": %d}' % n for n in range(5)])
+        await b.rounds.one()  # one message to each: no room left
+        [a0] = [m.bookmark.offset for m in sink_a.messages]
+        [b0] = [m.bookmark.offset for m in sink_b.messages]
+        acked = asyncio.ensure_future(first.ack(AckOp.ACK, [OffsetRuns("orders", 0, [a0, a0])]))
+        await asyncio.sleep(0)
+
+        def second_acks() -> None:  # its ack comes while the next round commits
+            tp = TopicPartition(TOPIC, 0)
+            b.rt.engine.ack_runs(second.id, tp, [b0, b0], AckOp.ACK, b.clock())
+            b.changelog.during = None
+
+        b.changelog.during = second_acks
+        await b.rounds.one()  # leases the first one's slot only
+        assert await acked == []
+        assert len(sink_a.messages) == 2 and len(sink_b.messages) == 1
+        run_task = asyncio.ensure_future(b.rounds.run())
+        b.signal.wake()
+        await _turns()
+        assert b.rounds.count == 2  # the second's room is there, the first's is not back yet
+
+        a1 = sink_a.messages[1].bookmark.offset
+        await first.ack(AckOp.ACK, [OffsetRuns("orders", 0, [a1, a1])])
+        assert b.rounds.count == 3
+        assert (len(sink_a.messages), len(sink_b.messages)) == (3, 2)  # both slots leased
+        b.rounds.stop()
+        await asyncio.wait_for(run_task, 5)
 
     run(scenario())
