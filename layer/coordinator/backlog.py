@@ -26,9 +26,8 @@ list in unit tests).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Sequence, Set
-from itertools import groupby, repeat
-from typing import cast
+from collections.abc import Sequence, Set
+from itertools import groupby
 
 from confluent_kafka import Message
 
@@ -44,6 +43,7 @@ from layer.coordinator.runtime import (
     _VALUE,
     BLOB_MESSAGES,
     QueueRuntime,
+    cache_payloads,
 )
 from layer.engine.model import Bookmark, TopicPartition
 from layer.state.base import StoreBatch, StoredMessage, pack_offset, partition_prefix
@@ -271,22 +271,16 @@ class Backlog:
                 blob[2].extend(values[at:end])
                 blob[3].extend(stamps[at:end])
                 at = end
-            fits = min(j - i, rt.payload_cache_size - len(cache))
-            if fits > 0:
-                bookmarks = zip(repeat(topic), repeat(partition), segment[:fits])
-                cache.update(
-                    zip(
-                        cast(Iterator[Bookmark], bookmarks),
-                        map(
-                            StoredMessage,
-                            keys[i : i + fits],
-                            values[i : i + fits],
-                            repeat(()),
-                            stamps[i : i + fits],
-                        ),
-                        strict=True,
-                    )
-                )
+            cache_payloads(
+                cache,
+                rt.payload_cache_size,
+                tp.topic,
+                tp.partition,
+                segment,
+                keys[i:j],
+                values[i:j],
+                stamps[i:j],
+            )
             times = [ts / 1000.0 if ts else now for ts in stamps[i:j]]
             if segment[-1] - segment[0] == len(segment) - 1:
                 runs = [(0, len(segment))]

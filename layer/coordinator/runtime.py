@@ -688,22 +688,16 @@ class QueueRuntime:
             blob[1].extend(keys[i:j])
             blob[2].extend(values[i:j])
             blob[3].extend(stamps[i:j])
-            fits = min(j - i, cache_size - len(cache))
-            if fits > 0:
-                bookmarks = zip(repeat(topic), repeat(partition), segment[:fits])
-                cache.update(
-                    zip(
-                        cast(Iterator[Bookmark], bookmarks),
-                        map(
-                            StoredMessage,
-                            keys[i : i + fits],
-                            values[i : i + fits],
-                            repeat(()),
-                            stamps[i : i + fits],
-                        ),
-                        strict=True,
-                    )
-                )
+            cache_payloads(
+                cache,
+                cache_size,
+                tp.topic,
+                tp.partition,
+                segment,
+                keys[i:j],
+                values[i:j],
+                stamps[i:j],
+            )
             times = [ts / 1000.0 if ts else now for ts in stamps[i:j]]
             if segment[-1] - segment[0] == len(segment) - 1:
                 yield tp, segment[0], times
@@ -862,3 +856,27 @@ def lookup(runtimes: Mapping[str, QueueRuntime], queue: str) -> QueueRuntime:
             f"queue {queue!r} is not configured (configured: {', '.join(sorted(runtimes))})"
         )
     return rt
+
+
+def cache_payloads(
+    cache: dict[Bookmark, StoredMessage],
+    size: int,
+    topic: str,
+    partition: int,
+    offsets: list[int],
+    keys: list[bytes | None],
+    values: list[bytes | None],
+    stamps: list[int],
+) -> None:
+    """The first of a partition's plain messages (``offsets`` and their columns) into the
+    payload ``cache``, as far as its ``size`` leaves room: by columns (``map``, in C)."""
+    fits = min(len(offsets), size - len(cache))
+    if fits > 0:
+        bookmarks = zip(repeat(topic), repeat(partition), offsets[:fits])
+        cache.update(
+            zip(
+                cast(Iterator[Bookmark], bookmarks),
+                map(StoredMessage, keys[:fits], values[:fits], repeat(()), stamps[:fits]),
+                strict=True,
+            )
+        )
