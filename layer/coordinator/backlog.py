@@ -44,6 +44,7 @@ from layer.coordinator.runtime import (
     BLOB_MESSAGES,
     QueueRuntime,
     cache_payloads,
+    stretches,
 )
 from layer.engine.model import Bookmark, TopicPartition
 from layer.state.base import StoreBatch, StoredMessage, pack_offset, partition_prefix
@@ -282,12 +283,7 @@ class Backlog:
                 stamps[i:j],
             )
             times = [ts / 1000.0 if ts else now for ts in stamps[i:j]]
-            if segment[-1] - segment[0] == len(segment) - 1:
-                runs = [(0, len(segment))]
-            else:  # gaps (transaction markers): a run for each stretch of consecutive offsets
-                cuts = [k for k in range(1, len(segment)) if segment[k] != segment[k - 1] + 1]
-                runs = list(zip([0, *cuts], [*cuts, len(segment)], strict=True))
-            for first, end in runs:
+            for first, end in stretches(segment):
                 engine.add_run(tp, segment[first], times[first:end], now)
                 if record:
                     batch.put_run(name, tp, segment[first], array("d", times[first:end]), None)

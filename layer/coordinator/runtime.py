@@ -699,14 +699,8 @@ class QueueRuntime:
                 stamps[i:j],
             )
             times = [ts / 1000.0 if ts else now for ts in stamps[i:j]]
-            if segment[-1] - segment[0] == len(segment) - 1:
-                yield tp, segment[0], times
-            else:  # gaps (transaction markers): a run for each stretch of consecutive offsets
-                first = 0
-                for k in range(1, len(segment) + 1):
-                    if k == len(segment) or segment[k] != segment[k - 1] + 1:
-                        yield tp, segment[first], times[first:k]
-                        first = k
+            for first, end in stretches(segment):
+                yield tp, segment[first], times[first:end]
             i = j
 
     def blob_written(self, tp: TopicPartition, last: int) -> None:
@@ -880,3 +874,13 @@ def cache_payloads(
                 strict=True,
             )
         )
+
+
+def stretches(offsets: list[int]) -> list[tuple[int, int]]:
+    """The stretches of consecutive offsets in ``offsets`` (ascending), as ``[first, end)``
+    index pairs: one when there is no gap (the common case, told by its ends alone); a gap is
+    a transaction marker's offset, never fetched."""
+    if offsets[-1] - offsets[0] == len(offsets) - 1:
+        return [(0, len(offsets))]
+    cuts = [k for k in range(1, len(offsets)) if offsets[k] != offsets[k - 1] + 1]
+    return list(zip([0, *cuts], [*cuts, len(offsets)], strict=True))
