@@ -61,8 +61,10 @@ def test_replay_since_bookmark_time_and_filter_leaves_the_queue_alone(
         # settled: the leases the closed subscription still held are returned *and* counted
         # (the engine returns them at once; the next round records and counts them)
         wait_until(
-            lambda: (s := client.stats(q)[0]).leased == 0
-            and s.delivered_total == s.acked_total + s.extra["disconnect_returns_total"],
+            lambda: (
+                (s := client.stats(q)[0]).leased == 0
+                and s.delivered_total == s.acked_total + s.extra["disconnect_returns_total"]
+            ),
             30,
             message="leases returned and counted",
         )
