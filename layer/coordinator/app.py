@@ -81,6 +81,7 @@ class CoordinatorApp:
         self._coordinator: Coordinator | None = None
         self._grpc_health: GrpcHealth | None = None
         self._server: ApiServer | None = None
+        self._stop_step = "not started"  # where a slow stop is (``_log_stop_waits``)
         c = config.coordinator
         # who may call what, on the gRPC API and on the HTTP listener's routes alike
         self.access = Access(
@@ -116,8 +117,18 @@ class CoordinatorApp:
             # stderr (the log): what it waits on (the process's last step, ``layer.cli``,
             # replaces the timer)
             faulthandler.dump_traceback_later(STOP_DUMP_S)
+            # and the loop's own waits, which a thread dump shows only as the loop's select
+            asyncio.get_running_loop().call_later(STOP_DUMP_S, self._log_stop_waits)
         self.health.stopping()
         self.stop_requested.set()
+
+    def _log_stop_waits(self) -> None:
+        """A stop still under way after ``STOP_DUMP_S``: which step, and where every task of
+        the loop waits (the threads' stacks go to stderr at the same time)."""
+        lines = [f"stop not ended after {STOP_DUMP_S:.0f}s, at: {self._stop_step}"]
+        for task in asyncio.all_tasks():
+            lines.append(f"  task {task.get_name()}: {_awaiting(task.get_coro())}")
+        log.warning("%s", "\n".join(lines))
 
     async def run(self) -> int:
         """Run until a stop signal. Returns the process exit code (0 clean stop, 1 failure)."""
@@ -281,24 +292,29 @@ class CoordinatorApp:
     async def _close(self) -> None:
         started = time.monotonic()
         if self._coordinator is not None:
+            self._stop_step = "leaving the cluster"
             try:  # a member of a cluster: not taken for dead while its API stops
                 await self._coordinator.leaving()
             except Exception:
                 log.exception("announcing the stop to the cluster failed")
         left = time.monotonic()
+        self._stop_step = "stopping the API"
         if self._grpc_health is not None:
             await self._grpc_health.stop()  # watchers see NOT_SERVING before the server goes
         if self._server is not None:
             await self._server.stop(1.0)
         api = time.monotonic()
         if self._coordinator is not None:
+            self._stop_step = "stopping the coordinator"
             await self._coordinator.stop()
+        self._stop_step = "closing the state store, the broker and the HTTP listener"
         if self._store is not None:
             self._store.close()
         if self._broker is not None:
             self._broker.stop()
         if self._http is not None:
             await self._http.stop()
+        self._stop_step = "stopped"
         # where a slow stop went (what is left after this line is the interpreter's exit)
         log.info(
             "stopped in %.2fs: left the cluster in %.2fs, API in %.2fs, the rest in %.2fs",
@@ -307,6 +323,20 @@ class CoordinatorApp:
             api - left,
             time.monotonic() - api,
         )
+
+
+def _awaiting(coro: object) -> str:
+    """Where a suspended coroutine waits: its chain of awaits, outermost first (a task's own
+    ``get_stack`` gives only the outermost frame of a suspended one)."""
+    steps: list[str] = []
+    while coro is not None and len(steps) < 20:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            steps.append(
+                f"{frame.f_code.co_name} ({Path(frame.f_code.co_filename).name}:{frame.f_lineno})"
+            )
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return " -> ".join(steps) or "no frame"
 
 
 # The cyclic garbage collector's first threshold: container objects allocated (less those freed)
