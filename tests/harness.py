@@ -16,6 +16,31 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def stop_report(log: str) -> str:
+    """``CoordinatorProcess.stop_report`` of a log's text."""
+    out: list[str] = []
+    lines = log.splitlines()
+    for i, line in enumerate(lines):
+        if "stop not ended after" in line:
+            out.append(line)
+            out.extend(x for x in lines[i + 1 : i + 200] if x.startswith("  task "))
+    thread = None
+    for line in lines:
+        stripped = line.strip()
+        if stripped.startswith(("Thread 0x", "Current thread 0x")):
+            thread = stripped
+        elif (
+            thread is not None
+            and stripped.startswith("File ")
+            and ("/layer/" in stripped or "/connectors/" in stripped)
+        ):
+            out.append(f"{thread} {stripped}")
+            thread = None
+        elif not stripped:
+            thread = None
+    return "\n".join(out) or "(no stop report in the log)"
+
+
 def toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -165,6 +190,16 @@ class CoordinatorProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return "(no log)"
+
+    def stop_report(self) -> str:
+        """Where a stop that did not end waited, from the log since the last start: the
+        coordinator's own "stop not ended" lines (its step, each task's awaits) and, of the
+        thread dump that comes with them, each thread's innermost frame in qlayer's code."""
+        try:
+            text = self.log_path.read_text(errors="replace").rsplit("--- start ", 1)[-1]
+        except OSError:
+            return "(no log)"
+        return stop_report(text)
 
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs."""

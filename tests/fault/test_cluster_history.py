@@ -306,7 +306,8 @@ class ClusterRun(Run):
             return
         since_start = m.proc.log_path.read_text(errors="replace").rsplit("--- start ", 1)[-1]
         assert SESSION_LOST in since_start, (
-            f"member {m.slot} exited {code} on SIGTERM:\n{m.proc.log_tail()}"
+            f"member {m.slot} exited {code} on SIGTERM; where its stop waited:\n"
+            f"{m.proc.stop_report()}\nits log's end:\n{m.proc.log_tail(15)}"
         )
         self.self_exits.append(f"member {m.slot} (epoch {m.epoch})")
 

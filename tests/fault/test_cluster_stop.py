@@ -29,7 +29,10 @@ def stop_within(proc: CoordinatorProcess, bound: float) -> float:
     started = time.monotonic()
     code = proc.stop(timeout=bound)
     took = time.monotonic() - started
-    assert code == 0, f"exit {code} after {took:.1f}s (bound {bound:.0f}s):\n{proc.log_tail(60)}"
+    assert code == 0, (
+        f"exit {code} after {took:.1f}s (bound {bound:.0f}s); where its stop waited:\n"
+        f"{proc.stop_report()}\nits log's end:\n{proc.log_tail(30)}"
+    )
     return took
 
 
