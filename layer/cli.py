@@ -8,7 +8,6 @@ request (unknown queue, refused ack), 130 interrupted.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import faulthandler
 import json
 import logging
@@ -559,13 +558,22 @@ def cmd_broker(args: argparse.Namespace) -> int:
 # delivery's way (latency by stage, README "Latency").
 COORDINATOR_SWITCH_INTERVAL = 0.001
 
+#: how long the threads a stopped coordinator leaves running may take to end before it exits
+#: without them (``cmd_coordinator``)
+EXIT_GRACE_S = 2.0
 #: how long a stopped coordinator's interpreter exit may take (``cmd_coordinator``)
 EXIT_BOUND_S = 10.0
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
     from layer.config import load
-    from layer.coordinator.app import print_http_ready, print_ready, serve
+    from layer.coordinator.app import (
+        exit_now_if_stuck,
+        print_http_ready,
+        print_ready,
+        run_loop,
+        serve,
+    )
 
     overrides = {
         k: v
@@ -580,7 +588,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     config = load(args.config, overrides=overrides)
     sys.setswitchinterval(COORDINATOR_SWITCH_INTERVAL)
     try:
-        code = asyncio.run(
+        code = run_loop(
             serve(
                 config,
                 ready=print_ready,
@@ -593,9 +601,11 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         return _fail(args, exc, EXIT_USAGE)
     # Its parts are closed (the state store too): what is left is the interpreter's exit, which
     # joins the threads still running. One blocked in a client library must not keep the
-    # process (and a supervisor's restart) waiting: past EXIT_BOUND_S every thread's stack is
-    # printed to stderr and the process exits 1.
+    # process (and a supervisor's restart) waiting: after EXIT_GRACE_S the process exits
+    # without them; and past EXIT_BOUND_S, whatever holds it, every thread's stack is printed
+    # to stderr and the process exits 1.
     faulthandler.dump_traceback_later(EXIT_BOUND_S, exit=True)
+    exit_now_if_stuck(code, EXIT_GRACE_S)
     return code
 
 

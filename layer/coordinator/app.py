@@ -18,16 +18,20 @@ start at once: the process exits 0. The HTTP listener stops last, so that readin
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import faulthandler
 import gc
 import logging
+import os
 import signal
 import socket
 import sys
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from connectors.embedded import EmbeddedBroker
 from connectors.kafka import client_settings, with_client_logging
@@ -356,6 +360,59 @@ def tune_gc(collect: bool = True) -> None:
     gc.freeze()
     _, older, oldest = gc.get_threshold()
     gc.set_threshold(GC_THRESHOLD, older, oldest)
+
+
+def run_loop(main: Coroutine[Any, Any, int]) -> int:
+    """``asyncio.run(main)``, except that at the end the loop's default executor is shut down
+    without waiting for its threads: once the coordinator has stopped, a thread still inside a
+    Kafka call (a removal, a fence, a flush with Kafka away: each can wait 30-60 s for the
+    broker) holds nothing the stop needs, and ``asyncio.run`` would join it before returning."""
+    loop = asyncio.new_event_loop()
+    executor = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="asyncio")
+    loop.set_default_executor(executor)
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            left = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in left:
+                task.cancel()
+            if left:
+                loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            executor.shutdown(wait=False, cancel_futures=True)
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
+def exit_now_if_stuck(code: int, grace: float) -> None:
+    """After the stop: the threads still running get ``grace`` seconds in all; any left then
+    (inside a Kafka call that waits for an absent broker) are named in the log and the process
+    exits with ``code`` at once (the interpreter's own exit would join them). Everything that
+    matters is closed by then (the state store, the API, the changelog writer)."""
+    deadline = time.monotonic() + grace
+    for thread in threading.enumerate():
+        if thread is threading.current_thread() or thread.daemon:
+            continue
+        thread.join(max(deadline - time.monotonic(), 0.0))
+    stuck = [
+        t.name
+        for t in threading.enumerate()
+        if t is not threading.current_thread() and not t.daemon and t.is_alive()
+    ]
+    if not stuck:
+        return
+    log.warning(
+        "exiting with %d thread(s) still waiting (on Kafka, most likely): %s",
+        len(stuck),
+        ", ".join(sorted(stuck)),
+    )
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 async def serve(

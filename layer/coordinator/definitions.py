@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -122,12 +123,15 @@ class DefinitionsLog:
             raise BrokerError(f"writing to definitions topic {self.topic} failed: {why}")
         return max(offsets)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the tail and flush what is written, within about ``timeout`` (Kafka away:
+        the records not confirmed by then are left)."""
+        deadline = time.monotonic() + timeout
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(10)
+            self._thread.join(timeout)
         self._consumer.close()
-        self._producer.flush(5)
+        self._producer.flush(max(deadline - time.monotonic(), 0.1))
 
 
 class ReadBack:

@@ -68,10 +68,13 @@ class Remover:
         self._settings = dict(settings)
         self._admin: Any = None
         self._lock = threading.Lock()
+        self._closed = False
 
     def warm(self) -> None:
         with self._lock:
             self._client()
+            if self._closed:
+                self._drop()
 
     def _client(self) -> Any:
         if self._admin is None:
@@ -98,15 +101,24 @@ class Remover:
                     )
                 except Exception:
                     self._drop()
-                    if attempt == 2:
+                    if attempt == 2 or self._closed:
                         raise
                     continue
+                finally:
+                    if self._closed:
+                        self._drop()
                 return ", ".join(f"{k}: {v.__name__}" for k, v in result.items())
         raise AssertionError("unreachable")
 
     def close(self) -> None:
-        with self._lock:
-            self._drop()
+        """Not blocking: a call under way (Kafka away: its bootstrap can take 30 s) drops
+        the client itself when it ends."""
+        self._closed = True
+        if self._lock.acquire(blocking=False):
+            try:
+                self._drop()
+            finally:
+                self._lock.release()
 
 
 class Evictions:

@@ -102,6 +102,12 @@ POLL_S = 0.05
 #: for its handover
 HANDOVER_WAIT_S = 10.0
 
+#: how long a stopping member's leave (``close``: the group's LeaveGroup, the handover, the
+#: members topic's last write) may take in all, counted from the stop: a leave normally takes
+#: well under a second, one during a rebalance on Tansu a few; with Kafka away every step would
+#: wait for it (a successor fences this member then, as after a kill)
+LEAVE_BUDGET_S = 20.0
+
 #: the least time a group may give no assignment (or leave a control partition unowned) before
 #: a member replaces it with the next epoch's; it is at least ``STALL_SESSIONS`` sessions
 STALL_MIN_S = 20.0
@@ -353,6 +359,7 @@ class Membership:
         self._on_revoked = on_revoked
         self._read_back = ReadBack()
         self._stop = threading.Event()
+        self._stopped_at: float | None = None  # when this member began to stop (``leaving``)
         self._abandon = False  # leaving after a failure: no handover (nothing can be made durable)
         self._thread: threading.Thread | None = None
         self._consumer: Consumer | None = None
@@ -411,9 +418,11 @@ class Membership:
 
     async def write(self, writes: list[Write], timeout: float = 30.0) -> None:
         """Write to the members topic and wait until this member has read it back (so the map
-        holds everything written before it)."""
-        last = await asyncio.to_thread(self._log.write, writes)
-        if not await self._read_back.wait(last, self.map.next_offset, timeout):
+        holds everything written before it), within ``timeout`` for both."""
+        deadline = time.monotonic() + timeout
+        last = await asyncio.to_thread(self._log.write, writes, timeout)
+        left = max(deadline - time.monotonic(), 0.1)
+        if not await self._read_back.wait(last, self.map.next_offset, left):
             raise BrokerError(
                 f"members topic {members_topic(self.cluster)}: offset {last} not read back"
                 f" within {timeout:.0f}s"
@@ -551,9 +560,30 @@ class Membership:
         return None
 
     def _call(self, step: Awaitable[None], what: str) -> None:
-        """Run a step on the loop and wait for it (the group waits with this thread)."""
+        """Run a step on the loop and wait for it (the group waits with this thread); once
+        this member stops, for ``HANDOVER_WAIT_S`` at most from the stop (Kafka away, a
+        handover can wait for it without end): the step goes on on the loop, this thread
+        leaves the group."""
+        done: concurrent.futures.Future[None] = asyncio.run_coroutine_threadsafe(
+            step,  # type: ignore[arg-type]
+            self._loop,
+        )
         try:
-            asyncio.run_coroutine_threadsafe(step, self._loop).result()  # type: ignore[arg-type]
+            while True:
+                try:
+                    done.result(POLL_S * 10)
+                    return
+                except concurrent.futures.TimeoutError:
+                    stopped = self._stopped_at
+                    if stopped is not None and time.monotonic() - stopped > HANDOVER_WAIT_S:
+                        log.warning(
+                            "cluster %s: %s not done %.0fs after the stop: leaving the group"
+                            " without waiting for it",
+                            self.cluster,
+                            what,
+                            HANDOVER_WAIT_S,
+                        )
+                        return
         except Exception:
             log.exception("cluster %s: %s failed", self.cluster, what)
 
@@ -603,6 +633,8 @@ class Membership:
         """Before this member's API stops: take its group id out of the members topic, so
         that no survivor removes it from the group while it hands its queues over."""
         self._leaving = True
+        if self._stopped_at is None:
+            self._stopped_at = time.monotonic()
         # and say it is leaving: its successors wait for its releases instead of fencing it,
         # so it leaves the group before its handover ends (``_give_up``)
         writes = [leaving_write(self.member)]
@@ -656,6 +688,8 @@ class Membership:
         """Leave the group now without handing anything over (not blocking): this member lost
         its partitions and stops; it must not rejoin and be given queues it cannot serve."""
         self._abandon = True
+        if self._stopped_at is None:
+            self._stopped_at = time.monotonic()
         self._stop.set()
 
     def close(self, abandon: bool = False) -> None:
@@ -665,14 +699,31 @@ class Membership:
         partitions released; it still leaves the group at once, so the others take its queues
         now rather than after the session timeout."""
         self._abandon = self._abandon or abandon
+        if self._stopped_at is None:
+            self._stopped_at = time.monotonic()
+        # one deadline for all of it: with Kafka away every step below would wait for it
+        deadline = self._stopped_at + LEAVE_BUDGET_S
+
+        def left() -> float:
+            return max(deadline - time.monotonic(), 0.1)
+
         self._stop.set()
         if self._watch_task is not None:
             self._loop.call_soon_threadsafe(self._watch_task.cancel)
         if self._thread is not None:
-            self._thread.join(60)
+            self._thread.join(left())
+            if self._thread.is_alive():
+                log.warning(
+                    "cluster %s: leaving group %s not done within %.0fs of the stop (Kafka does"
+                    " not answer): stopping without it; the others take this member's queues"
+                    " once its session times out",
+                    self.cluster,
+                    self.group,
+                    LEAVE_BUDGET_S,
+                )
         for handover in self._handovers:
             try:
-                handover.result(HANDOVER_WAIT_S)
+                handover.result(min(HANDOVER_WAIT_S, left()))
             except Exception:
                 log.exception("cluster %s: handing over failed", self.cluster)
         self.guard.close()
@@ -680,7 +731,7 @@ class Membership:
             gone = [Write(f"member/{self.member.id}".encode(), None)]
             if self._group_id is not None:
                 gone.append(group_write(self.member, None))
-            self._log.write(gone, timeout=5)
+            self._log.write(gone, timeout=min(5.0, left()))
         except BrokerError as exc:
             log.warning("members topic: %s", exc)
-        self._log.close()
+        self._log.close(timeout=min(5.0, left()))

@@ -527,7 +527,7 @@ class DurableChangelog:
                         target=writer.close, name="changelog-writer-close", daemon=True
                     ).start()
                     self._writer = None
-                self._wait_reachable(30.0)
+                self._wait_until_reachable(30.0)
                 if self._interrupt.wait(wait):
                     raise StateError("changelog commit given up: stopping") from exc
                 wait = min(wait * 2, 5.0)
@@ -541,6 +541,15 @@ class DurableChangelog:
                     extra={"attempts": attempts, "records": len(records)},
                 )
             return offsets
+
+    def _wait_until_reachable(self, timeout: float) -> None:
+        """``wait_reachable`` for up to ``timeout``, a second at a time so that a stop (the
+        interrupt) ends the wait at once."""
+        deadline = time.monotonic() + timeout
+        while not self._interrupt.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or self._wait_reachable(min(left, 1.0)):
+                return
 
     def _dead(self, writer: ChangelogWriter, why: str, exc: BaseException | None) -> StateError:
         dead = _WriterDead(

@@ -4,10 +4,18 @@ scripted probe instead of sockets."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
+import socket
+import threading
+import time
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from layer.coordinator.evict import REFUSALS, Evictions
+import pytest
+
+from layer.coordinator.evict import REFUSALS, Evictions, Remover
 from layer.coordinator.membership import (
     ClusterMap,
     Member,
@@ -15,6 +23,7 @@ from layer.coordinator.membership import (
     member_write,
     owner_write,
 )
+from tests.helpers import wait_until
 
 A, B, C = (Member(x, f"{x}:7070", f"{x}-changelog") for x in "abc")
 
@@ -109,3 +118,36 @@ def test_a_removed_member_is_fenced_once_as_it_is_removed() -> None:
 
     asyncio.run(steps())
     assert removed == ["gid-b"] and fenced == ["b-changelog"]
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")  # kafka-python's failed bootstrap
+def test_closing_the_remover_does_not_wait_for_a_call_kafka_does_not_answer() -> None:
+    """A removal (or the client's warm-up) under way while Kafka is away waits up to its
+    bootstrap timeout (30 s by default); the member's stop must not wait for it, and the
+    call drops its client when it ends."""
+    silent = socket.socket()  # takes connections, never answers: a paused broker
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    remover = Remover(
+        {"bootstrap_servers": f"127.0.0.1:{silent.getsockname()[1]}", "bootstrap_timeout_ms": 3000}
+    )
+    calling = threading.Thread(target=lambda: _quietly(remover.warm), daemon=True)
+    calling.start()
+    try:
+        wait_until(lambda: remover._lock.locked(), 10, message="the warm-up to begin")
+        started = time.monotonic()
+        remover.close()
+        took = time.monotonic() - started
+        assert took < 1.0, f"close waited {took:.1f}s for the call under way"
+        assert calling.is_alive(), "the call ended: the test proves nothing"
+        calling.join(30)
+        assert not calling.is_alive(), "the warm-up outlived its bootstrap timeout"
+        assert remover._admin is None
+    finally:
+        silent.close()
+        gc.collect()  # kafka-python's sockets: their warnings here, not in a later test
+
+
+def _quietly(call: Callable[[], object]) -> None:
+    with contextlib.suppress(Exception):
+        call()

@@ -92,7 +92,7 @@ def test_durable_changelog_redoes_the_same_batch_and_replaces_a_failed_writer() 
     waits: list[float] = []
     log = DurableChangelog(
         lambda: ScriptedWriter(script.pop(0), made),  # type: ignore[arg-type, return-value]
-        wait_reachable=waits.append,
+        wait_reachable=lambda timeout: waits.append(timeout) or True,
         on_trouble=troubles.append,
         interrupt=threading.Event(),
     )
@@ -116,7 +116,7 @@ def test_durable_changelog_gives_up_only_when_interrupted() -> None:
 
     log = DurableChangelog(
         lambda: ScriptedWriter(["abort"] * 100, made),  # type: ignore[arg-type, return-value]
-        wait_reachable=lambda timeout: None,
+        wait_reachable=lambda timeout: True,
         on_trouble=trouble,
         interrupt=interrupt,
     )
@@ -124,12 +124,47 @@ def test_durable_changelog_gives_up_only_when_interrupted() -> None:
         log.commit([("c", b"k", b"v")])
 
 
+def test_a_stop_ends_the_wait_for_kafka_at_once() -> None:
+    """Kafka away: a failed commit waits (up to 30 s) for it before the redo; a stop (the
+    interrupt) meanwhile ends that wait within a second, not at its end."""
+    interrupt = threading.Event()
+    asked = threading.Event()
+    away = threading.Event()  # never set: Kafka stays away
+
+    def wait_reachable(timeout: float) -> bool:
+        asked.set()
+        return away.wait(timeout)
+
+    log = DurableChangelog(
+        lambda: ScriptedWriter(["abort"] * 100, []),  # type: ignore[arg-type, return-value]
+        wait_reachable=wait_reachable,
+        on_trouble=lambda reason: None,
+        interrupt=interrupt,
+    )
+    failed: list[BaseException] = []
+
+    def commit() -> None:
+        try:
+            log.commit([("c", b"k", b"v")])
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=commit, daemon=True)
+    thread.start()
+    assert asked.wait(10), "the commit never waited for Kafka"
+    interrupt.set()
+    thread.join(10)  # 30 s if the wait took no notice of the stop
+    assert not thread.is_alive(), "the wait for Kafka outlived the stop"
+    assert len(failed) == 1 and isinstance(failed[0], StateError)
+    assert "stopping" in str(failed[0])
+
+
 def _cluster_log(
     script: list[list[str]], made: list[ScriptedWriter], confirm: object, dead: list[StateError]
 ) -> DurableChangelog:
     return DurableChangelog(
         lambda: ScriptedWriter(script.pop(0), made),  # type: ignore[arg-type, return-value]
-        wait_reachable=lambda timeout: None,
+        wait_reachable=lambda timeout: True,
         on_trouble=lambda reason: None,
         interrupt=threading.Event(),
         replace_failed=False,
@@ -174,7 +209,7 @@ def test_a_cluster_member_whose_queues_were_claimed_stops_and_a_fenced_one_too()
     fenced: list[ScriptedWriter] = []
     log = DurableChangelog(
         lambda: Fenced(["fatal"], fenced),  # type: ignore[arg-type, return-value]
-        wait_reachable=lambda timeout: None,
+        wait_reachable=lambda timeout: True,
         on_trouble=lambda reason: None,
         interrupt=threading.Event(),
         replace_failed=False,
