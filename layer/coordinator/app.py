@@ -28,8 +28,8 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from connectors.embedded import EmbeddedBroker
 from connectors.kafka import client_settings, with_client_logging
 from layer.api.access import Access
 from layer.api.health import GrpcHealth
@@ -46,6 +46,9 @@ from layer.coordinator.service import Coordinator
 from layer.exceptions import BrokerError, ConfigError
 from layer.state.ownership import check_state
 from layer.state.rocksdb import RocksDBStore, discard_state_dir
+
+if TYPE_CHECKING:
+    from connectors.embedded import EmbeddedBroker
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +194,8 @@ class CoordinatorApp:
         self.health.restoring("connecting to Kafka")
         bootstrap = config.broker.bootstrap_servers
         if bootstrap is None:
+            from connectors.embedded import EmbeddedBroker  # psutil and the broker binary's finder
+
             self._broker = EmbeddedBroker()
             self._broker.start()
             bootstrap = self._broker.bootstrap_servers
