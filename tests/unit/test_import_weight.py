@@ -100,6 +100,7 @@ def test_the_coordinator_loads_what_it_uses_when_it_uses_it() -> None:
         "kafka",  # kafka-python: a cluster's eviction of a dead member
         "lark",  # the first expression
         "layer.client.aio",  # the first peer of a cluster asked
+        "prometheus_client",  # with an HTTP listener (GET /metrics)
         "psutil",
         "pyspark",
     )
