@@ -3,27 +3,55 @@
 from __future__ import annotations
 
 import os
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
-from connectors.admin import TopicAdmin, TopicSpec
-from connectors.containers import KafkaContainerBroker
-from connectors.embedded import EmbeddedBroker, find_tansu_binary
-from connectors.kafka import (
-    KAFKA,
-    PROFILES,
-    TANSU,
-    BrokerProfile,
-    IsolationLevel,
-    Watermarks,
-    admin_settings,
-    cached_high_watermark,
-    client_settings,
-    consumer_settings,
-    detect_profile,
-    producer_settings,
-    read_watermarks,
-)
+from layer._lazy import lazy_exports
 from layer.exceptions import BrokerError, ConfigError
+
+if TYPE_CHECKING:
+    from connectors.admin import TopicAdmin, TopicSpec
+    from connectors.containers import KafkaContainerBroker
+    from connectors.embedded import EmbeddedBroker, find_tansu_binary
+    from connectors.kafka import (
+        KAFKA,
+        PROFILES,
+        TANSU,
+        BrokerProfile,
+        IsolationLevel,
+        Watermarks,
+        admin_settings,
+        cached_high_watermark,
+        client_settings,
+        consumer_settings,
+        detect_profile,
+        producer_settings,
+        read_watermarks,
+    )
+else:
+    # confluent_kafka, psutil and the launchers only for a caller that uses them
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "connectors.admin": ("TopicAdmin", "TopicSpec"),
+            "connectors.containers": ("KafkaContainerBroker",),
+            "connectors.embedded": ("EmbeddedBroker", "find_tansu_binary"),
+            "connectors.kafka": (
+                "KAFKA",
+                "PROFILES",
+                "TANSU",
+                "BrokerProfile",
+                "IsolationLevel",
+                "Watermarks",
+                "admin_settings",
+                "cached_high_watermark",
+                "client_settings",
+                "consumer_settings",
+                "detect_profile",
+                "producer_settings",
+                "read_watermarks",
+            ),
+        },
+    )
 
 BOOTSTRAP_ENV_VAR = "QLAYER_BOOTSTRAP_SERVERS"
 
@@ -60,8 +88,12 @@ def start_broker(
     ``external`` uses ``bootstrap`` or else ``$QLAYER_BOOTSTRAP_SERVERS``.
     """
     if kind == "embedded":
+        from connectors.embedded import EmbeddedBroker
+
         return EmbeddedBroker().start()
     if kind == "testcontainers":
+        from connectors.containers import KafkaContainerBroker
+
         return KafkaContainerBroker().start()
     if kind == "external":
         address = bootstrap or os.environ.get(BOOTSTRAP_ENV_VAR, "").strip()

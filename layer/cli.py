@@ -15,13 +15,12 @@ import math
 import signal
 import sys
 import time
-import tomllib
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from layer.coordinator.reload import LIVE_OPTIONS
+from layer.coordinator.live_options import LIVE_OPTIONS
 from layer.exceptions import (
     ClientError,
     ConfigError,
@@ -952,7 +951,7 @@ def cmd_reload(args: argparse.Namespace) -> int:
 
 def _options(pairs: Sequence[str]) -> dict[str, object]:
     """``--option key=value`` as TOML values (a value that is not TOML is a string)."""
-    from layer.definitions import parse_literal
+    from layer.toml_values import parse_literal
 
     out: dict[str, object] = {}
     for pair in pairs:
@@ -967,6 +966,8 @@ def _options(pairs: Sequence[str]) -> dict[str, object]:
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
+    import tomllib
+
     action = args.queue_command
     if action == "create":
         options: dict[str, object] = {}

@@ -19,7 +19,6 @@ from operator import add
 from pathlib import Path
 from typing import Any, cast
 
-import fastavro
 import orjson
 
 from layer.exceptions import SerializationError
@@ -30,6 +29,10 @@ __all__ = ["DocumentReader", "load_avro_schema"]
 @lru_cache(maxsize=32)
 def load_avro_schema(path: Path) -> Any:
     """The parsed Avro schema in ``path``; SerializationError says what is wrong with it."""
+    # fastavro loads with the first avro queue: a config of json queues (and the CLI, and the
+    # client) never needs it
+    import fastavro
+
     try:
         raw = json.loads(Path(path).read_text(encoding="utf-8"))
         return fastavro.parse_schema(raw)
@@ -67,6 +70,8 @@ class DocumentReader:
             except RecursionError:  # valid JSON nested deeper than the parser goes
                 return None, "unparseable json: nested too deep"
         if self._avro is not None:
+            import fastavro  # loaded with the schema: a lookup in sys.modules
+
             buffer = io.BytesIO(value)
             try:
                 doc = fastavro.schemaless_reader(buffer, self._avro, None)

@@ -46,34 +46,77 @@ on from there). Every micro-batch plans with a new short-lived consumer on the d
 processing-time trigger to Spark's default back-to-back one.
 """
 
-from connectors.spark_kafka.options import (
-    EARLIEST,
-    FORMAT,
-    LATEST,
-    KafkaSourceOptions,
-    OffsetSpec,
-    Subscription,
-    offsets_from_json,
-    offsets_to_json,
-    rate_limit,
-)
-from connectors.spark_kafka.reading import KafkaInputPartition, consume_range, read_range
-from connectors.spark_kafka.source import (
-    KafkaBatchReader,
-    KafkaDataSource,
-    KafkaStreamReader,
-    kafka_schema,
-    register,
-    register_once,
-)
-from connectors.spark_kafka.view import (
-    VIEW_FORMAT,
-    ViewDataSource,
-    ViewInputPartition,
-    ViewSourceOptions,
-    register_view,
-    view_schema,
-)
+from typing import TYPE_CHECKING
+
+from layer._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from connectors.spark_kafka.options import (
+        EARLIEST,
+        FORMAT,
+        LATEST,
+        KafkaSourceOptions,
+        OffsetSpec,
+        Subscription,
+        offsets_from_json,
+        offsets_to_json,
+        rate_limit,
+    )
+    from connectors.spark_kafka.reading import KafkaInputPartition, consume_range, read_range
+    from connectors.spark_kafka.source import (
+        KafkaBatchReader,
+        KafkaDataSource,
+        KafkaStreamReader,
+        kafka_schema,
+        register,
+        register_once,
+    )
+    from connectors.spark_kafka.view import (
+        VIEW_FORMAT,
+        ViewDataSource,
+        ViewInputPartition,
+        ViewSourceOptions,
+        register_view,
+        view_schema,
+    )
+else:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "connectors.spark_kafka.options": (
+                "EARLIEST",
+                "FORMAT",
+                "LATEST",
+                "KafkaSourceOptions",
+                "OffsetSpec",
+                "Subscription",
+                "offsets_from_json",
+                "offsets_to_json",
+                "rate_limit",
+            ),
+            "connectors.spark_kafka.reading": (
+                "KafkaInputPartition",
+                "consume_range",
+                "read_range",
+            ),
+            "connectors.spark_kafka.source": (
+                "KafkaBatchReader",
+                "KafkaDataSource",
+                "KafkaStreamReader",
+                "kafka_schema",
+                "register",
+                "register_once",
+            ),
+            "connectors.spark_kafka.view": (
+                "VIEW_FORMAT",
+                "ViewDataSource",
+                "ViewInputPartition",
+                "ViewSourceOptions",
+                "register_view",
+                "view_schema",
+            ),
+        },
+    )
 
 __all__ = [
     "EARLIEST",

@@ -46,11 +46,9 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from operator import attrgetter
-from typing import Any, ClassVar, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
 
 import grpc
-from grpc_health.v1 import health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from layer.api.access import RPC_RIGHTS, Access, Principal, Right
 from layer.api.deliveries import DeliveryBatch
@@ -143,6 +141,9 @@ from layer.exceptions import (
     SerializationError,
     Unauthenticated,
 )
+
+if TYPE_CHECKING:
+    from grpc_health.v1 import health_pb2_grpc
 
 __all__ = ["SERVICE_NAME", "ApiServer"]
 
@@ -510,6 +511,11 @@ class ApiServer:
         """Bind and start serving; returns the bound port."""
         if self._server is not None:
             raise RuntimeError("ApiServer already started")
+        # the health and reflection servicers (descriptor pools, generated stubs) load with the
+        # first server started, not with every importer of this module
+        from grpc_health.v1 import health_pb2_grpc
+        from grpc_reflection.v1alpha import reflection
+
         server = grpc.aio.server(options=self._options)
         server.add_generic_rpc_handlers((self._handler(),))
         services = [SERVICE_NAME, reflection.SERVICE_NAME]

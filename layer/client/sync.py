@@ -105,9 +105,9 @@ from layer.client._follow import (
     moved_unless_asked,
     others,
 )
-from layer.definitions import toml_literal
 from layer.engine.model import AckOp, Bookmark
 from layer.exceptions import ClientError, ConnectionLost, NotOwner, PartitionedQueue, QLayerError
+from layer.toml_values import toml_literal
 
 __all__ = ["Message", "QueueClient", "Subscription"]
 

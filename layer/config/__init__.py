@@ -20,18 +20,41 @@ come from the file, the variable or flag they came from.
 Objects built directly (in tests, say) are not validated: build them through ``load``/``loads``.
 """
 
-from layer.config.loader import load, loads, queue_from_table, queue_table, reread
-from layer.config.model import (
-    BrokerConfig,
-    BrokerProfile,
-    Config,
-    CoordinatorConfig,
-    Distribution,
-    MessageType,
-    OnUnparseable,
-    QueueConfig,
-    StartFrom,
-)
+from typing import TYPE_CHECKING
+
+from layer._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from layer.config.loader import load, loads, queue_from_table, queue_table, reread
+    from layer.config.model import (
+        BrokerConfig,
+        BrokerProfile,
+        Config,
+        CoordinatorConfig,
+        Distribution,
+        MessageType,
+        OnUnparseable,
+        QueueConfig,
+        StartFrom,
+    )
+else:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "layer.config.loader": ("load", "loads", "queue_from_table", "queue_table", "reread"),
+            "layer.config.model": (
+                "BrokerConfig",
+                "BrokerProfile",
+                "Config",
+                "CoordinatorConfig",
+                "Distribution",
+                "MessageType",
+                "OnUnparseable",
+                "QueueConfig",
+                "StartFrom",
+            ),
+        },
+    )
 
 __all__ = [
     "BrokerConfig",

@@ -31,9 +31,8 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from connectors.embedded import EmbeddedBroker
 from connectors.kafka import client_settings, with_client_logging
 from layer.api.access import Access
 from layer.api.health import GrpcHealth
@@ -44,12 +43,15 @@ from layer.coordinator.access import HttpAccess
 from layer.coordinator.console import console_routes
 from layer.coordinator.health import Health
 from layer.coordinator.http import HttpListener, Router, health_routes
-from layer.coordinator.metrics import Metrics, metrics_routes
 from layer.coordinator.outage import wait_for_profile
 from layer.coordinator.service import Coordinator
 from layer.exceptions import BrokerError, ConfigError
 from layer.state.ownership import check_state
 from layer.state.rocksdb import RocksDBStore, discard_state_dir
+
+if TYPE_CHECKING:
+    from connectors.embedded import EmbeddedBroker
+    from layer.coordinator.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +75,13 @@ class CoordinatorApp:
         self.config = config
         self._reset_state = reset_state
         self.health = Health()
-        self.metrics = Metrics(self.health)
+        # what only GET /metrics reads: without an HTTP listener neither the registry nor
+        # prometheus_client (~30 ms of every start) is made
+        self.metrics: Metrics | None = None
+        if config.coordinator.http is not None:
+            from layer.coordinator.metrics import Metrics
+
+            self.metrics = Metrics(self.health)
         self._serving: Coordinator | None = None  # the console's: set once the API serves
         self._ready = ready
         self._progress = progress or (lambda line: log.info("%s", line))
@@ -166,7 +174,10 @@ class CoordinatorApp:
         access = HttpAccess(self.access)
         router = Router(authorize=access.authorize)
         health_routes(router, self.health)
-        metrics_routes(router, self.metrics, c.metrics_right)
+        if self.metrics is not None:  # made when an address is configured: always here
+            from layer.coordinator.metrics import metrics_routes
+
+            metrics_routes(router, self.metrics, c.metrics_right)
         console_routes(router, lambda: self._serving, visible=access.visible)
         self._http = HttpListener(address, router)
         port = await self._http.start()
@@ -195,6 +206,8 @@ class CoordinatorApp:
         self.health.restoring("connecting to Kafka")
         bootstrap = config.broker.bootstrap_servers
         if bootstrap is None:
+            from connectors.embedded import EmbeddedBroker  # psutil and the broker binary's finder
+
             self._broker = EmbeddedBroker()
             self._broker.start()
             bootstrap = self._broker.bootstrap_servers
@@ -278,7 +291,8 @@ class CoordinatorApp:
         async def figures() -> tuple[list[QueueStats], int]:
             return await coordinator.stats(), coordinator.rounds
 
-        self.metrics.attach(figures)
+        if self.metrics is not None:
+            self.metrics.attach(figures)
         # after serving(): the first status a Check or Watch sees is the real one
         await self._grpc_health.start()
         if self._ready is not None:

@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from layer.api.service import DeadLetter, DeliveredMessage, QueueStats
 from layer.client._common import tls_credentials
-from layer.client.aio import AsyncQueueClient
 from layer.config import CoordinatorConfig
 from layer.coordinator.evict import refuses
 from layer.engine.model import Bookmark
+
+if TYPE_CHECKING:
+    from layer.client.aio import AsyncQueueClient
 
 __all__ = ["PROBE_TIMEOUT", "PeerTls", "Peers", "peer_tls"]
 
@@ -108,6 +111,9 @@ class Peers:
     def _client(self, address: str) -> AsyncQueueClient:
         client = self._clients.get(address)
         if client is None:
+            # the asyncio client loads with the first peer asked: a coordinator alone never is
+            from layer.client.aio import AsyncQueueClient
+
             # no reconnect loop: the owner may be gone, the caller gets that at once
             tls = self._tls
             client = self._clients[address] = AsyncQueueClient(

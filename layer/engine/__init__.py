@@ -135,7 +135,20 @@ Precisions (decided while implementing; the contract above still holds):
 - LowWater/Forget are appended at the end of ``drain()``'s changes, after the Done that caused them.
 """
 
-from layer.engine.queries import Lease
-from layer.engine.queue import UNLIMITED, QueueEngine
+from typing import TYPE_CHECKING
+
+from layer._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from layer.engine.queries import Lease
+    from layer.engine.queue import UNLIMITED, QueueEngine
+else:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "layer.engine.queries": ("Lease",),
+            "layer.engine.queue": ("UNLIMITED", "QueueEngine"),
+        },
+    )
 
 __all__ = ["UNLIMITED", "Lease", "QueueEngine"]

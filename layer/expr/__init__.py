@@ -45,8 +45,22 @@ The language, loosest binding first::
 - Limits: at most 64 KiB of UTF-8 and 100 levels of nesting; beyond, ``ExpressionError``.
 """
 
-from layer.exceptions import ExpressionError
-from layer.expr.expression import Expression, compile_expression
-from layer.expr.record import Record
+from typing import TYPE_CHECKING
+
+from layer._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from layer.exceptions import ExpressionError
+    from layer.expr.expression import Expression, compile_expression
+    from layer.expr.record import Record
+else:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "layer.exceptions": ("ExpressionError",),
+            "layer.expr.expression": ("Expression", "compile_expression"),
+            "layer.expr.record": ("Record",),
+        },
+    )
 
 __all__ = ["Expression", "ExpressionError", "Record", "compile_expression"]

@@ -6,7 +6,6 @@ import json
 import time
 
 from layer.expr.compiler import Code, Uses, compile_tree
-from layer.expr.parser import parse
 from layer.expr.record import Record
 from layer.expr.values import text_to_number
 
@@ -24,6 +23,10 @@ def compile_expression(text: str) -> Expression:
     """
     if not isinstance(text, str):
         raise TypeError(f"an expression is a str, not {type(text).__name__}")
+    # lark and the grammar load with the first expression, not with every importer of
+    # ``layer.expr`` (a config without expressions, the CLI, the client)
+    from layer.expr.parser import parse
+
     code, uses = compile_tree(text, parse(text))
     return Expression(text, code, uses)
 

@@ -299,6 +299,33 @@ def replay(
     return len(records) - start
 
 
+def _at_end(
+    consumer: Consumer, topic: str, partition: int, start: int | None, timeout: float
+) -> bool:
+    """Whether a changelog partition holds nothing after ``start`` (the stored offset; None:
+    nothing applied): its log is empty, or ``start`` is its end. Decided from ListOffsets, so
+    that a restart whose changelog did not move reads nothing: reading to the end costs a
+    fetch wait or more (0.1-0.3 s on Tansu) even when nothing comes.
+
+    ListOffsets(latest) is short of the end on Tansu (the last batch's base offset + 1), but
+    never past it, and the changelog is written in transactions only: its last batch is a
+    commit or abort marker of one record, whose base offset + 1 is the end, or the records of
+    a transaction still open, which begin at or after every offset a read_committed restore
+    reached. So ``start`` equal to it is the end on every broker. Anything else (a ``start``
+    outside the log too) is left to the read, which reports it."""
+    try:
+        low, high = consumer.get_watermark_offsets(
+            KafkaPartition(topic, partition), timeout=timeout, cached=False
+        )
+    except KafkaException as exc:
+        raise RecoveryError(
+            f"cannot read the offsets of changelog {topic}/{partition}: {exc}"
+        ) from exc
+    if low < 0 or high < low:
+        return False
+    return high == low if start is None else low <= start == high
+
+
 def _partitions(consumer: Consumer, topic: str, timeout: float) -> list[int]:
     try:
         metadata = consumer.list_topics(topic, timeout=timeout)
@@ -389,8 +416,20 @@ def _run(
     consumer = reader.consumer
     partitions = _partitions(consumer, topic, idle_timeout)
     starts: dict[int, int | None] = {p: store.changelog_offset(topic, p) for p in partitions}
+    done = {p for p in partitions if _at_end(consumer, topic, p, starts[p], idle_timeout)}
+    if len(done) == len(partitions):
+        _check(stop, topic)
+        if restorer.progress is not None:
+            restorer.progress(0, 0)
+        logger.info(
+            "changelog restore: nothing to read topic=%s queue=%s resume_offsets=%s",
+            topic,
+            queue,
+            starts,
+        )
+        return 0
     for p, start in starts.items():
-        if start is None:
+        if start is None and p not in done:
             # nothing applied yet: start at the last usable snapshot, when there is one
             found = _last_snapshot(consumer, topic, p, idle_timeout, stop)
             if found is not None:
@@ -411,7 +450,7 @@ def _run(
         len(partitions),
         starts,
     )
-    pending = set(partitions)
+    pending = set(partitions) - done
     applied = 0
     last_activity = time.monotonic()
     while pending:
