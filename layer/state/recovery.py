@@ -299,6 +299,19 @@ def replay(
     return len(records) - start
 
 
+def _watermarks(consumer: Consumer, topic: str, partition: int, timeout: float) -> tuple[int, int]:
+    """A changelog partition's low and high watermarks, asked of the broker."""
+    try:
+        low, high = consumer.get_watermark_offsets(
+            KafkaPartition(topic, partition), timeout=timeout, cached=False
+        )
+    except KafkaException as exc:
+        raise RecoveryError(
+            f"cannot read the offsets of changelog {topic}/{partition}: {exc}"
+        ) from exc
+    return low, high
+
+
 def _at_end(
     consumer: Consumer, topic: str, partition: int, start: int | None, timeout: float
 ) -> bool:
@@ -313,14 +326,7 @@ def _at_end(
     a transaction still open, which begin at or after every offset a read_committed restore
     reached. So ``start`` equal to it is the end on every broker. Anything else (a ``start``
     outside the log too) is left to the read, which reports it."""
-    try:
-        low, high = consumer.get_watermark_offsets(
-            KafkaPartition(topic, partition), timeout=timeout, cached=False
-        )
-    except KafkaException as exc:
-        raise RecoveryError(
-            f"cannot read the offsets of changelog {topic}/{partition}: {exc}"
-        ) from exc
+    low, high = _watermarks(consumer, topic, partition, timeout)
     if low < 0 or high < low:
         return False
     return high == low if start is None else low <= start == high
@@ -557,14 +563,7 @@ def _last_snapshot(
 ) -> tuple[int, dict[Subject, str]] | None:
     """The latest usable snapshot of one changelog partition: searched backwards from its end,
     in growing steps, reading each step forwards. None when the partition has none."""
-    try:
-        low, high = consumer.get_watermark_offsets(
-            KafkaPartition(topic, partition), timeout=idle_timeout, cached=False
-        )
-    except KafkaException as exc:
-        raise RecoveryError(
-            f"cannot read the offsets of changelog {topic}/{partition}: {exc}"
-        ) from exc
+    low, high = _watermarks(consumer, topic, partition, idle_timeout)
     # ``high`` may be short of the end on some brokers (Tansu): the first step reads to the end
     candidates = _Candidates()
     chunk = SEARCH_CHUNK
