@@ -407,15 +407,11 @@ def exit_now_if_stuck(code: int, grace: float) -> None:
     exits with ``code`` at once (the interpreter's own exit would join them). Everything that
     matters is closed by then (the state store, the API, the changelog writer)."""
     deadline = time.monotonic() + grace
-    for thread in threading.enumerate():
-        if thread is threading.current_thread() or thread.daemon:
-            continue
+    me = threading.current_thread()
+    others = [t for t in threading.enumerate() if t is not me and not t.daemon]
+    for thread in others:
         thread.join(max(deadline - time.monotonic(), 0.0))
-    stuck = [
-        t.name
-        for t in threading.enumerate()
-        if t is not threading.current_thread() and not t.daemon and t.is_alive()
-    ]
+    stuck = [t.name for t in others if t.is_alive()]
     if not stuck:
         return
     log.warning(

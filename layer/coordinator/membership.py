@@ -633,8 +633,7 @@ class Membership:
         """Before this member's API stops: take its group id out of the members topic, so
         that no survivor removes it from the group while it hands its queues over."""
         self._leaving = True
-        if self._stopped_at is None:
-            self._stopped_at = time.monotonic()
+        self._mark_stop()
         # and say it is leaving: its successors wait for its releases instead of fencing it,
         # so it leaves the group before its handover ends (``_give_up``)
         writes = [leaving_write(self.member)]
@@ -684,12 +683,17 @@ class Membership:
     async def _hand_over(self, gone: set[int]) -> None:
         await self._on_revoked(gone, True)
 
+    def _mark_stop(self) -> float:
+        """When the stop began: its first step (``leaving``, ``abandon`` or ``close``)."""
+        if self._stopped_at is None:
+            self._stopped_at = time.monotonic()
+        return self._stopped_at
+
     def abandon(self) -> None:
         """Leave the group now without handing anything over (not blocking): this member lost
         its partitions and stops; it must not rejoin and be given queues it cannot serve."""
         self._abandon = True
-        if self._stopped_at is None:
-            self._stopped_at = time.monotonic()
+        self._mark_stop()
         self._stop.set()
 
     def close(self, abandon: bool = False) -> None:
@@ -699,10 +703,8 @@ class Membership:
         partitions released; it still leaves the group at once, so the others take its queues
         now rather than after the session timeout."""
         self._abandon = self._abandon or abandon
-        if self._stopped_at is None:
-            self._stopped_at = time.monotonic()
         # one deadline for all of it: with Kafka away every step below would wait for it
-        deadline = self._stopped_at + LEAVE_BUDGET_S
+        deadline = self._mark_stop() + LEAVE_BUDGET_S
 
         def left() -> float:
             return max(deadline - time.monotonic(), 0.1)
