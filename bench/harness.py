@@ -83,6 +83,68 @@ def loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def thread_wakeups(pid: int) -> int | None:
+    """The voluntary context switches of every thread of process ``pid`` so far: each one a
+    thread that blocked (on a lock, a queue, a socket, a timer) and was woken again. None where
+    ``/proc`` does not tell (not Linux). Threads that already exited are not counted."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        total += int(line.split()[1])
+                        break
+        except OSError:
+            continue  # the thread exited meanwhile
+    return total
+
+
+def handoff_cpu_us(handoffs: int = 2000) -> float:
+    """This machine's CPU cost (µs, both threads together) of one hand-off between two threads
+    of one process: one sets an event the other waits on, and back. It prices what the
+    coordinator's wake-ups cost here (a virtual machine's can cost several times a bare
+    one's), so a per-round figure of wake-ups reads as time."""
+    import threading
+
+    ping, pong = threading.Event(), threading.Event()
+
+    def other() -> None:
+        for _ in range(handoffs):
+            ping.wait()
+            ping.clear()
+            pong.set()
+
+    t = threading.Thread(target=other, name="handoff")
+    t.start()
+    start = time.process_time()
+    for _ in range(handoffs):
+        ping.set()
+        pong.wait()
+        pong.clear()
+    t.join()
+    return round((time.process_time() - start) / (2 * handoffs) * 1e6, 1)
+
+
+def per_round(cpu_s: float, wakeups: int | None, rounds: int, messages: int) -> dict[str, float]:
+    """A throughput run's coordinator figures per round (each round one Kafka transaction at
+    most, one frame to each consumer at most): what a round costs whatever its size, next to
+    what a message costs."""
+    if rounds <= 0:
+        return {}
+    out = {
+        "messages": round(messages / rounds, 1),
+        "cpu_ms": round(cpu_s * 1e3 / rounds, 2),
+    }
+    if wakeups is not None:
+        out["wakeups"] = round(wakeups / rounds, 1)
+    return out
+
+
 def settled_rss(rss: Callable[[], int], timeout: float = 60.0) -> int:
     """RSS once two readings half a second apart agree within 0.5% (allocations settled)."""
     deadline = time.monotonic() + timeout

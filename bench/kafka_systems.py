@@ -29,7 +29,7 @@ from typing import Any
 import psutil
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition, libversion
 
-from bench.harness import Pacer, Published, Recorder, payload
+from bench.harness import Pacer, Published, Recorder, payload, per_round, thread_wakeups
 from connectors.admin import TopicAdmin, TopicSpec
 
 log = logging.getLogger(__name__)
@@ -252,7 +252,8 @@ class QLayer(_OnBroker):
         super().__init__(bootstrap, workdir, embedded)
         self.window = window
         self.coordinators: dict[str, Coordinator] = {}
-        self.cpu_at_start: dict[str, float] = {}
+        # per coordinator: its CPU seconds, thread wake-ups and rounds when created
+        self.at_start: dict[str, tuple[float, int | None, int]] = {}
 
     def create(self) -> dict[str, Any]:
         topic = self._topic("q")
@@ -264,7 +265,11 @@ class QLayer(_OnBroker):
         )
         coord.start()
         self.coordinators[topic] = coord
-        self.cpu_at_start[topic] = coord.cpu_seconds()
+        self.at_start[topic] = (
+            coord.cpu_seconds(),
+            thread_wakeups(coord.pid),
+            int(coord.stats().extra.get("rounds_total", 0)),
+        )
         return {
             "kind": "qlayer",
             "server": coord.address,
@@ -278,18 +283,25 @@ class QLayer(_OnBroker):
 
     def observe(self, target: dict[str, Any], messages: int) -> dict[str, Any]:
         """The coordinator's CPU time (user + system) over the run, per message: a cost that
-        moves much less than throughput with the load of a shared machine."""
+        moves much less than throughput with the load of a shared machine; and per round, with
+        the wake-ups of its threads (``per_round``)."""
         coord = self.coordinator(target)
-        cpu = coord.cpu_seconds() - self.cpu_at_start[target["topic"]]
+        cpu0, wakeups0, rounds0 = self.at_start[target["topic"]]
+        cpu = coord.cpu_seconds() - cpu0
+        wakeups = thread_wakeups(coord.pid)
+        observed = observed_stats(coord.stats().extra)
+        woken = None if wakeups is None or wakeups0 is None else wakeups - wakeups0
+        rounds = observed["coordinator_rounds"] - rounds0
         return {
             "coordinator_cpu_s": round(cpu, 2),
             "coordinator_cpu_us_per_msg": round(cpu / max(1, messages) * 1e6, 1),
             "coordinator_rss_mib": round(coord.rss() / 2**20, 1),
-            **observed_stats(coord.stats().extra),
+            **observed,
+            "coordinator_per_round": per_round(cpu, woken, rounds, messages),
         }
 
     def delete(self, target: dict[str, Any]) -> None:
-        self.cpu_at_start.pop(target["topic"], None)
+        self.at_start.pop(target["topic"], None)
         coord = self.coordinators.pop(target["topic"])
         coord.stop()
         shutil.rmtree(coord.workdir, ignore_errors=True)

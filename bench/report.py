@@ -227,6 +227,7 @@ def markdown(results: dict[str, Any], source: Path | str | None = None) -> str:
             if r.get("note"):
                 notes.append(f"- {HEADS[s]}: {r['note']}.")
     notes += stage_notes(results)
+    notes += round_notes(results)
     peers = results.get("memory_restart_peers") or {}
     if any("queued" in r for r in peers.values()):
         notes.append(
@@ -298,6 +299,31 @@ def stage_notes(results: dict[str, Any]) -> list[str]:
                 + "."
             )
     return notes
+
+
+def round_notes(results: dict[str, Any]) -> list[str]:
+    """qlayer's coordinator per round in the throughput runs: messages, CPU and thread
+    wake-ups a round, with what a wake-up costs on the machine, so a round's fixed cost shows
+    beside the per-message one."""
+    runs = results.get("throughput", {}).get("qlayer", [])
+    rounds = [r.get("coordinator_per_round") or {} for r in runs]
+    if not rounds or not all("cpu_ms" in r for r in rounds):
+        return []
+    sizes = " / ".join(f"{r['message_bytes']:,} B" for r in runs)
+
+    def each(key: str, fmt: str) -> str:
+        return " / ".join(format(r[key], fmt) if key in r else "?" for r in rounds)
+
+    line = (
+        f"- qlayer's coordinator per round in the throughput runs ({sizes}): "
+        f"{each('messages', ',.0f')} messages, {each('cpu_ms', '.1f')} ms of CPU"
+    )
+    if all("wakeups" in r for r in rounds):
+        line += f", {each('wakeups', '.0f')} thread wake-ups"
+    handoff = results.get("machine", {}).get("thread_handoff_cpu_us")
+    if handoff is not None:
+        line += f" (a hand-off between two threads costs {handoff} µs of CPU on this machine)"
+    return [line + "."]
 
 
 def context(results: dict[str, Any], source: Path | str | None = None) -> str:

@@ -156,6 +156,9 @@ def machine() -> dict[str, Any]:
         "cpu": cpu,
         "cpus": os.cpu_count(),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        # what a wake-up costs here (bench.harness.handoff_cpu_us): a virtual machine's can
+        # cost several times a bare one's, and the coordinator's rounds pay it many times
+        "thread_handoff_cpu_us": harness.handoff_cpu_us(),
         # the machine may be shared: the load says how much it was
         "loadavg_before": loadavg(),
     }
