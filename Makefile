@@ -30,8 +30,8 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check layer connectors spark tests bench
-	$(BIN)/ruff format --check layer connectors spark tests bench
+	$(BIN)/ruff check layer connectors spark tests bench scripts
+	$(BIN)/ruff format --check layer connectors spark tests bench scripts
 	$(BIN)/mypy layer connectors
 
 # the API's stubs from layer/api/proto/qlayer/v1/queue.proto (commit them with the .proto)

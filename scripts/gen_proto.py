@@ -45,7 +45,9 @@ def generate(out: Path) -> list[Path]:
         module = ".".join(Path(proto).parent.parts)  # qlayer.v1
         grpc_stub = folder / (Path(proto).stem + "_pb2_grpc.py")
         text = grpc_stub.read_text()
-        grpc_stub.write_text(text.replace(f"from {module} import", f"from {PACKAGE}.{module} import"))
+        grpc_stub.write_text(
+            text.replace(f"from {module} import", f"from {PACKAGE}.{module} import")
+        )
         written += [folder / name for name in STUBS]
     return written
 
