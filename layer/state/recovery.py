@@ -312,24 +312,42 @@ def _watermarks(consumer: Consumer, topic: str, partition: int, timeout: float) 
     return low, high
 
 
-def _at_end(
-    consumer: Consumer, topic: str, partition: int, start: int | None, timeout: float
-) -> bool:
+def _at_end(ends: tuple[int, int], start: int | None) -> bool:
     """Whether a changelog partition holds nothing after ``start`` (the stored offset; None:
-    nothing applied): its log is empty, or ``start`` is its end. Decided from ListOffsets, so
-    that a restart whose changelog did not move reads nothing: reading to the end costs a
-    fetch wait or more (0.1-0.3 s on Tansu) even when nothing comes.
+    nothing applied), by its ``ends`` (``_log_ends``): its log is empty, or ``start`` is its
+    end. Decided from ListOffsets, so that a restart whose changelog did not move reads
+    nothing: reading to the end costs a fetch wait or more (0.1-0.3 s on Tansu) even when
+    nothing comes.
 
-    ListOffsets(latest) is short of the end on Tansu (the last batch's base offset + 1), but
-    never past it, and the changelog is written in transactions only: its last batch is a
-    commit or abort marker of one record, whose base offset + 1 is the end, or the records of
-    a transaction still open, which begin at or after every offset a read_committed restore
-    reached. So ``start`` equal to it is the end on every broker. Anything else (a ``start``
-    outside the log too) is left to the read, which reports it."""
-    low, high = _watermarks(consumer, topic, partition, timeout)
+    The ends are the log's, every record counted (read_uncommitted): under read_committed
+    Tansu answers 0 for the end while a transaction is open, which would make a changelog of
+    committed records look empty (and a changelog's owner commits all the time). ListOffsets
+    (latest) is short of the end on Tansu (the last batch's base offset + 1), but never past
+    it, and the changelog is written in transactions only: its last batch is a commit or abort
+    marker of one record, whose base offset + 1 is the end, or the records of a transaction
+    still open, which begin at or after every offset a read_committed restore reached, so their
+    base offset + 1 is past ``start``. So ``start`` equal to it is the end on every broker.
+    Anything else (a ``start`` outside the log too) is left to the read, which reports it."""
+    low, high = ends
     if low < 0 or high < low:
         return False
     return high == low if start is None else low <= start == high
+
+
+def _log_ends(
+    settings: Mapping[str, Any], topic: str, partitions: list[int], timeout: float
+) -> dict[int, tuple[int, int]]:
+    """The low watermark and the end of each partition's log, every record counted
+    (ListOffsets under read_uncommitted, asked by a consumer of its own: the restore's reads
+    read_committed)."""
+    try:
+        consumer = Consumer({**settings, "isolation.level": "read_uncommitted"})
+    except KafkaException as exc:
+        raise RecoveryError(f"cannot create a changelog consumer: {exc}") from exc
+    try:
+        return {p: _watermarks(consumer, topic, p, timeout) for p in partitions}
+    finally:
+        consumer.close()
 
 
 def _partitions(consumer: Consumer, topic: str, timeout: float) -> list[int]:
@@ -363,16 +381,16 @@ class _Reader:
     changes there but one wait."""
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
-        self._settings = dict(settings)
+        self.settings = dict(settings)
         # at least the first step: at 10 ms a fetch found nothing on a changelog of a few
         # thousand offsets as soon as the machine was busy, and each try cost 0.3 s
-        self.wait_ms = max(int(self._settings.get("fetch.wait.max.ms", 500)), WAIT_STEPS_MS[0])
+        self.wait_ms = max(int(self.settings.get("fetch.wait.max.ms", 500)), WAIT_STEPS_MS[0])
         self._empty_since: float | None = None
         self.consumer = self._make()
 
     def _make(self) -> Consumer:
         try:
-            return Consumer({**self._settings, "fetch.wait.max.ms": self.wait_ms})
+            return Consumer({**self.settings, "fetch.wait.max.ms": self.wait_ms})
         except KafkaException as exc:
             raise RecoveryError(f"cannot create a changelog consumer: {exc}") from exc
 
@@ -422,7 +440,8 @@ def _run(
     consumer = reader.consumer
     partitions = _partitions(consumer, topic, idle_timeout)
     starts: dict[int, int | None] = {p: store.changelog_offset(topic, p) for p in partitions}
-    done = {p for p in partitions if _at_end(consumer, topic, p, starts[p], idle_timeout)}
+    ends = _log_ends(reader.settings, topic, partitions, idle_timeout)
+    done = {p for p in partitions if _at_end(ends[p], starts[p])}
     if len(done) == len(partitions):
         _check(stop, topic)
         if restorer.progress is not None:

@@ -246,6 +246,45 @@ def test_a_restore_reads_nothing_when_listoffsets_says_the_changelog_did_not_mov
     expected.check(store)
 
 
+def test_a_restore_reads_what_was_committed_before_a_transaction_still_open(
+    writer_factory: Callable[[str], ChangelogWriter],
+    topic_factory: Callable[..., str],
+    producer_factory: Callable[..., Producer],
+    kafka_settings: dict[str, Any],
+) -> None:
+    """A changelog's owner commits all the time, so a restore (a standby's copy, a takeover)
+    often meets a transaction still open at the end. What was committed before it is read all
+    the same, into an empty store and from a stored offset: on Tansu, ListOffsets under
+    read_committed answers 0 while a transaction is open, which once made the restore take a
+    changelog of committed records for an empty one."""
+    topic = topic_factory(partitions=1)
+    writer = writer_factory(f"tx-{topic}")
+    rng = random.Random(5)
+    expected = Expected()
+    low: dict[int, int] = {}
+    first = to_records(topic, "q", random_changes(rng, 30, partitions=1, low=low))
+    writer.commit(first)
+    expected.apply(first)
+    stored = MemoryStore()
+    assert restore(stored, kafka_settings, topic, "q").records_applied == 30
+    more = to_records(topic, "q", random_changes(rng, 12, partitions=1, low=low))
+    writer.commit(more)
+    expected.apply(more)
+    open_tx = producer_factory(transactional_id=f"open-{topic}")
+    open_tx.init_transactions(10)
+    open_tx.begin_transaction()
+    open_tx.produce(topic, b"never committed", key=b"k")
+    assert open_tx.flush(10) == 0
+    try:
+        empty = MemoryStore()
+        assert restore(empty, kafka_settings, topic, "q").records_applied == 42
+        expected.check(empty)
+        assert restore(stored, kafka_settings, topic, "q").records_applied == 12
+        expected.check(stored)
+    finally:
+        open_tx.abort_transaction(10)
+
+
 def test_records_of_aborted_transactions_are_never_applied(
     writer_factory: Callable[[str], ChangelogWriter],
     topic_factory: Callable[..., str],
