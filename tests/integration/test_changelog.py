@@ -132,6 +132,29 @@ class Expected:
             assert low == self.low.get(queue, {}), queue
 
 
+class History:
+    """Random changes of queue ``q`` committed to a changelog (``commit``), and what a restore
+    of them must give (``expected``)."""
+
+    def __init__(self, writer: ChangelogWriter, topic: str, seed: int, partitions: int) -> None:
+        self.writer, self.topic, self.partitions = writer, topic, partitions
+        self.rng = random.Random(seed)
+        self.low: dict[int, int] = {}
+        self.expected = Expected()
+
+    def changes(self, n: int) -> Records:
+        """``n`` more changes, as records (not committed)."""
+        changes = random_changes(self.rng, n, partitions=self.partitions, low=self.low)
+        return to_records(self.topic, "q", changes)
+
+    def commit(self, n: int) -> dict[tuple[str, int], int]:
+        """``n`` more changes, committed in one transaction: its last offset per partition."""
+        records = self.changes(n)
+        written = self.writer.commit(records)
+        self.expected.apply(records)
+        return written
+
+
 def test_restore_rebuilds_what_the_writer_committed(
     writer_factory: Callable[[str], ChangelogWriter],
     topic_factory: Callable[..., str],
@@ -171,19 +194,16 @@ def test_restore_twice_is_idempotent_and_resumes_from_the_stored_offset(
 ) -> None:
     topic = topic_factory(partitions=2)
     writer = writer_factory(f"tx-{topic}")
-    rng = random.Random(11)
-    expected = Expected()
-    low: dict[int, int] = {}
-    first = to_records(topic, "q", random_changes(rng, 500, partitions=2, low=low))
-    writer.commit(first)
-    expected.apply(first)
+    history = History(writer, topic, seed=11, partitions=2)
+    expected = history.expected
+    history.commit(500)
 
     assert restore(rocks, kafka_settings, topic, "q").records_applied == 500
     expected.check(rocks)
     assert restore(rocks, kafka_settings, topic, "q").records_applied == 0
     expected.check(rocks)
 
-    more = to_records(topic, "q", random_changes(rng, 37, partitions=2, low=low))
+    more = history.changes(37)
     writer.commit(more[:20])
     writer.commit(more[20:])
     expected.apply(more)
@@ -212,13 +232,9 @@ def test_a_restore_reads_nothing_when_listoffsets_says_the_changelog_did_not_mov
     assert "changelog restore: nothing to read" in caplog.text
     assert store.changelog_offsets() == {}
 
-    writer = writer_factory(f"tx-{topic}")
-    rng = random.Random(3)
-    expected = Expected()
-    low: dict[int, int] = {}
-    records = to_records(topic, "q", random_changes(rng, 60, partitions=2, low=low))
-    written = writer.commit(records)
-    expected.apply(records)
+    history = History(writer_factory(f"tx-{topic}"), topic, seed=3, partitions=2)
+    expected = history.expected
+    written = history.commit(60)
     caplog.clear()
     assert restore(store, kafka_settings, topic, "q").records_applied == 60
     assert "nothing to read" not in caplog.text
@@ -239,9 +255,7 @@ def test_a_restore_reads_nothing_when_listoffsets_says_the_changelog_did_not_mov
     assert "changelog restore: nothing to read" in caplog.text
 
     # and what is committed after that end is read
-    more = to_records(topic, "q", random_changes(rng, 25, partitions=2, low=low))
-    writer.commit(more)
-    expected.apply(more)
+    history.commit(25)
     assert restore(store, kafka_settings, topic, "q").records_applied == 25
     expected.check(store)
 
@@ -258,18 +272,12 @@ def test_a_restore_reads_what_was_committed_before_a_transaction_still_open(
     read_committed answers 0 while a transaction is open, which once made the restore take a
     changelog of committed records for an empty one."""
     topic = topic_factory(partitions=1)
-    writer = writer_factory(f"tx-{topic}")
-    rng = random.Random(5)
-    expected = Expected()
-    low: dict[int, int] = {}
-    first = to_records(topic, "q", random_changes(rng, 30, partitions=1, low=low))
-    writer.commit(first)
-    expected.apply(first)
+    history = History(writer_factory(f"tx-{topic}"), topic, seed=5, partitions=1)
+    expected = history.expected
+    history.commit(30)
     stored = MemoryStore()
     assert restore(stored, kafka_settings, topic, "q").records_applied == 30
-    more = to_records(topic, "q", random_changes(rng, 12, partitions=1, low=low))
-    writer.commit(more)
-    expected.apply(more)
+    history.commit(12)
     open_tx = producer_factory(transactional_id=f"open-{topic}")
     open_tx.init_transactions(10)
     open_tx.begin_transaction()
