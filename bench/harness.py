@@ -19,6 +19,7 @@ import os
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 from array import array
 from collections.abc import Callable
@@ -109,8 +110,6 @@ def handoff_cpu_us(handoffs: int = 2000) -> float:
     of one process: one sets an event the other waits on, and back. It prices what the
     coordinator's wake-ups cost here (a virtual machine's can cost several times a bare
     one's), so a per-round figure of wake-ups reads as time."""
-    import threading
-
     ping, pong = threading.Event(), threading.Event()
 
     def other() -> None:
