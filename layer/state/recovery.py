@@ -340,14 +340,18 @@ def _log_ends(
     """The low watermark and the end of each partition's log, every record counted
     (ListOffsets under read_uncommitted, asked by a consumer of its own: the restore's reads
     read_committed)."""
-    try:
-        consumer = Consumer({**settings, "isolation.level": "read_uncommitted"})
-    except KafkaException as exc:
-        raise RecoveryError(f"cannot create a changelog consumer: {exc}") from exc
+    consumer = _consumer({**settings, "isolation.level": "read_uncommitted"})
     try:
         return {p: _watermarks(consumer, topic, p, timeout) for p in partitions}
     finally:
         consumer.close()
+
+
+def _consumer(settings: dict[str, Any]) -> Consumer:
+    try:
+        return Consumer(settings)
+    except KafkaException as exc:
+        raise RecoveryError(f"cannot create a changelog consumer: {exc}") from exc
 
 
 def _partitions(consumer: Consumer, topic: str, timeout: float) -> list[int]:
@@ -389,10 +393,7 @@ class _Reader:
         self.consumer = self._make()
 
     def _make(self) -> Consumer:
-        try:
-            return Consumer({**self.settings, "fetch.wait.max.ms": self.wait_ms})
-        except KafkaException as exc:
-            raise RecoveryError(f"cannot create a changelog consumer: {exc}") from exc
+        return _consumer({**self.settings, "fetch.wait.max.ms": self.wait_ms})
 
     def took(self, got_any: bool, now: float, resume: Callable[[], list[KafkaPartition]]) -> None:
         """After a poll: when nothing came for long enough, the consumer is made again with
