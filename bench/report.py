@@ -228,6 +228,7 @@ def markdown(results: dict[str, Any], source: Path | str | None = None) -> str:
                 notes.append(f"- {HEADS[s]}: {r['note']}.")
     notes += stage_notes(results)
     notes += round_notes(results)
+    notes += repeat_notes(results)
     peers = results.get("memory_restart_peers") or {}
     if any("queued" in r for r in peers.values()):
         notes.append(
@@ -326,6 +327,37 @@ def round_notes(results: dict[str, Any]) -> list[str]:
     return [line + "."]
 
 
+def repeat_notes(results: dict[str, Any]) -> list[str]:
+    """Every throughput run behind the table's median ones (``bench.run --repeat``), per system
+    and size in the order they were taken, with qlayer's coordinator CPU a message: how far one
+    run of the shared machine could move a figure. None for a run of one each."""
+    lines = []
+    for s in COLUMNS:
+        runs = results.get("throughput", {}).get(s, [])
+        if not any("repeats" in r for r in runs):
+            continue
+
+        def each(key: str, fmt: str, runs: list[dict[str, Any]] = runs) -> str:
+            return "; ".join(
+                " / ".join(format(x[key], fmt) if key in x else "–" for x in r.get("repeats", [r]))
+                for r in runs
+            )
+
+        line = f"  - {HEADS[s]}: {each('msgs_per_s', ',.0f')} msg/s"
+        if any("coordinator_cpu_us_per_msg" in x for r in runs for x in r.get("repeats", [])):
+            line += f" (coordinator {each('coordinator_cpu_us_per_msg', '.1f')} µs a message)"
+        lines.append(line)
+    if not lines:
+        return []
+    count = max(len(r.get("repeats", [])) for rs in results["throughput"].values() for r in rs)
+    sizes = "; ".join(f"{size:,} B" for size in results.get("workload", {}).get("sizes", []))
+    head = (
+        f"- Throughput: each figure above is the median of {count} runs of its system and size,"
+        f" taken in turn across the systems; every run ({sizes}):"
+    )
+    return [head, *lines]
+
+
 def context(results: dict[str, Any], source: Path | str | None = None) -> str:
     """Machine, versions and settings of a run, as a short list."""
     mc, v, w = results["machine"], results["versions"], results["workload"]
@@ -358,7 +390,13 @@ def context(results: dict[str, Any], source: Path | str | None = None) -> str:
         f"{w['consumer_window']} unacked messages per consumer "
         "(qlayer max_backlog, RabbitMQ prefetch, Redis XREADGROUP COUNT, NATS MaxAckPending "
         f"{w['consumer_window'] * w['consumers']} for the group); "
-        f"{w['throughput_messages']:,} messages per throughput run; latency points of "
+        f"{w['throughput_messages']:,} messages per throughput run"
+        + (
+            f" ({w['throughput_repeats']} of each system and size, the median shown)"
+            if w.get("throughput_repeats", 1) > 1
+            else ""
+        )
+        + "; latency points of "
         f"{w['latency_seconds']:.0f} s with {w['latency_message_bytes']} B messages."
     )
     for s in ("rabbitmq", "nats", "redis"):

@@ -14,7 +14,8 @@ NATS MaxAckPending is per consumer group, so window x consumers).
 
 Measures:
   throughput  publish -> deliver -> ack of --messages messages of 200 B and of 1 KiB, published
-              as fast as the system confirms them
+              as fast as the system confirms them; --repeat times (3, quick 1) in turn across
+              the systems, the median run reported and every run listed
   latency     publish-to-delivery p50/p99/p99.9 at 1,000 and 10,000 msg/s offered (200 B, for
               --seconds); a load a system does not sustain is reported with the rate it achieved
   profile     (qlayer) py-spy samples the coordinator during one more 200 B throughput run
@@ -89,6 +90,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--systems", default=",".join(SYSTEMS), help=f"comma-separated, from {', '.join(SYSTEMS)}"
     )
     p.add_argument("--messages", type=int, help="messages per throughput run (default 200,000)")
+    p.add_argument(
+        "--repeat", type=int, help="throughput runs per system and size, taken in turn across "
+        "the systems; the median one is reported (default 3, quick 1)"
+    )  # fmt: skip
     p.add_argument("--seconds", type=float, help="length of each latency point (default 20)")
     p.add_argument(
         "--rates",
@@ -123,11 +128,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--rates: not a list of numbers: {args.rates!r}")
     if not args.rates or min(args.rates) <= 0:
         p.error("--rates: give at least one rate, each above 0")
-    quick = {"messages": 10_000, "seconds": 4.0, "queued": 50_000, "budget": 10.0}
-    full = {"messages": 200_000, "seconds": 20.0, "queued": 1_000_000, "budget": 40.0}
+    quick = {"messages": 10_000, "seconds": 4.0, "queued": 50_000, "budget": 10.0, "repeat": 1}
+    full = {"messages": 200_000, "seconds": 20.0, "queued": 1_000_000, "budget": 40.0, "repeat": 3}
     for key, value in (quick if args.quick else full).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.repeat < 1:
+        p.error("--repeat must be at least 1")
     measures = {m.strip() for m in args.measures.split(",") if m.strip()}
     if not measures or measures - set(MEASURES):
         p.error(f"--measures: choose from {', '.join(MEASURES)}")
@@ -273,6 +280,30 @@ class Run:
         return res
 
 
+#: what each throughput run of a system and size keeps in ``repeats`` beside the median one
+REPEAT_FIELDS = (
+    "msgs_per_s",
+    "coordinator_cpu_us_per_msg",
+    "consumer_cpu_us_per_msg",
+    "loadavg_before",
+    "error",
+    "skipped",
+)
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The throughput run of the median rate among ``runs`` (the lower of the two middle ones
+    for an even count), whole: every figure of one run, not medians of each taken from
+    different runs. Its ``repeats`` keeps each run's rate, CPU and load in the order they were
+    taken. A run that failed or was skipped has no rate: the median is of those that have
+    one, and when none has, the first of them stands for all."""
+    measured = sorted((r for r in runs if "msgs_per_s" in r), key=lambda r: r["msgs_per_s"])
+    chosen = dict(measured[(len(measured) - 1) // 2] if measured else runs[0])
+    if len(runs) > 1:
+        chosen["repeats"] = [{k: r[k] for k in REPEAT_FIELDS if k in r} for r in runs]
+    return chosen
+
+
 def _fmt_tp(r: dict[str, Any]) -> str:
     if "msgs_per_s" not in r:
         return r.get("error") or r.get("skipped", "?")
@@ -312,6 +343,7 @@ def bench(args: argparse.Namespace, name: str, bootstrap: str, embedded: bool) -
             "consumers": CONSUMERS,
             "consumer_window": args.window,
             "throughput_messages": args.messages,
+            "throughput_repeats": args.repeat,
             "sizes": list(SIZES),
             "latency_rates": list(args.rates),
             "latency_seconds": args.seconds,
@@ -349,14 +381,22 @@ def bench(args: argparse.Namespace, name: str, bootstrap: str, embedded: bool) -
     try:
         for s, system in systems.items():
             results["settings"][s] = system.settings()
-        for size in SIZES if args.throughput else ():
-            for s, system in systems.items():
-                r = run.step(
-                    f"{s}: throughput, {args.messages:,} messages of {size} B",
-                    harness.throughput, system, args.messages, size,
-                )  # fmt: skip
-                results["throughput"].setdefault(s, []).append(r)
-                log.info("  %s %d B: %s", s, size, _fmt_tp(r))
+        # every system and size once, then again: a machine that slows down for a minute
+        # (a shared one does) touches one sample of each, not every sample of one system
+        samples: dict[str, dict[int, list[dict[str, Any]]]] = {}
+        for turn in range(args.repeat if args.throughput else 0):
+            of = f" ({turn + 1} of {args.repeat})" if args.repeat > 1 else ""
+            for size in SIZES:
+                for s, system in systems.items():
+                    r = run.step(
+                        f"{s}: throughput, {args.messages:,} messages of {size} B{of}",
+                        harness.throughput, system, args.messages, size,
+                    )  # fmt: skip
+                    samples.setdefault(s, {}).setdefault(size, []).append(r)
+                    log.info("  %s %d B: %s", s, size, _fmt_tp(r))
+        results["throughput"] = {
+            s: [median_run(runs) for runs in by_size.values()] for s, by_size in samples.items()
+        }
         for rate in args.rates if args.latency else ():
             for s, system in systems.items():
                 r = run.step(
