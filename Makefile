@@ -32,7 +32,7 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check layer connectors spark tests bench scripts
 	$(BIN)/ruff format --check layer connectors spark tests bench scripts
-	$(BIN)/mypy layer connectors
+	$(BIN)/mypy layer connectors bench
 
 # the API's stubs from layer/api/proto/qlayer/v1/queue.proto (commit them with the .proto)
 proto: $(STAMP)

@@ -34,7 +34,9 @@ def run(messages: int, tries: int) -> dict[str, Any]:
 
     broker = start_broker("embedded")
     try:
-        settings = {"bootstrap.servers": broker.bootstrap_servers}
+        settings: dict[str, str | int | float | bool] = {
+            "bootstrap.servers": broker.bootstrap_servers
+        }
         topic = f"backlog-end-{uuid.uuid4().hex[:6]}"
         admin = AdminClient(settings)
         admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)

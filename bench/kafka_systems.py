@@ -372,9 +372,10 @@ def _consume_raw(target: dict[str, Any], rec: Recorder, stop: Any) -> None:
                 continue
             got = 0
             for m in [first, *c.consume(499, 0)]:
-                if m.error() is not None:
+                value = m.value()
+                if m.error() is not None or value is None:
                     continue
-                rec.delivered(m.value())
+                rec.delivered(value)
                 got += 1
             if got:
                 rec.acked(got)

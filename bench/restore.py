@@ -64,19 +64,21 @@ def changelog_size(bootstrap: str, topic: str) -> tuple[int, int, dict[str, list
             msgs = c.consume(10_000, 1.0)
             eof = False
             for m in msgs:
-                if m.error() is not None:
-                    if m.error().code() == KafkaError._PARTITION_EOF:
+                error = m.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
                         eof = True
                     continue
+                key, value = m.key(), m.value()
                 records += 1
-                size += len(m.key() or b"") + len(m.value() or b"")
-                ck = decode_key(m.key())
+                size += len(key or b"") + len(value or b"")
+                ck = decode_key(key or b"")
                 if ck.offset < -1:
                     kind = "SNAPSHOT" if ck.offset <= -3 else "CONFIRM"
-                elif m.value() is None:
+                elif value is None:
                     kind = "TOMBSTONE"
                 else:
-                    kind = decode(CHANGELOG_VALUE, m.value())["kind"]
+                    kind = decode(CHANGELOG_VALUE, value)["kind"]
                 counts = kinds.setdefault(kind, [0, 0])
                 counts[0] += 1
                 counts[1] += getattr(ck, "length", 1)  # format 1: no runs

@@ -41,7 +41,9 @@ CONTROL_PARTITIONS = 12  # layer.coordinator.membership.CONTROL_PARTITIONS
 
 def queue_names(n: int, base: str) -> list[str]:
     """``n`` queue names, each on a control partition of its own."""
-    names, taken, i = [], set(), 0
+    names: list[str] = []
+    taken: set[int] = set()
+    i = 0
     while len(names) < n:
         name = f"{base}-{i}"
         p = zlib.crc32(name.encode()) % CONTROL_PARTITIONS

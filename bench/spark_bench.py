@@ -144,7 +144,7 @@ def start_spark() -> Any:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    spark = (
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("qlayer-spark-bench")
         .config("spark.ui.enabled", "false")
@@ -162,11 +162,11 @@ def start_spark() -> Any:
     # each micro-batch as one stage
     shuffle = os.environ.get("BENCH_SHUFFLE_PARTITIONS", "1")
     for key, value in {**defaults, "spark.sql.shuffle.partitions": shuffle, **SESSION_CONF}.items():
-        spark = spark.config(key, value)
+        builder = builder.config(key, value)
     for pair in filter(None, os.environ.get("BENCH_SPARK_CONF", "").split(",")):
         key, _, value = pair.partition("=")
-        spark = spark.config(key.strip(), value.strip())
-    spark = spark.getOrCreate()
+        builder = builder.config(key.strip(), value.strip())
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 

@@ -91,7 +91,7 @@ def consume(address: str, queue: str, n: int, window: int) -> None:
         count(frame)
         return on_frame(self, frame, *args)
 
-    SubscriptionCore.on_frame = counting  # type: ignore[method-assign]
+    SubscriptionCore.on_frame = counting  # type: ignore[method-assign,assignment]
     me = psutil.Process()
     with QueueClient(address) as client, client.subscribe(queue, max_backlog=window) as sub:
         ticks0 = thread_ticks()
