@@ -24,7 +24,7 @@ test-fast: $(STAMP)
 soak: $(STAMP)
 	QLAYER_SOAK=1 $(BIN)/python -m pytest tests/fault/test_history.py tests/fault/test_cluster_history.py tests/fault/test_view_soak.py -q -p no:cacheprovider -s
 
-# the whole benchmark (~30 min; BENCH_ARGS=--quick: a few minutes); needs RabbitMQ, NATS, Redis up
+# the whole benchmark (11-18 min; BENCH_ARGS=--quick: a few minutes); needs RabbitMQ, NATS, Redis up
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
