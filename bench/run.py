@@ -438,13 +438,20 @@ def bench(args: argparse.Namespace, name: str, bootstrap: str, embedded: bool) -
         shutil.rmtree(workdir, ignore_errors=True)
     results["machine"]["loadavg_after"] = loadavg()
     results["duration_s"] = round(time.monotonic() - run.started, 1)
-    results["complete"] = not run.failed and not any(
-        "skipped" in r
+    results["complete"] = complete(results, run.failed)
+    return results
+
+
+def complete(results: dict[str, Any], failed: bool) -> bool:
+    """Whether every measurement of the run was taken: none failed (``failed``) and none was
+    skipped for the time budget, the repeats of a throughput run included."""
+    return not failed and not any(
+        "skipped" in one
         for group in (results["throughput"], results["latency"])
         for rs in group.values()
         for r in rs
+        for one in r.get("repeats", [r])
     )
-    return results
 
 
 def main(argv: list[str] | None = None) -> int:

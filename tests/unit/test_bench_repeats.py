@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from bench.report import markdown, repeat_notes
-from bench.run import median_run, parse_args
+from bench.run import complete, median_run, parse_args
 
 
 def _run(rate: float, cpu: float | None = None, load: float = 1.0) -> dict[str, Any]:
@@ -132,3 +132,14 @@ def test_the_report_lists_every_run_under_the_table() -> None:
 
 def test_a_run_of_one_each_has_no_repeat_notes() -> None:
     assert repeat_notes(_results([_run(1.0), _run(2.0)], [_run(3.0), _run(4.0)])) == []
+
+
+def test_a_run_with_a_repeat_skipped_is_not_complete() -> None:
+    skipped = {"skipped": "time budget of 40 min spent"}
+    whole = _results([median_run([_run(1.0), _run(2.0)])], [median_run([_run(3.0), _run(4.0)])])
+    assert complete(whole, failed=False)
+    assert not complete(whole, failed=True)
+    cut = _results([median_run([_run(1.0), skipped, _run(2.0)])], [median_run([_run(3.0)])])
+    # the median run itself was measured: the skip is one of its repeats
+    assert "skipped" not in cut["throughput"]["qlayer"][0]
+    assert not complete(cut, failed=False)
