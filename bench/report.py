@@ -352,8 +352,8 @@ def repeat_notes(results: dict[str, Any]) -> list[str]:
     count = max(len(r.get("repeats", [])) for rs in results["throughput"].values() for r in rs)
     sizes = "; ".join(f"{size:,} B" for size in results.get("workload", {}).get("sizes", []))
     head = (
-        f"- Throughput: each figure above is the median of {count} runs of its system and size,"
-        f" taken in turn across the systems; every run ({sizes}):"
+        f"- Throughput: the rows above show the median of {count} runs of each system and size"
+        f" (the CPU rows: that run's), taken in turn across the systems; every run ({sizes}):"
     )
     return [head, *lines]
 

@@ -116,7 +116,7 @@ def test_the_report_lists_every_run_under_the_table() -> None:
     r1k = median_run([_run(60_000.0), _run(61_000.0), _run(59_000.0)])
     results = _results([q200, q1k], [r200, r1k])
     notes = repeat_notes(results)
-    assert notes[0].startswith("- Throughput: each figure above is the median of 3 runs")
+    assert notes[0].startswith("- Throughput: the rows above show the median of 3 runs")
     assert "(200 B; 1,024 B)" in notes[0]
     assert notes[1] == (
         "  - qlayer: 30,000 / 38,000 / 40,000; 27,000 / 25,000 / 29,000 msg/s"
