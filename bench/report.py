@@ -349,8 +349,8 @@ def repeat_notes(results: dict[str, Any]) -> list[str]:
         lines.append(line)
     if not lines:
         return []
-    count = max(len(r.get("repeats", [])) for rs in results["throughput"].values() for r in rs)
-    sizes = "; ".join(f"{size:,} B" for size in results.get("workload", {}).get("sizes", []))
+    w = results["workload"]  # a run with repeats says how many (bench.run)
+    count, sizes = w["throughput_repeats"], "; ".join(f"{size:,} B" for size in w["sizes"])
     head = (
         f"- Throughput: the rows above show the median of {count} runs of each system and size"
         f" (the CPU rows: that run's), taken in turn across the systems; every run ({sizes}):"
