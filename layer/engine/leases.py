@@ -1,18 +1,23 @@
-"""How leases end: acks, cancels, expires, extends and timeouts (a ``QueueEngine`` mixin)."""
+"""How a consumer ends its leases: acks, cancels, expires and extends, one bookmark at a time
+(``ack``) or as offset runs of one partition (``ack_runs``). A part of ``QueueEngine`` over its
+``Core``, whose transitions (``finish``, ``end_lease``) end each lease."""
 
 from __future__ import annotations
 
-from layer.engine.base import EngineBase
+from collections.abc import Iterable, Sequence
+
+from layer.engine.core import Core
 from layer.engine.fairness import Subscriber
 from layer.engine.index import DONE, LEASED, Entry
 from layer.engine.model import (
     AckError,
     AckOp,
+    AckOutcome,
     Bookmark,
     Done,
     DoneReason,
-    Returned,
     ReturnReason,
+    TopicPartition,
 )
 from layer.engine.partition import PartitionState
 from layer.engine.runs import Run
@@ -22,61 +27,89 @@ _NOT_HOLDER = AckError.NOT_LEASE_HOLDER
 _NOT_LEASED = AckError.NOT_LEASED
 
 
-class Leases(EngineBase):
-    def _release(self, entry: Entry) -> None:
-        """End ``entry``'s lease in the bookkeeping (no effect emitted)."""
-        sub: Subscriber = entry.holder
-        del sub.leases[entry]
-        sub.outstanding -= 1
-        if sub.name in self._subs:
-            self._repick(sub)
-            self._router.returned(sub, entry.group)
-        self._leased -= 1
-        entry.holder = None
-        entry.deadline = None
+class Acks:
+    def __init__(self, core: Core) -> None:
+        self._core = core
 
-    def _end_lease(
-        self, entry: Entry, reason: ReturnReason, now: float, delay: float = 0.0
-    ) -> None:
-        """A lease ends without ack: the message is returned, or done when a limit is reached."""
-        if reason is ReturnReason.CANCEL:
-            entry.cancels += 1
-        done = self._limit_reason(entry.deliveries, entry.cancels)
-        expiration = self._expiration
-        if done is None and expiration is not None and now - entry.timestamp >= expiration:
-            done = DoneReason.EXPIRATION
-        if done is None and entry.expires is not None and now >= entry.expires:
-            done = DoneReason.EXPIRATION  # its own TTL passed while it was leased
-        if done is None and entry.ckey is not None and self._latest.get(entry.ckey) is not entry:
-            done = DoneReason.CONFLATED  # a newer message with its key arrived meanwhile
-        if done is not None:
-            self._finish(entry, done, now)
-            return
-        self._release(entry)
-        if reason is ReturnReason.TIMEOUT:
-            delay = self.settings.backoff(entry.deliveries)
-        not_before = now + delay if delay > 0 else None
-        if not_before is None:
-            self._make_available(entry)
-        else:
-            self._delay(entry, not_before)
-        self._changes.append(
-            Returned(entry.bookmark, reason, entry.deliveries, entry.cancels, not_before)
-        )
+    def ack(
+        self,
+        subscription: str | None,
+        bookmarks: Iterable[Bookmark],
+        op: AckOp,
+        now: float,
+        seconds: float = 0.0,
+    ) -> list[AckOutcome]:
+        """See ``QueueEngine.ack``."""
+        core = self._core
+        sub = None if subscription is None else core.subscriber(subscription)
+        if seconds < 0:
+            raise ValueError(f"queue {core.name!r}: {op} by {seconds} seconds (must be >= 0)")
+        if not core.alo:
+            if sub is None:
+                return [AckOutcome(bm, self._amo_finish(bm, op, now)) for bm in bookmarks]
+            return [AckOutcome(bm, self._release_slot(sub, bm)) for bm in bookmarks]
+        return [AckOutcome(bm, self._ack_one(sub, bm, op, now, seconds)) for bm in bookmarks]
+
+    def ack_runs(
+        self,
+        subscription: str | None,
+        partition: TopicPartition,
+        runs: Sequence[int],
+        op: AckOp,
+        now: float,
+        seconds: float = 0.0,
+    ) -> list[tuple[int, AckError]]:
+        """See ``QueueEngine.ack_runs``."""
+        core = self._core
+        sub = None if subscription is None else core.subscriber(subscription)
+        if seconds < 0:
+            raise ValueError(f"queue {core.name!r}: {op} by {seconds} seconds (must be >= 0)")
+        topic, number = partition
+        failures: list[tuple[int, AckError]] = []
+        if not core.alo:
+            for i in range(0, len(runs), 2):
+                for offset in range(runs[i], runs[i + 1] + 1):
+                    bm = Bookmark(topic, number, offset)
+                    if sub is None:
+                        error = self._amo_finish(bm, op, now)
+                    else:
+                        error = self._release_slot(sub, bm)
+                    if error is not None:
+                        failures.append((offset, error))
+            return failures
+        part = core.partitions.find(topic, number)
+        if part is None:
+            for i in range(0, len(runs), 2):
+                failures.extend((o, _UNKNOWN) for o in range(runs[i], runs[i + 1] + 1))
+            return failures
+        ack_span = self._ack_span
+        # The picker hears of the freed slots once per subscription, when the batch is
+        # through, not once per message: nothing picks while acks are taken.
+        deferred: dict[int, Subscriber] = {}
+        core.deferred = deferred
+        try:
+            for i in range(0, len(runs), 2):
+                ack_span(sub, part, runs[i], runs[i + 1], op, now, seconds, failures)
+        finally:
+            core.deferred = None
+            for freed in deferred.values():
+                if freed.name in core.subs:
+                    core.picker.update(freed)
+        return failures
 
     def _take(self, part: PartitionState, run: Run, offset: int) -> Entry:
         """Single out the plain message at ``offset`` (to finish it at once: it is not put in
         the indexes); the back half of a split run is indexed."""
         entry, tail = part.take(run, offset)
         if tail is not None and tail.lo < tail.hi:
-            self._order.push_returned(tail)
-            self._ages.push(tail)
+            self._core.order.push_returned(tail)
+            self._core.ages.push(tail)
         return entry
 
     def _ack_one(
         self, sub: Subscriber | None, bm: Bookmark, op: AckOp, now: float, seconds: float
     ) -> AckError | None:
-        part = self._lookup(bm)
+        part = self._core.partitions.lookup(bm)
         if part is None:
             return _UNKNOWN
         return self._ack_at(sub, part, bm.offset, op, now, seconds)
@@ -91,12 +124,13 @@ class Leases(EngineBase):
         seconds: float,
     ) -> AckError | None:
         """``op`` on the message at ``offset`` of ``part``; its error, None when accepted."""
+        core = self._core
         entry = part.entry(offset)
         if entry is None and (run := part.plain_run(offset)) is not None:
             # available, never singled out: nobody holds it
             if op is not AckOp.ACK and op is not AckOp.EXPIRE:
                 return _NOT_LEASED
-            if self._strict and sub is not None:
+            if core.strict and sub is not None:
                 return _NOT_HOLDER
             entry = self._take(part, run, offset)
         if entry is None:
@@ -106,27 +140,27 @@ class Leases(EngineBase):
                 and part.remember(offset)
             ):
                 bm = Bookmark(part.tp.topic, part.tp.partition, offset)
-                deliveries, cancels = self._restored.pop(bm, (0, 0))
-                self._emit_done(bm, DoneReason.ACKED, deliveries, cancels, now)
+                deliveries, cancels = core.restored.pop(bm, (0, 0))
+                core.emit_done(bm, DoneReason.ACKED, deliveries, cancels, now)
                 return None
             return _UNKNOWN
         holder = entry.holder
         if op is AckOp.ACK or op is AckOp.EXPIRE:
-            if self._strict and holder is not sub and (sub is not None or holder is not None):
+            if core.strict and holder is not sub and (sub is not None or holder is not None):
                 return _NOT_HOLDER
             reason = DoneReason.ACKED if op is AckOp.ACK else DoneReason.CONSUMER_EXPIRE
-            self._finish(entry, reason, now, part)
+            core.finish(entry, reason, now, part)
             return None
         if holder is None:
             return _NOT_LEASED
-        if self._strict and holder is not sub:
+        if core.strict and holder is not sub:
             return _NOT_HOLDER
         if op is AckOp.CANCEL:
-            self._end_lease(entry, ReturnReason.CANCEL, now, seconds)
+            core.end_lease(entry, ReturnReason.CANCEL, now, seconds)
         else:
             deadline = now + seconds
             entry.deadline = deadline
-            self._leases.push(entry, deadline)
+            core.leases.push(entry, deadline)
         return None
 
     def _ack_span(
@@ -155,7 +189,7 @@ class Leases(EngineBase):
             return
         reason = DoneReason.ACKED if op is AckOp.ACK else DoneReason.CONSUMER_EXPIRE
         leases = sub.leases
-        changes = self._changes
+        changes = self._core.changes
         items = part.items
         done = 0
         offset = first
@@ -212,23 +246,17 @@ class Leases(EngineBase):
                 self._spanned(sub, part, reason, done)
 
     def _spanned(self, sub: Subscriber, part: PartitionState, reason: DoneReason, n: int) -> None:
-        """What ``_release`` and ``_emit_done`` do per message, for ``n`` of ``_ack_span``'s."""
+        """What ``Core.release`` and ``Core.emit_done`` do per message, for ``n`` of
+        ``_ack_span``'s."""
+        core = self._core
         sub.outstanding -= n
-        self._leased -= n
-        self._done_total += n
+        core.leased -= n
+        core.done_total += n
         if reason.dead_letter:
-            self._dead_total += n
-        if sub.name in self._subs:
-            self._repick(sub)
-        self._touch(part)
-
-    def _repick(self, sub: Subscriber) -> None:
-        """The picker learns ``sub``'s room changed: now, or at the end of a deferred pass."""
-        deferred = self._deferred
-        if deferred is None:
-            self._picker.update(sub)
-        else:
-            deferred[sub.index] = sub
+            core.dead_total += n
+        if sub.name in core.subs:
+            core.repick(sub)
+        core.partitions.touch(part)
 
     def _release_slot(self, sub: Subscriber, bm: Bookmark) -> AckError | None:
         """At-most-once: an ack only gives the subscription its backlog slot back."""
@@ -236,13 +264,13 @@ class Leases(EngineBase):
             return _UNKNOWN
         group = sub.handed.pop(bm)
         sub.outstanding -= 1
-        self._picker.update(sub)
-        self._router.returned(sub, group)
+        self._core.picker.update(sub)
+        self._core.router.returned(sub, group)
         return None
 
     def _amo_finish(self, bm: Bookmark, op: AckOp, now: float) -> AckError | None:
         """At-most-once, on behalf of no subscription (ack by filter): finish a queued message."""
-        part = self._lookup(bm)
+        part = self._core.partitions.lookup(bm)
         entry = None if part is None else part.entry(bm.offset)
         if entry is None and part is not None and op in (AckOp.ACK, AckOp.EXPIRE):
             run = part.plain_run(bm.offset)
@@ -251,5 +279,5 @@ class Leases(EngineBase):
         if entry is None or op not in (AckOp.ACK, AckOp.EXPIRE):
             return _UNKNOWN
         reason = DoneReason.ACKED if op is AckOp.ACK else DoneReason.CONSUMER_EXPIRE
-        self._finish(entry, reason, now)
+        self._core.finish(entry, reason, now)
         return None

@@ -15,12 +15,14 @@ until the read position passes them; then they join the lists as done items.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Iterator
 from heapq import heappop, heappush
 from typing import Any
 
 from layer.engine.index import Entry
-from layer.engine.model import Bookmark, Forget, TopicPartition
+from layer.engine.model import Bookmark, Forget, LowWater, TopicPartition
 from layer.engine.runs import Run
+from layer.exceptions import QueueError
 
 # Trim the consumed front of the lists once it is this long and more than half of them.
 _TRIM = 4096
@@ -177,3 +179,81 @@ class PartitionState:
         self.offsets.append(offset)
         self.items.append(bookmark)
         self.read_pos = offset + 1
+
+
+class Partitions:
+    """The partitions one queue reads, by topic and number, and which of them changed since the
+    last drain (their low-water marks and Forgets are due then)."""
+
+    __slots__ = ("queue", "by_topic", "all", "dirty")
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue  # its name, for errors
+        self.by_topic: dict[str, dict[int, PartitionState]] = {}
+        self.all: list[PartitionState] = []  # in the order started
+        self.dirty: list[PartitionState] = []
+
+    def start(self, tp: TopicPartition, low_water: int) -> PartitionState:
+        by_partition = self.by_topic.setdefault(tp.topic, {})
+        if tp.partition in by_partition:
+            raise QueueError(f"queue {self.queue!r}: partition {tp} is already started")
+        part = PartitionState(tp, low_water)
+        by_partition[tp.partition] = part
+        self.all.append(part)
+        return part
+
+    def find(self, topic: str, number: int) -> PartitionState | None:
+        by_partition = self.by_topic.get(topic)
+        return None if by_partition is None else by_partition.get(number)
+
+    def lookup(self, bm: Bookmark) -> PartitionState | None:
+        """The partition of ``bm``, None when it is not started."""
+        by_partition = self.by_topic.get(bm.topic)
+        return None if by_partition is None else by_partition.get(bm.partition)
+
+    def require(self, bm: Bookmark) -> PartitionState:
+        """The partition of ``bm``; ``QueueError`` when it is not started."""
+        part = self.lookup(bm)
+        if part is None:
+            raise QueueError(
+                f"queue {self.queue!r}: partition {bm.topic}/{bm.partition} of {bm} is not started"
+            )
+        return part
+
+    def get(self, partition: TopicPartition) -> PartitionState:
+        """``partition``'s state; ``QueueError`` when it is not started."""
+        part = self.find(partition[0], partition[1])
+        if part is None:
+            raise QueueError(f"queue {self.queue!r}: partition {partition} is not started")
+        return part
+
+    def touch(self, part: PartitionState) -> None:
+        """``part`` changed: its low-water mark is looked at in the next drain."""
+        if not part.dirty:
+            part.dirty = True
+            self.dirty.append(part)
+
+    def drain(self, changes: list[Any]) -> None:
+        """The LowWater and Forgets of the partitions that changed, added to ``changes``."""
+        for part in self.dirty:
+            part.dirty = False
+            part.advance()
+            if part.low_water > part.emitted:
+                part.emitted = part.low_water
+                changes.append(LowWater(part.tp, part.low_water))
+                changes.extend(part.forgets)
+                part.forgets.clear()
+        self.dirty.clear()
+
+    def entries(self, state: int) -> Iterator[Entry]:
+        """The messages in ``state``, in offset order per partition (a run's plain messages
+        as entries made for the answer)."""
+        for part in self.all:
+            items = part.items
+            for i in range(part.head, len(items)):
+                item = items[i]
+                if type(item) is Entry:
+                    if item.state == state:
+                        yield item
+                elif type(item) is Run:
+                    yield from item.entries(state)

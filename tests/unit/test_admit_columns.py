@@ -70,7 +70,7 @@ def _admit(fetched: list[list[Message]], by_message: bool, limit: int, cache: in
         {cf: dict(data) for cf, data in store._data.items()},
         store.positions("q"),
         (s.available, s.unread, s.oldest_available_at),
-        [(e.bookmark, e.timestamp) for e in rt.engine._order.browse(None)],
+        [(e.bookmark, e.timestamp) for e in rt.engine._core.order.browse(None)],
         dict(rt.payload_cache),
         rt.blob_spans,
         {tp: list(ends) for tp, ends in rt.blob_ends.items()},

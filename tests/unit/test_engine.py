@@ -765,8 +765,8 @@ def test_lazy_indexes_stay_proportional_to_live_messages(engine_factory):
     engine.ack("a", [bm(o) for o in range(0, 5000, 2)], CANCEL, 0.0)
     engine.ack("a", [bm(o) for o in range(1, 5000)], ACK, 0.0)
     engine.drain()
-    assert len(engine._order) <= 1 + 1024 and len(engine._leases) <= 1 + 1024
-    assert len(engine._ages) <= 2 * 1 + 1024
+    assert len(engine._core.order) <= 1 + 1024 and len(engine._core.leases) <= 1 + 1024
+    assert len(engine._core.ages) <= 2 * 1 + 1024
     assert engine.available() == [bm(0)]
 
 
@@ -853,7 +853,8 @@ def test_a_run_materializes_only_what_is_singled_out(engine_factory):
     engine.subscribe("a", 2, 0.0)
     assert delivered(engine) == [("a", 0), ("a", 1)]
     assert engine.ack("a", [bm(500)], ACK, 0.0) == [AckOutcome(bm(500))]
-    (run, tail) = [item for item in engine._parts[0].items if not isinstance(item, Bookmark)]
+    items = engine._core.partitions.all[0].items
+    (run, tail) = [item for item in items if not isinstance(item, Bookmark)]
     assert (run.start, run.lo, run.hi, sorted(run.detail)) == (0, 2, 500, [0, 1])
     assert (tail.start, tail.lo, tail.hi, tail.detail) == (501, 0, 499, {})
     assert engine.stats(0.0).available == 997

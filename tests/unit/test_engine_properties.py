@@ -619,7 +619,7 @@ class EngineMachine(RuleBasedStateMachine):
         materialized messages and its done ones partition its offsets; every live message is
         in exactly one place."""
         live: dict[Bookmark, str] = {}
-        for part in self.engine._parts:
+        for part in self.engine._core.partitions.all:
             offsets, items = part.offsets, part.items
             assert offsets == sorted(set(offsets)), "partition items out of offset order"
             end = -1
