@@ -30,7 +30,8 @@ from bench import cpu_result
 from bench.admit_cpu import TOPIC, fetched_runtime
 from layer.api.service import DeliveredMessage, OffsetRuns
 from layer.coordinator.app import tune_gc
-from layer.coordinator.round import Offsets, Rounds, RoundSignal
+from layer.coordinator.commits import Offsets
+from layer.coordinator.round import Rounds, RoundSignal
 from layer.coordinator.subscriptions import Subscriptions
 from layer.engine.model import AckOp, Bookmark
 from layer.exceptions import QLayerError

@@ -23,7 +23,7 @@ from confluent_kafka import Message
 from layer.api.service import RedriveResult
 from layer.codec import ChangeKind, decode, encode_key, encode_value
 from layer.codec import ChangelogKey as Key
-from layer.coordinator.round import Changelog
+from layer.coordinator.commits import Changelog
 from layer.coordinator.scan import scan_topic
 from layer.engine.model import Bookmark
 from layer.exceptions import SerializationError

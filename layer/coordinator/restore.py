@@ -32,10 +32,10 @@ from confluent_kafka import TopicPartition as KafkaPartition
 from layer.codec import ChangeKind
 from layer.config import QueueConfig
 from layer.coordinator.backlog import Backlog
+from layer.coordinator.commits import Changelog
 from layer.coordinator.counters import Counters
 from layer.coordinator.health import Health
 from layer.coordinator.ingest import Fetched
-from layer.coordinator.round import Changelog
 from layer.coordinator.runtime import QueueRuntime
 from layer.coordinator.view import read_view, reconcile, reconcile_leases, view_record
 from layer.coordinator.view_history import ViewHistory

@@ -244,7 +244,7 @@ class QueueRuntime:
     blob_ends: dict[TopicPartition, deque[int]] = field(default_factory=dict)
     blobs_before: dict[TopicPartition, int] = field(default_factory=dict)
     # Per partition, the low-water mark below which this process last range-deleted the
-    # entries (``layer.coordinator.round.ENTRY_SWEEP``): the entries of messages the mark passed
+    # entries (``layer.coordinator.records.ENTRY_SWEEP``): the entries of messages the mark passed
     # since then are still stored, hidden from readers by the mark.
     entries_swept: dict[TopicPartition, int] = field(default_factory=dict)
     route: PublishRoute | None = None  # copies publishes to the queue's name (publish_route)

@@ -58,6 +58,7 @@ from layer.api.service import (
 from layer.config import Config, QueueConfig, reread
 from layer.coordinator.cluster_queues import ClusterQueues, info_of
 from layer.coordinator.cluster_stats import gather_stats
+from layer.coordinator.commits import CommitPool, Offsets
 from layer.coordinator.definitions import DefinitionsLog
 from layer.coordinator.evict import Evictions, Remover, refuses
 from layer.coordinator.health import Health
@@ -83,14 +84,7 @@ from layer.coordinator.redrive import REDRIVE_SUFFIX, move, read_dead_letters
 from layer.coordinator.reload import ReloadPlan, plan
 from layer.coordinator.replay import ReplayReader, start_points
 from layer.coordinator.restore import KafkaSource, Restore
-from layer.coordinator.round import (
-    CommitPool,
-    Offsets,
-    Round,
-    Rounds,
-    RoundSignal,
-    RoundTimings,
-)
+from layer.coordinator.round import Round, Rounds, RoundSignal, RoundTimings
 from layer.coordinator.runtime import QueueRuntime, lookup
 from layer.coordinator.snapshots import Snapshots
 from layer.coordinator.stages import Stages

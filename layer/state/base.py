@@ -817,7 +817,7 @@ class KeyValueStore:
     def entries(self, queue: str) -> Iterator[tuple[Bookmark, EntryState]]:
         """The queue's entries at or above their partition's low-water mark: those below it
         are of messages the mark passed, deleted or (the live path deletes them in one range
-        now and then: ``layer.coordinator.round.ENTRY_SWEEP``) about to be."""
+        now and then: ``layer.coordinator.records.ENTRY_SWEEP``) about to be."""
         self._check_open()
         marks = {
             tp: pos.low_water

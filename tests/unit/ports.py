@@ -14,8 +14,9 @@ from confluent_kafka import Message
 from layer.api.service import DeliveredMessage
 from layer.codec import ChangelogKey, decode_change, decode_key
 from layer.config import QueueConfig
+from layer.coordinator.commits import Offsets
 from layer.coordinator.ingest import Fetched, PartitionStarted
-from layer.coordinator.round import Offsets, RoundSignal
+from layer.coordinator.round import RoundSignal
 from layer.coordinator.runtime import QueueRuntime
 from layer.coordinator.subscriptions import Subscriptions
 from layer.engine.model import TopicPartition

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from layer.coordinator.ingest import Fetched, PartitionStarted
-from layer.coordinator.round import RunMirror
+from layer.coordinator.records import RunMirror
 from layer.coordinator.runtime import BLOB_MESSAGES, QueueRuntime
 from layer.engine.model import Bookmark, Done, DoneReason, TopicPartition
 from layer.engine.queue import QueueEngine

@@ -21,7 +21,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from layer.coordinator.round import changelog_order
+from layer.coordinator.records import changelog_order
 from layer.engine.fairness import Subscriber, make_picker
 from layer.engine.index import DONE, Entry
 from layer.engine.model import (

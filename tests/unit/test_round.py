@@ -17,16 +17,9 @@ from layer.config import QueueConfig
 from layer.coordinator.counters import Counters
 from layer.coordinator.deliveries import by_subscription
 from layer.coordinator.health import Health
+from layer.coordinator.records import DEAD_LETTER_PAYLOAD_MAX, dead_letter
 from layer.coordinator.restore import Restore
-from layer.coordinator.round import (
-    DEAD_LETTER_PAYLOAD_MAX,
-    LATE_ROUND,
-    ROOM_WAIT,
-    Round,
-    Rounds,
-    RoundSignal,
-    dead_letter,
-)
+from layer.coordinator.round import LATE_ROUND, ROOM_WAIT, Round, Rounds, RoundSignal
 from layer.coordinator.runtime import QueueRuntime
 from layer.coordinator.subscriptions import SubscriptionHandle
 from layer.engine.model import AckOp, Bookmark, Delivery, Done, DoneReason, TopicPartition

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from layer.codec import decode_key, encode_change
-from layer.coordinator.round import ENTRY_SWEEP, Round, _ordered, changelog_order, mirror
+from layer.coordinator.records import ENTRY_SWEEP, _ordered, changelog_order, mirror
+from layer.coordinator.round import Round
 from layer.engine.model import (
     Bookmark,
     Change,

@@ -653,7 +653,7 @@ def test_runs_of_one_value_put_and_delete_each_key_and_later_operations_win(
 
 def test_entries_below_the_low_water_mark_are_not_read(store: KeyValueStore) -> None:
     # the live path leaves the entries a mark passed in the store until one range delete
-    # (layer.coordinator.round.ENTRY_SWEEP): a reader never takes them
+    # (layer.coordinator.records.ENTRY_SWEEP): a reader never takes them
     tp, other = TopicPartition("a", 0), TopicPartition("a", 1)
     batch = StoreBatch()
     batch.put_entry_values("q", tp, 0, 6, entry(1).encode())
