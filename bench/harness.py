@@ -105,6 +105,84 @@ def thread_wakeups(pid: int) -> int | None:
     return total
 
 
+# The coordinator's threads by what runs them (``/proc``'s thread name: Python's threads keep
+# the process's name, librdkafka's, gRPC's and RocksDB's have their own)
+THREAD_GROUPS = ("main", "python", "librdkafka", "grpc", "rocksdb", "other")
+
+
+def thread_group(tid: int, pid: int, comm: str) -> str:
+    """The group of thread ``tid`` of process ``pid`` named ``comm`` (``THREAD_GROUPS``)."""
+    if tid == pid:
+        return "main"  # the interpreter's main thread: the coordinator's event loop
+    if comm.startswith("python"):
+        return "python"
+    if comm.startswith("rdk:"):
+        return "librdkafka"
+    if comm.startswith(("grpc", "event_engine", "lifeguard")):
+        return "grpc"
+    if comm.startswith("rocksdb"):
+        return "rocksdb"
+    return "other"
+
+
+def thread_groups(pid: int) -> dict[str, tuple[int, float]] | None:
+    """Per group of process ``pid``'s threads (``thread_group``): their voluntary context
+    switches (wake-ups) and CPU seconds so far. None where ``/proc`` does not tell. Threads
+    that already exited are not counted."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, tuple[int, float]] = {}
+    for tid in tasks:
+        base = f"/proc/{pid}/task/{tid}"
+        try:
+            with open(f"{base}/comm") as f:
+                comm = f.read().strip()
+            with open(f"{base}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"{base}/status") as f:
+                woken = next(
+                    int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt")
+                )
+        except (OSError, StopIteration):
+            continue  # the thread exited meanwhile
+        cpu = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+        group = thread_group(int(tid), pid, comm)
+        was_woken, was_cpu = out.get(group, (0, 0.0))
+        out[group] = (was_woken + woken, was_cpu + cpu)
+    return out
+
+
+def thread_split(
+    before: dict[str, tuple[int, float]] | None,
+    after: dict[str, tuple[int, float]] | None,
+    rounds: int,
+    messages: int,
+) -> dict[str, dict[str, float]]:
+    """What each group of threads cost between two ``thread_groups`` readings: CPU µs a
+    message, its share of the threads' CPU (%), and wake-ups a round. Empty when either
+    reading is missing, or no message or round was taken."""
+    if before is None or after is None or messages <= 0 or rounds <= 0:
+        return {}
+    spent: dict[str, tuple[int, float]] = {}
+    for group, (woken, cpu) in after.items():
+        woken0, cpu0 = before.get(group, (0, 0.0))
+        spent[group] = (max(woken - woken0, 0), max(cpu - cpu0, 0.0))
+    total = sum(cpu for _woken, cpu in spent.values()) or 1.0
+    out: dict[str, dict[str, float]] = {}
+    for group in THREAD_GROUPS:
+        if group in spent:
+            woken, cpu = spent[group]
+            out[group] = {
+                "cpu_us_per_msg": round(cpu / messages * 1e6, 1),
+                "cpu_share": round(100 * cpu / total, 1),
+                "wakeups_per_round": round(woken / rounds, 1),
+            }
+    return out
+
+
 def handoff_cpu_us(handoffs: int = 2000) -> float:
     """This machine's CPU cost (µs, both threads together) of one hand-off between two threads
     of one process: one sets an event the other waits on, and back. It prices what the

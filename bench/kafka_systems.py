@@ -29,7 +29,16 @@ from typing import Any
 import psutil
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition, libversion
 
-from bench.harness import Pacer, Published, Recorder, payload, per_round, thread_wakeups
+from bench.harness import (
+    Pacer,
+    Published,
+    Recorder,
+    payload,
+    per_round,
+    thread_groups,
+    thread_split,
+    thread_wakeups,
+)
 from connectors.admin import TopicAdmin, TopicSpec
 
 log = logging.getLogger(__name__)
@@ -252,8 +261,10 @@ class QLayer(_OnBroker):
         super().__init__(bootstrap, workdir, embedded)
         self.window = window
         self.coordinators: dict[str, Coordinator] = {}
-        # per coordinator: its CPU seconds, thread wake-ups and rounds when created
+        # per coordinator: its CPU seconds, thread wake-ups and rounds when created, and its
+        # threads' by group
         self.at_start: dict[str, tuple[float, int | None, int]] = {}
+        self.threads_at_start: dict[str, dict[str, tuple[int, float]] | None] = {}
 
     def create(self) -> dict[str, Any]:
         topic = self._topic("q")
@@ -270,6 +281,7 @@ class QLayer(_OnBroker):
             thread_wakeups(coord.pid),
             int(coord.stats().extra.get("rounds_total", 0)),
         )
+        self.threads_at_start[topic] = thread_groups(coord.pid)
         return {
             "kind": "qlayer",
             "server": coord.address,
@@ -284,11 +296,14 @@ class QLayer(_OnBroker):
     def observe(self, target: dict[str, Any], messages: int) -> dict[str, Any]:
         """The coordinator's CPU time (user + system) over the run, per message: a cost that
         moves much less than throughput with the load of a shared machine; and per round, with
-        the wake-ups of its threads (``per_round``)."""
+        the wake-ups of its threads (``per_round``); and split by its groups of threads
+        (``thread_split``: the event loop, the other Python threads, librdkafka's, gRPC's,
+        RocksDB's)."""
         coord = self.coordinator(target)
         cpu0, wakeups0, rounds0 = self.at_start[target["topic"]]
         cpu = coord.cpu_seconds() - cpu0
         wakeups = thread_wakeups(coord.pid)
+        threads = thread_groups(coord.pid)
         observed = observed_stats(coord.stats().extra)
         woken = None if wakeups is None or wakeups0 is None else wakeups - wakeups0
         rounds = observed["coordinator_rounds"] - rounds0
@@ -298,10 +313,14 @@ class QLayer(_OnBroker):
             "coordinator_rss_mib": round(coord.rss() / 2**20, 1),
             **observed,
             "coordinator_per_round": per_round(cpu, woken, rounds, messages),
+            "coordinator_threads": thread_split(
+                self.threads_at_start.get(target["topic"]), threads, rounds, messages
+            ),
         }
 
     def delete(self, target: dict[str, Any]) -> None:
         self.at_start.pop(target["topic"], None)
+        self.threads_at_start.pop(target["topic"], None)
         coord = self.coordinators.pop(target["topic"])
         coord.stop()
         shutil.rmtree(coord.workdir, ignore_errors=True)

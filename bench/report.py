@@ -228,6 +228,7 @@ def markdown(results: dict[str, Any], source: Path | str | None = None) -> str:
                 notes.append(f"- {HEADS[s]}: {r['note']}.")
     notes += stage_notes(results)
     notes += round_notes(results)
+    notes += thread_notes(results)
     notes += repeat_notes(results)
     peers = results.get("memory_restart_peers") or {}
     if any("queued" in r for r in peers.values()):
@@ -325,6 +326,44 @@ def round_notes(results: dict[str, Any]) -> list[str]:
     if handoff is not None:
         line += f" (a hand-off between two threads costs {handoff} µs of CPU on this machine)"
     return [line + "."]
+
+
+_THREAD_LABELS = {
+    "main": "the event loop",
+    "python": "the other Python threads",
+    "librdkafka": "librdkafka's",
+    "grpc": "gRPC's",
+    "rocksdb": "RocksDB's",
+    "other": "the others",
+}
+
+
+def thread_notes(results: dict[str, Any]) -> list[str]:
+    """qlayer's coordinator split by its threads in the throughput runs
+    (``bench.harness.thread_split``): where its CPU a message goes, and which threads a round
+    wakes, so the next cut can be aimed."""
+    runs = results.get("throughput", {}).get("qlayer", [])
+    splits = [r.get("coordinator_threads") or {} for r in runs]
+    if not splits or not all(splits):
+        return []
+    sizes = " / ".join(f"{r['message_bytes']:,} B" for r in runs)
+    parts = []
+    for group, label in _THREAD_LABELS.items():
+        if not any(group in split for split in splits):
+            continue
+        each = [split.get(group, {}) for split in splits]
+
+        def col(key: str, fmt: str, each: list[dict[str, float]] = each) -> str:
+            return " / ".join(format(e[key], fmt) if key in e else "?" for e in each)
+
+        parts.append(
+            f"{label} {col('cpu_us_per_msg', '.1f')} µs ({col('cpu_share', '.0f')}%), "
+            f"{col('wakeups_per_round', '.0f')} wake-ups"
+        )
+    return [
+        f"- qlayer's coordinator by its threads in the throughput runs ({sizes}), CPU a "
+        f"message (share) and wake-ups a round: {'; '.join(parts)}."
+    ]
 
 
 def repeat_notes(results: dict[str, Any]) -> list[str]:
