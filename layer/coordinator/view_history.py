@@ -27,17 +27,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from connectors.admin import TopicSpec
 from connectors.kafka import read_watermarks
+from layer.config import QueueConfig
 from layer.coordinator.view import view_record
 from layer.engine.model import Bookmark, ViewChange, ViewChanges
 from layer.viewcodec import encode_round
 from layer.viewgen import SNAPSHOT_HEADER, SNAPSHOT_MARK, generation_topic, generations
-
-if TYPE_CHECKING:
-    from layer.coordinator.runtime import QueueRuntime
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +65,29 @@ class ViewAdmin(Protocol):
     def delete_topics(self, names: Any, *, missing_ok: bool = True) -> None: ...
 
 
+class _Contents(Protocol):
+    def view_contents(self) -> list[ViewChange]: ...
+
+
+class ViewedQueue(Protocol):
+    """What a lineage needs of a queue with a view topic (a ``QueueRuntime``): its name and
+    options, its live contents and leases for a snapshot, and where it writes its rounds."""
+
+    views: ViewHistory | None
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def config(self) -> QueueConfig: ...
+
+    @property
+    def engine(self) -> _Contents: ...
+
+    @property
+    def view_leases(self) -> Mapping[Bookmark, ViewChange]: ...
+
+
 @dataclass
 class _Lineage:
     view_topic: str
@@ -76,7 +97,7 @@ class _Lineage:
     began: float  # monotonic: when this generation began (or the coordinator started)
     snapshot_size: int  # changes in the generation's snapshot (or the live count at start)
     tail: int = 0  # changes written to the generation since
-    queues: dict[str, QueueRuntime] = field(default_factory=dict)
+    queues: dict[str, ViewedQueue] = field(default_factory=dict)
     pending: Future[None] | None = None  # the next generation's topic being made
     # bytes (keys and values) written to each generation still kept, by this process
     written: dict[int, int] = field(default_factory=dict)
@@ -139,7 +160,7 @@ class ViewHistory:
                 return generation, topic
         return 0, view_topic
 
-    def attach(self, rt: QueueRuntime, generation: int, live: int) -> None:
+    def attach(self, rt: ViewedQueue, generation: int, live: int) -> None:
         """``rt`` writes its rounds to ``generation`` of its view topic from now on (``live``:
         how many messages its view holds)."""
         view_topic = rt.config.view_topic
@@ -159,7 +180,7 @@ class ViewHistory:
         line.interval = min(line.interval, rt.config.view_snapshot_interval)
         rt.views = self
 
-    def detach(self, rt: QueueRuntime) -> None:
+    def detach(self, rt: ViewedQueue) -> None:
         """``rt`` is removed: its contents leave the next snapshots."""
         line = self._lines.get(rt.config.view_topic or "")
         if line is not None:
@@ -172,7 +193,7 @@ class ViewHistory:
 
     def write(
         self,
-        rt: QueueRuntime,
+        rt: ViewedQueue,
         changes: ViewChanges,
         now_ms: int,
         out: list[ExtraRecord],
@@ -228,7 +249,7 @@ class ViewHistory:
     def _begin(
         self,
         line: _Lineage,
-        rt: QueueRuntime,
+        rt: ViewedQueue,
         changes: ViewChanges,
         leases: Sequence[ViewChange],
         now_ms: int,
