@@ -157,8 +157,8 @@ class Intake:
         now: float,
         priority: int | None = None,
     ) -> None:
-        """The plain messages at offsets ``start, start + 1, ...`` of ``partition`` (one per
-        timestamp), all of ``priority``: the same as ``add`` of an ``Arrival`` for each."""
+        """See ``QueueEngine.add_run``: one run, unless one of the messages needs an entry of
+        its own (then ``add`` of each)."""
         n = len(timestamps)
         if not n:
             return
