@@ -84,27 +84,6 @@ def loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def thread_wakeups(pid: int) -> int | None:
-    """The voluntary context switches of every thread of process ``pid`` so far: each one a
-    thread that blocked (on a lock, a queue, a socket, a timer) and was woken again. None where
-    ``/proc`` does not tell (not Linux). Threads that already exited are not counted."""
-    total = 0
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return None
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/status") as f:
-                for line in f:
-                    if line.startswith("voluntary_ctxt_switches:"):
-                        total += int(line.split()[1])
-                        break
-        except OSError:
-            continue  # the thread exited meanwhile
-    return total
-
-
 # The coordinator's threads by what runs them (``/proc``'s thread name: Python's threads keep
 # the process's name, librdkafka's, gRPC's and RocksDB's have their own)
 THREAD_GROUPS = ("main", "python", "librdkafka", "grpc", "rocksdb", "other")
@@ -153,6 +132,18 @@ def thread_groups(pid: int) -> dict[str, tuple[int, float]] | None:
         was_woken, was_cpu = out.get(group, (0, 0.0))
         out[group] = (was_woken + woken, was_cpu + cpu)
     return out
+
+
+def thread_wakeups(pid: int) -> int | None:
+    """The voluntary context switches of every thread of process ``pid`` so far: each one a
+    thread that blocked (on a lock, a queue, a socket, a timer) and was woken again. None where
+    ``/proc`` does not tell (not Linux). Threads that already exited are not counted."""
+    return total_wakeups(thread_groups(pid))
+
+
+def total_wakeups(groups: dict[str, tuple[int, float]] | None) -> int | None:
+    """The wake-ups of all the groups of a ``thread_groups`` reading (None for none)."""
+    return None if groups is None else sum(woken for woken, _cpu in groups.values())
 
 
 def thread_split(

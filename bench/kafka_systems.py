@@ -37,7 +37,7 @@ from bench.harness import (
     per_round,
     thread_groups,
     thread_split,
-    thread_wakeups,
+    total_wakeups,
 )
 from connectors.admin import TopicAdmin, TopicSpec
 
@@ -261,10 +261,9 @@ class QLayer(_OnBroker):
         super().__init__(bootstrap, workdir, embedded)
         self.window = window
         self.coordinators: dict[str, Coordinator] = {}
-        # per coordinator: its CPU seconds, thread wake-ups and rounds when created, and its
-        # threads' by group
-        self.at_start: dict[str, tuple[float, int | None, int]] = {}
-        self.threads_at_start: dict[str, dict[str, tuple[int, float]] | None] = {}
+        # per coordinator when created: its CPU seconds, its threads' wake-ups and CPU by group
+        # (``thread_groups``) and its rounds
+        self.at_start: dict[str, tuple[float, dict[str, tuple[int, float]] | None, int]] = {}
 
     def create(self) -> dict[str, Any]:
         topic = self._topic("q")
@@ -278,10 +277,9 @@ class QLayer(_OnBroker):
         self.coordinators[topic] = coord
         self.at_start[topic] = (
             coord.cpu_seconds(),
-            thread_wakeups(coord.pid),
+            thread_groups(coord.pid),
             int(coord.stats().extra.get("rounds_total", 0)),
         )
-        self.threads_at_start[topic] = thread_groups(coord.pid)
         return {
             "kind": "qlayer",
             "server": coord.address,
@@ -300,11 +298,11 @@ class QLayer(_OnBroker):
         (``thread_split``: the event loop, the other Python threads, librdkafka's, gRPC's,
         RocksDB's)."""
         coord = self.coordinator(target)
-        cpu0, wakeups0, rounds0 = self.at_start[target["topic"]]
+        cpu0, threads0, rounds0 = self.at_start[target["topic"]]
         cpu = coord.cpu_seconds() - cpu0
-        wakeups = thread_wakeups(coord.pid)
         threads = thread_groups(coord.pid)
         observed = observed_stats(coord.stats().extra)
+        wakeups, wakeups0 = total_wakeups(threads), total_wakeups(threads0)
         woken = None if wakeups is None or wakeups0 is None else wakeups - wakeups0
         rounds = observed["coordinator_rounds"] - rounds0
         return {
@@ -313,14 +311,11 @@ class QLayer(_OnBroker):
             "coordinator_rss_mib": round(coord.rss() / 2**20, 1),
             **observed,
             "coordinator_per_round": per_round(cpu, woken, rounds, messages),
-            "coordinator_threads": thread_split(
-                self.threads_at_start.get(target["topic"]), threads, rounds, messages
-            ),
+            "coordinator_threads": thread_split(threads0, threads, rounds, messages),
         }
 
     def delete(self, target: dict[str, Any]) -> None:
         self.at_start.pop(target["topic"], None)
-        self.threads_at_start.pop(target["topic"], None)
         coord = self.coordinators.pop(target["topic"])
         coord.stop()
         shutil.rmtree(coord.workdir, ignore_errors=True)

@@ -184,7 +184,7 @@ class Core:
         if self.journal is not None:
             self.journal.record(entry, 1)  # held messages are in the view
 
-    def release_held(self, now: float) -> None:
+    def release_held(self) -> None:
         """What the first pending barrier held (up to the next one) is available."""
         for entry in self.holding.release():
             entry.state = AVAILABLE  # already in the view
@@ -367,7 +367,7 @@ class Core:
             self.holding.delayed -= 1
         elif state == HELD and self.holding.left_held(entry):
             entry.state = DONE
-            self.release_held(now)
+            self.release_held()
         entry.state = DONE
         self.holding.forget(entry)
         bm = entry.bookmark
@@ -393,4 +393,4 @@ class Core:
                     )
             barrier.deliveries += 1
             self.finish(barrier, DoneReason.BARRIER, now)
-            self.release_held(now)
+            self.release_held()
