@@ -186,7 +186,7 @@ class Evictions:
             self._removed.add(gid)
             if self._fence is not None:
                 # its changelog writer is fenced meanwhile (the rebalance takes a second or
-                # more), so that its successor need not (``Coordinator._assigned``)
+                # more), so that its successor need not (``Seat.assigned``)
                 task = asyncio.create_task(self._fence(member), name=f"fence-{member.id}")
                 self._fences.add(task)
                 task.add_done_callback(self._fences.discard)

@@ -7,7 +7,10 @@ One asyncio loop owns every engine. The coordinator is the wiring of its parts:
   and dispatch the engines, commit the round's changelog records and dead letters in one Kafka
   transaction, apply them to the store, and only then hand out deliveries and answer acks;
 - ``Subscriptions`` (``layer.coordinator.subscriptions``) serves subscribe, replace, ack, close;
-- the readers (``layer.coordinator.ingest``) feed each queue's inbox from its topics.
+- the readers (``layer.coordinator.ingest``) feed each queue's inbox from its topics;
+- ``Seat`` (``layer.coordinator.seat``) is its place in a cluster: the control partitions the
+  group gives it, and so the queues it serves, the fences of their last owners, the standby
+  copies, and who serves a queue that it does not.
 
 Kafka may go away at any time, for any length of time (``layer.coordinator.outage``): the
 start-up steps wait for it, a round's commit is done again until it is durable (so nothing is
@@ -34,23 +37,19 @@ from connectors.admin import TopicAdmin
 from connectors.kafka import (
     BrokerProfile,
     client_settings,
-    cluster_group_settings,
     consumer_settings,
-    kafka_python_settings,
     producer_settings,
     with_client_logging,
 )
 from layer.api.service import (
     AckWhereResult,
     ClusterInfo,
-    ClusterMember,
     ClusterStats,
     DeadLetter,
     DeliveredMessage,
     DeliverySink,
     QueueDefinitionInfo,
     QueueInfo,
-    QueueOwner,
     QueueStats,
     RedriveResult,
     ReloadResult,
@@ -60,17 +59,8 @@ from layer.coordinator.cluster_queues import ClusterQueues, info_of
 from layer.coordinator.cluster_stats import gather_stats
 from layer.coordinator.commits import CommitPool, Offsets
 from layer.coordinator.definitions import DefinitionsLog
-from layer.coordinator.evict import Evictions, Remover, refuses
 from layer.coordinator.health import Health
 from layer.coordinator.ingest import Fetched, IngestReader
-from layer.coordinator.membership import (
-    Member,
-    Membership,
-    handed_over,
-    member_write,
-    owner_write,
-    partition_of,
-)
 from layer.coordinator.outage import KafkaWatch, until_reachable
 from layer.coordinator.partitioned import (
     browse_shards,
@@ -86,9 +76,9 @@ from layer.coordinator.replay import ReplayReader, start_points
 from layer.coordinator.restore import KafkaSource, Restore
 from layer.coordinator.round import Round, Rounds, RoundSignal, RoundTimings
 from layer.coordinator.runtime import QueueRuntime, lookup
+from layer.coordinator.seat import OUTAGE_MEMORY_S, Seat, writer_id
 from layer.coordinator.snapshots import Snapshots
 from layer.coordinator.stages import Stages
-from layer.coordinator.standby import Standby, standby_partitions
 from layer.coordinator.subscriptions import SubscriptionHandle, Subscriptions
 from layer.coordinator.topics import check_view_topic, needed_topics
 from layer.coordinator.view_history import ViewHistory
@@ -96,11 +86,9 @@ from layer.definitions import Write, toml_literal
 from layer.documents import DocumentReader
 from layer.engine.model import AckOp, Bookmark
 from layer.exceptions import (
-    BrokerError,
     ConfigError,
     ConnectionLost,
     InvalidRequest,
-    NotOwner,
     PartitionedQueue,
     QLayerError,
     QueueBusy,
@@ -118,19 +106,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REPLAY_THREADS = 8  # replays reading at once; more wait their turn a batch at a time
-#: the offset of a claim whose offset this member does not know: above every fence's
-_UNKNOWN = 1 << 62
-STANDBY_REFRESH_S = 0.5  # how often the queues a standby tails are worked out again
-#: a member that loses its control partitions within this long of Kafka's reachability changing
-#: (or while Kafka is away) was evicted by the outage and rides it out; otherwise it was stopped
-#: past its session, and exits at once (``Coordinator._revoked``)
-OUTAGE_MEMORY_S = 30.0
-#: how long a member that lost its partitions while Kafka was reachable (it did not run for a
-#: session) may take to release them and rejoin before it stops instead (``_revoked``)
-RELEASE_LOST_S = 10.0
-#: a call naming a queue of the cluster that no member serves right now (just created, or
-#: moving) waits this long for an owner before it answers NotOwner
-OWNER_WAIT_S = 10.0
 
 T = TypeVar("T")
 
@@ -171,7 +146,7 @@ class Coordinator:
             # in a cluster a fenced writer is not replaced, a failed one only once no other
             # member claimed what this one may commit for (``DurableChangelog``)
             replace_failed=config.coordinator.cluster is None,
-            confirm_replacement=self._confirm_replacement,
+            confirm_replacement=lambda: self._seat.confirm_replacement(),
             on_dead=self._writer_dead,
         )
         self._changelog = CommitPool(self._durable)
@@ -217,7 +192,7 @@ class Coordinator:
             KafkaSource(consumer_settings(self._base_settings, profile)),
             self._changelog,
             changelog_topic=config.coordinator.changelog_topic,
-            until_reachable=self._until_reachable,
+            until_reachable=self.until_reachable,
             clock=clock,
             progress=self._progress,
             health=self.health,
@@ -226,7 +201,7 @@ class Coordinator:
         self._pump_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._redrive_lock = asyncio.Lock()
-        self._reload_lock = asyncio.Lock()  # one reload at a time, and none while stopping
+        self.reload_lock = asyncio.Lock()  # one reload at a time, and none while stopping
         self._reload_tasks: set[asyncio.Task[None]] = set()  # reloads started by SIGHUP
         self._replays: set[asyncio.Future[None]] = set()  # replay consumers being closed
         # replays read on threads of their own: many following clients never hold up the
@@ -238,25 +213,10 @@ class Coordinator:
         self._temporary_task: asyncio.Task[None] | None = None
         self._converging: asyncio.Task[None] | None = None
         self._defs_dirty = False  # records reduced that _converge has not applied yet
-        # a member of a cluster (``[coordinator] cluster``) serves the queues of the control
-        # partitions the group gives it (layer.coordinator.membership); None: every queue
-        self._membership: Membership | None = None
-        self._owned: set[int] | None = None if config.coordinator.cluster is None else set()
-        # control partitions this member claimed and has not released: those whose queues its
-        # changelog writer may hold records of
-        self._claimed: set[int] = set()
         c = config.coordinator
         self._peers = Peers(c.admin_token or c.auth_token, tls=peer_tls(c))
-        self._address = ""  # of this coordinator's API, once it serves (``join``)
-        # warm copies of queues other members serve (``layer.coordinator.standby``)
-        self._standby: Standby | None = None
-        self._standby_task: asyncio.Task[None] | None = None
-        self._evict_task: asyncio.Task[None] | None = None  # ``layer.coordinator.evict``
-        self._remover: Remover | None = None
-        # transactional id -> (the members topic offset read before its fence began, whether
-        # the fence succeeded): fences of dead members made ahead of their takeover
-        self._prefences: dict[str, tuple[int, asyncio.Future[bool]]] = {}
-        self._left = False  # left the cluster's group (``_leave``)
+        # which queues this member serves, in a cluster (``[coordinator] cluster``)
+        self._seat = Seat(self, c, self._base_settings, profile, store, self._peers)
 
     @property
     def rounds(self) -> int:
@@ -288,13 +248,14 @@ class Coordinator:
         )
         # the queues served are the definitions topic's, once the file's changes are in it
         # (in a cluster: those the group gives this member, none until it joins)
-        defined = await self._cluster.open(cfg, self._until_reachable)
+        defined = await self._cluster.open(cfg, self.until_reachable)
         served = expand(defined)  # a partitioned queue as its shards (layer.shards)
-        cfg = self._config = replace(cfg, queues=tuple(q for q in served if self._owns(q.name)))
+        owned = tuple(q for q in served if self._seat.owns(q.name))
+        cfg = self._config = replace(cfg, queues=owned)
         await self._ensure_topics(cfg.queues)
         # The writer comes first: initialising its transactions fences a killed predecessor and
         # aborts its open transaction, which a read_committed restore would otherwise wait on.
-        await self._until_reachable("start the changelog writer", self._durable.open)
+        await self.until_reachable("start the changelog writer", self._durable.open)
         for q in cfg.queues:
             self._runtimes[q.name] = await self._restore.queue(q, starting=True)
         self.health.restored()
@@ -310,10 +271,10 @@ class Coordinator:
         cfg = self._config
         admin = TopicAdmin(self._base_settings)
         specs = needed_topics(cfg, queues)
-        await self._until_reachable("create the topics", lambda: admin.ensure_topics(specs))
+        await self.until_reachable("create the topics", lambda: admin.ensure_topics(specs))
         for q in queues:
             if q.view_topic:
-                topic_config = await self._until_reachable(
+                topic_config = await self.until_reachable(
                     "read the view topic's config", partial(admin.topic_config, q.view_topic)
                 )
                 check_view_topic(cfg, q, topic_config)
@@ -328,12 +289,12 @@ class Coordinator:
     def _new_writer(self) -> ChangelogWriter:
         return ChangelogWriter(
             producer_settings(self._base_settings),
-            self._new_writer_id(),
+            writer_id(self._config.coordinator),
             patient=True,
             interrupt=self._interrupt,
         )
 
-    async def _until_reachable(self, what: str, step: Callable[[], T]) -> T:
+    async def until_reachable(self, what: str, step: Callable[[], T]) -> T:
         return await until_reachable(self._watch, what, step, self._progress)
 
     def _kafka_changed(self, reachable: bool) -> None:
@@ -342,7 +303,7 @@ class Coordinator:
         if not reachable and self._loop is not None:
             self._loop.call_soon_threadsafe(self._publisher.fail_waiting)
 
-    def _outage_lately(self) -> bool:
+    def outage_lately(self) -> bool:
         """(Blocking: a probe.) Whether Kafka is unreachable now or was within the last
         ``OUTAGE_MEMORY_S``: what tells a member evicted by an outage (every member's session
         ran out) from one evicted because it stopped (a pause past its session)."""
@@ -350,6 +311,35 @@ class Coordinator:
             return True
         changed = self._kafka_changed_at
         return changed is not None and time.monotonic() - changed < OUTAGE_MEMORY_S
+
+    # ----------------------------------------------------------------------------------------
+    # what the seat in the cluster asks (``layer.coordinator.seat.SeatHost``)
+    # ----------------------------------------------------------------------------------------
+
+    def current_config(self) -> Config:
+        return self._config
+
+    def cluster_queues(self) -> ClusterQueues | None:
+        return self._cluster
+
+    def serves(self, queue: str) -> bool:
+        return queue in self._runtimes
+
+    def failed(self) -> bool:
+        return self._rounds.failed is not None
+
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def give_up(self, error: StateError) -> None:
+        """Stop serving: a commit waiting on Kafka gives up, the rounds fail with ``error``
+        and the process exits (a supervisor starts it again)."""
+        self._interrupt.set()
+        self._writer_dead(error)
+
+    # ----------------------------------------------------------------------------------------
+    # the queues' readers
+    # ----------------------------------------------------------------------------------------
 
     def _start_reader(self, rt: QueueRuntime) -> IngestReader:
         q = rt.config
@@ -419,79 +409,54 @@ class Coordinator:
         )
         return readers
 
+    # ----------------------------------------------------------------------------------------
+    # serving, alone or in a cluster (``layer.coordinator.seat``)
+    # ----------------------------------------------------------------------------------------
+
     async def run(self) -> None:
         """Serve until ``stop()``; raises if the coordinator failed (the process should exit)."""
         assert self._pump_task is not None
         await self._pump_task
 
-    async def deliverable(self) -> bool:
-        """Whether messages this coordinator pushes may be written now (the API awaits it):
-        False once it failed (its writer fenced: what it decided is another's now); a cluster
-        member that may have lost its session waits until the group confirms it or takes its
-        partitions (False: ``layer.coordinator.session_guard``)."""
-        if self._rounds.failed is not None:
-            return False
-        if self._membership is None:
-            return True
-        return await self._membership.guard.wait() and self._rounds.failed is None
-
-    async def current_since(self, made_at: float) -> bool:
-        """Whether messages this coordinator decided to push at ``made_at`` (``time.monotonic``)
-        are still its to deliver: a client asks about a frame that reached it late (it may have
-        been in the transport across a stop of this member, ``SessionGuard.settled_since``)."""
-        if self._rounds.failed is not None:
-            return False
-        if self._membership is None:
-            return True
-        return await self._membership.guard.wait_since(made_at) and self._rounds.failed is None
-
-    def stale_after_s(self) -> float:
-        """How old a pushed frame must be, by its client's bound, to be asked about (0: never:
-        a coordinator alone has nobody to lose its queues to)."""
-        return 0.0 if self._membership is None else self._membership.guard.stale_after_s
+    async def join(self, address: str, timeout: float = 30.0) -> None:
+        """In a cluster: advertise ``address`` (this member's API), join the group and wait
+        (at most ``timeout``) for its first assignment (``Seat.join``). Alone: nothing."""
+        await self._seat.join(address, timeout)
 
     async def leaving(self) -> None:
-        """A graceful stop, while the API still serves: leave the cluster (no other member may
-        take this one for dead meanwhile, ``Membership.leaving``), handing its queues over, so
-        the clients of the queues follow them at once instead of after the API's stop."""
-        if self._evict_task is not None:
-            self._evict_task.cancel()
-        if self._membership is None or self._left:
-            return
-        await self._membership.leaving()
-        await self._leave()
+        """A graceful stop, while the API still serves: leave the cluster, handing its queues
+        over, so the clients of the queues follow them at once instead of after the API's
+        stop (``Seat.leaving``)."""
+        await self._seat.leaving()
 
-    async def _leave(self) -> None:
-        """Stop the standby, then leave the group: the queues are handed over (their last
-        changes durable, their leases returned) while the rounds still run; after a failure
-        (fenced) the member leaves without handing over, so the others need not wait for its
-        session to time out."""
-        self._left = True
-        if self._standby_task is not None:
-            self._standby_task.cancel()  # no queue is given to the standby from here on
-        # the standby stops while the member leaves (not first: the group's rebalance, which
-        # the leave starts, is most of a graceful stop's failover)
-        closing = []
-        if self._standby is not None:
-            closing.append(asyncio.to_thread(self._standby.close))
-        if self._membership is not None:
-            closing.append(
-                asyncio.to_thread(self._membership.close, self._rounds.failed is not None)
-            )
-        await asyncio.gather(*closing)
+    async def deliverable(self) -> bool:
+        """Whether messages this coordinator pushes may be written now (the API awaits it,
+        ``Seat.deliverable``)."""
+        return await self._seat.deliverable()
+
+    async def current_since(self, made_at: float) -> bool:
+        """Whether messages this coordinator decided to push at ``made_at``
+        (``time.monotonic``) are still its to deliver (``Seat.current_since``)."""
+        return await self._seat.current_since(made_at)
+
+    def stale_after_s(self) -> float:
+        """How old a pushed frame must be to be asked about (``Seat.stale_after_s``)."""
+        return self._seat.stale_after_s()
+
+    async def cluster_info(self) -> ClusterInfo:
+        """The metadata call: the members and the owner of each queue
+        (``Seat.cluster_info``)."""
+        return await self._seat.cluster_info(list(self._runtimes))
 
     async def stop(self) -> None:
-        if self._evict_task is not None:
-            self._evict_task.cancel()
-        if not self._left:
-            await self._leave()
-        if self._remover is not None:
-            await asyncio.to_thread(self._remover.close)
+        self._seat.stop_evictions()
+        await self._seat.leave()
+        await self._seat.close()
         self._stopping = True
         self._interrupt.set()
         self.health.stopping()
         self._rounds.stop()
-        async with self._reload_lock:  # a reload under way finishes first (its readers too)
+        async with self.reload_lock:  # a reload under way finishes first (its readers too)
             pass
         if self._pump_task is not None:
             with contextlib.suppress(BaseException):  # already logged; stopping anyway
@@ -545,7 +510,7 @@ class Coordinator:
             return await browse_shards(
                 shards, lambda shard: self.browse(shard, filter, limit), limit
             )
-        owner = await self._owner_settled(queue)
+        owner = await self._seat.owner_settled(queue)
         if owner is not None:
             return await self._peers.browse(owner, queue, filter, limit)
         rt = self._lookup(queue)
@@ -659,7 +624,7 @@ class Coordinator:
             return await dead_letters_of_shards(
                 shards, lambda shard: self.dead_letters(shard, filter, limit), limit
             )
-        owner = await self._owner_settled(queue)
+        owner = await self._seat.owner_settled(queue)
         if owner is not None:
             return await self._peers.dead_letters(owner, queue, filter, limit)
         rt = self._lookup(queue)
@@ -714,7 +679,7 @@ class Coordinator:
         if shards := self._shards(queue):
             # any shard publishes to the topic, whose partitioner picks the partition by key
             return await self.publish(shards[0], value, key, headers)
-        owner = await self._owner_settled(queue)
+        owner = await self._seat.owner_settled(queue)
         if owner is not None:
             return await self._peers.publish(owner, queue, value, key, list(headers))
         rt = self._lookup(queue)
@@ -805,14 +770,14 @@ class Coordinator:
         shards), or of those served here."""
         if queue is not None and (shards := self._shards(queue)):
             return await stats_of_shards(queue, shards, self.stats)
-        owner = None if queue is None else await self._owner_settled(queue)
+        owner = None if queue is None else await self._seat.owner_settled(queue)
         if owner is not None:
             assert queue is not None
             return await self._peers.stats(owner, queue)
         names = [queue] if queue is not None else sorted(self._runtimes)
         now = self._clock()
         out = []
-        me = "" if self._membership is None else self._membership.member.id
+        me = self._seat.member_id
         for name in names:
             reader = self._readers.get(name)
             fetch_wait_ms = reader.fetch_wait_ms if reader else 0
@@ -825,7 +790,7 @@ class Coordinator:
         its owner as a named queue's are (``layer.coordinator.cluster_stats``); alone, those
         served here."""
         local = await self.stats()
-        membership, cluster = self._membership, self._cluster
+        membership, cluster = self._seat.membership, self._cluster
         if membership is None or cluster is None:
             return ClusterStats(local)
         served = sorted(q.name for q in cluster.served())
@@ -842,7 +807,7 @@ class Coordinator:
                 if shard in self._runtimes
                 for sub in self.subscriptions_of(shard, leases)
             ]
-        if self._owner_elsewhere(queue) is not None:
+        if self._seat.owner_elsewhere(queue) is not None:
             return []  # listed by the member serving it (``subscribers_elsewhere``)
         rt = self._lookup(queue)
         out: list[dict[str, object]] = []
@@ -866,7 +831,7 @@ class Coordinator:
     def subscribers_elsewhere(self, queue: str) -> list[str]:
         """The members (``id at address``) serving ``queue``, or shards of it, other than this
         one: the web console lists only the subscriptions held here."""
-        membership = self._membership
+        membership = self._seat.membership
         if membership is None:
             return []
         names = self._shards(queue) or [queue]
@@ -904,7 +869,7 @@ class Coordinator:
             for q in (
                 self._cluster.defined()
                 if self._cluster is not None
-                and (self._owned is not None or any(q.shard is not None for q in served))
+                and (self._seat.clustered or any(q.shard is not None for q in served))
                 else served
             )
         ]
@@ -924,13 +889,13 @@ class Coordinator:
         while self._defs_dirty and not self._stopping:
             self._defs_dirty = False
             try:
-                async with self._reload_lock:
+                async with self.reload_lock:
                     if not self._stopping:
-                        await self._apply_definitions("changed in the definitions topic")
+                        await self.apply_definitions("changed in the definitions topic")
             except Exception:
                 log.exception("applying the definitions topic failed")
 
-    async def _apply_definitions(self, reason: str, source: str | None = None) -> ReloadResult:
+    async def apply_definitions(self, reason: str, source: str | None = None) -> ReloadResult:
         """Bring the running queues to the topic's definitions (holding the reload lock). A queue
         whose new definition changes a fixed option keeps its running one (logged): only a
         definition written by another path (another version, by hand) can do that, as create,
@@ -947,11 +912,12 @@ class Coordinator:
             await self._apply_plan(the_plan, applied, reason)
             self._config = replace(self._config, source=file_source)
         ended = self._cluster.take_ended_temporary() - set(self._runtimes)
-        if self._standby is not None:
+        standby = self._seat.standby
+        if standby is not None:
             # a copy of a deleted queue stops before its state and changelog topic go (a
             # consumer assigned a deleted topic crashed librdkafka on the embedded broker)
-            self._want_standbys()
-            await self._standby.release(ended, unassigned=True)
+            self._seat.want_standbys()
+            await standby.release(ended, unassigned=True)
         if ended:
             try:
                 await self._discard_state(ended)
@@ -981,7 +947,7 @@ class Coordinator:
         if not self._watch.reachable:
             raise self._watch.unreachable_error("changing the queue definitions")
         await self._cluster.write(writes)
-        return await self._apply_definitions(reason, source)
+        return await self.apply_definitions(reason, source)
 
     def definitions(self) -> list[QueueDefinitionInfo]:
         """The cluster's queue definitions, as the topic has them (the list call)."""
@@ -990,7 +956,7 @@ class Coordinator:
     async def create_queue(self, options: Mapping[str, str], by: str) -> QueueDefinitionInfo:
         """A new queue for the whole cluster (``ConfigError`` as the file's, ``QueueExists``)."""
         cluster = self._check_serving()
-        async with self._reload_lock:
+        async with self.reload_lock:
             self._check_alive()
             d = cluster.create(options, by)
             await self._write_and_apply([Write.of(d)], f"created by {by}")
@@ -1002,7 +968,7 @@ class Coordinator:
         """A temporary queue, watched by the member serving it: deleted with its state once no
         subscription has been open on it for ``temporary_queue_grace``."""
         cluster = self._check_serving()
-        async with self._reload_lock:
+        async with self.reload_lock:
             self._check_alive()
             d = cluster.create({**options, "name": toml_literal(name)}, by, temporary=True)
             await self._write_and_apply([Write.of(d)], f"created by {by}")
@@ -1038,7 +1004,7 @@ class Coordinator:
                         log.exception("temporary queue=%s not deleted yet", name)
 
     async def _end_temporary(self, name: str, grace: float) -> None:
-        async with self._reload_lock:
+        async with self.reload_lock:
             rt = self._runtimes.get(name)
             if self._stopping or rt is None or rt.subscriptions:
                 return  # its client came back meanwhile
@@ -1061,7 +1027,7 @@ class Coordinator:
         """New values of a queue's options; one that cannot change live is refused (nothing
         changes), with the reason."""
         cluster = self._check_serving()
-        async with self._reload_lock:
+        async with self.reload_lock:
             self._check_alive()
             d = cluster.alter(name, options, by)
             await self._write_and_apply([Write.of(d)], f"altered by {by}")
@@ -1071,7 +1037,7 @@ class Coordinator:
         """Delete a queue for the whole cluster; refused while messages are leased unless
         ``force`` (``QueueBusy``)."""
         cluster = self._check_serving()
-        async with self._reload_lock:
+        async with self.reload_lock:
             self._check_alive()
             cluster.queue(name)
             here = [self._runtimes.get(n) for n in cluster.shards(name) or [name]]
@@ -1092,13 +1058,10 @@ class Coordinator:
         """The shards of ``queue`` when it is partitioned (``layer.shards``), else empty."""
         return [] if self._cluster is None else self._cluster.shards(queue)
 
-    def _owns(self, queue: str) -> bool:
-        return self._owned is None or partition_of(queue) in self._owned
-
     def _defined(self) -> tuple[QueueConfig, ...]:
         """The queues this member is to serve: the topic's, those it owns in a cluster."""
         assert self._cluster is not None
-        return tuple(q for q in self._cluster.served() if self._owns(q.name))
+        return tuple(q for q in self._cluster.served() if self._seat.owns(q.name))
 
     def _lookup(self, queue: str) -> QueueRuntime:
         """The runtime of a queue served here; ``NotOwner`` naming the member that serves a
@@ -1113,80 +1076,9 @@ class Coordinator:
                 f" {shards[-1]}): name a shard (a subscription opens one stream per shard, as"
                 " the Python client does)"
             )
-        if self._owned is not None and cluster is not None and cluster.is_served(queue):
-            raise self._not_owner(queue)
+        if self._seat.clustered and cluster is not None and cluster.is_served(queue):
+            raise self._seat.not_owner(queue)
         return lookup(self._runtimes, queue)
-
-    def _not_owner(self, queue: str) -> NotOwner:
-        owner = self._membership.map.owner_of(queue) if self._membership else None
-        if owner is None:
-            return NotOwner(
-                f"queue {queue!r} is not served by this member and has no owner right now"
-                " (the cluster is moving it): try again shortly"
-            )
-        return NotOwner(f"queue {queue!r} is served by member {owner.id!r} at {owner.address}")
-
-    async def _owner_settled(self, queue: str, within: float = OWNER_WAIT_S) -> str | None:
-        """``_owner_elsewhere`` once ``queue`` has an owner: while it is a queue of the
-        cluster that no member serves right now (just created, or moving: a rebalance, a
-        takeover), wait at most ``within`` seconds. A call naming it then goes on as usual
-        (``NotOwner`` if it is still unserved)."""
-        cluster, membership = self._cluster, self._membership
-        if cluster is None or membership is None or self._owned is None:
-            return self._owner_elsewhere(queue)
-        deadline = time.monotonic() + within
-
-        def unserved() -> bool:
-            if queue in self._runtimes or not cluster.is_served(queue):
-                return False
-            owner = membership.map.owner_of(queue)
-            return owner is None or owner.id == membership.member.id
-
-        while unserved() and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        return self._owner_elsewhere(queue)
-
-    def _owner_elsewhere(self, queue: str) -> str | None:
-        """The API address of the member serving ``queue`` when another one does (calls are
-        forwarded to it: ``layer.coordinator.peers``); else None."""
-        if queue in self._runtimes or self._membership is None:
-            return None
-        owner = self._membership.map.owner_of(queue)
-        if owner is None or owner.id == self._membership.member.id:
-            return None
-        return owner.address
-
-    async def cluster_info(self) -> ClusterInfo:
-        """The metadata call: the members and the owner of each queue, as this member's
-        reduced members topic has them (alone: itself, serving every queue); each other
-        member is probed (``alive``: it answered a health check within a second)."""
-        c = self._config.coordinator
-        membership = self._membership
-        if membership is None or self._cluster is None:
-            me = ClusterMember(c.id, self._address, [])
-            owners = [QueueOwner(n, partition_of(n), c.id, self._address) for n in self._runtimes]
-            by_name = sorted(owners, key=lambda q: q.queue)
-            return ClusterInfo(c.cluster or c.id, c.id, [me], by_name, standalone=True)
-        cmap = membership.map
-        held: dict[str, list[int]] = {}
-        for p, claim in sorted(cmap.owners.items()):
-            if not claim.released:
-                held.setdefault(claim.member, []).append(p)
-        others = [m for m in cmap.members.values() if m.id != c.id]
-        answers = await asyncio.gather(*(self._peers.alive(m.address) for m in others))
-        up = {m.id: answer for m, answer in zip(others, answers, strict=True)}
-        members = [
-            ClusterMember(m.id, m.address, held.get(m.id, []), up.get(m.id, True))
-            for m in cmap.members.values()
-        ]
-        queues = []
-        for name in sorted(q.name for q in self._cluster.served()):
-            owner = cmap.owner_of(name)
-            if owner is None:
-                queues.append(QueueOwner(name, partition_of(name)))
-            else:
-                queues.append(QueueOwner(name, partition_of(name), owner.id, owner.address))
-        return ClusterInfo(membership.cluster, c.id, sorted(members, key=lambda m: m.id), queues)
 
     def check_served(self, queue: str) -> None:
         """``NotOwner`` for a queue of the cluster another member serves (subscribe's check;
@@ -1194,327 +1086,12 @@ class Coordinator:
         if not queue.startswith("^"):
             self._lookup(queue)
 
-    async def join(self, address: str, timeout: float = 30.0) -> None:
-        """In a cluster: advertise ``address`` (this member's API), join the group and wait
-        (at most ``timeout``) for its first assignment. Alone: nothing."""
-        cfg = self._config
-        cluster = cfg.coordinator.cluster
-        self._address = address
-        if cluster is None:
-            return
-        assert self._loop is not None
-        member = Member(cfg.coordinator.id, address, self._new_writer_id())
-        # the group's session bounds how fast a dead member's queues move: the profile's
-        # unless set (a longer one rides out pauses; on Tansu each rebalance takes half of it)
-        session = cluster_group_settings(self._profile, cfg.broker.session_timeout_ms)
-        self._membership = Membership(
-            cluster,
-            member,
-            admin_settings=self._base_settings,
-            group_settings=consumer_settings(
-                self._base_settings, self._profile, group_id=f"qlayer.{cluster}", extra=session
-            ),
-            log_consumer_settings=consumer_settings(self._base_settings, self._profile),
-            producer_settings=producer_settings(self._base_settings),
-            loop=self._loop,
-            on_assigned=self._assigned,
-            on_revoked=self._revoked,
-        )
-        await self._membership.open()
-        removal = kafka_python_settings(self._base_settings)
-        if removal is None:
-            log.warning(
-                "cluster %s: a member whose API refuses connections is left to its session"
-                " timeout (a [broker.kafka] setting has no kafka-python counterpart)",
-                cluster,
-            )
-        else:
-            self._remover = Remover(removal)
-            evictions = Evictions(
-                self._membership, self._remover, warm=self._remover.warm, fence=self._prefence
-            )
-            self._evict_task = asyncio.create_task(
-                evictions.run(lambda: self._stopping), name="evictions"
-            )
-        if cfg.coordinator.standby_replicas > 0:
-            self._standby = Standby(
-                self._store, consumer_settings(self._base_settings, self._profile)
-            )
-            self._standby.start()
-            self._standby_task = asyncio.create_task(self._follow_standbys(), name="standby")
-        try:
-            await asyncio.wait_for(self._membership.first_assignment.wait(), timeout)
-        except TimeoutError:
-            log.warning("cluster %s: no assignment from the group within %.0fs", cluster, timeout)
-
-    async def _assigned(self, partitions: set[int]) -> None:
-        """The group gave this member control partitions: claim them in the members topic,
-        fence each one's last owner that did not hand it over, then serve their queues."""
-        membership = self._membership
-        assert membership is not None and self._owned is not None
-        if membership.guard.stale_assignment():
-            # Given right after this member did not run for most of a session: librdkafka may
-            # have queued this assignment before a stop that got the member evicted, and the
-            # group given the partitions to another since. Taking them would fence that member.
-            # Stop instead, as a member that lost its partitions to another does.
-            membership.abandon()
-            self._interrupt.set()
-            self._writer_dead(
-                StateError(
-                    f"control partitions {sorted(partitions)} assigned while this member's"
-                    " session may be lost (session timed out): the assignment may predate its"
-                    " eviction; stopping"
-                )
-            )
-            return
-        me = membership.member
-        started = time.monotonic()
-        await membership.write([owner_write(p, me, released=False) for p in sorted(partitions)])
-        self._claimed |= partitions  # read back: in the map (its queues served only later)
-        claimed = time.monotonic()
-        # transactional id -> the offset of the latest unreleased claim of it taken over
-        fence: dict[str, int] = {}
-        handed: list[int] = []  # released by an owner stopping gracefully after the claim
-        for p in partitions:
-            before = membership.map.taken_from.get(p)
-            if before is None or before.released or before.member == me.id:
-                continue
-            at = membership.map.taken_from_offset.get(p)
-            # an owner stopping gracefully leaves the group before its handover ends
-            # (``Membership._give_up``): wait for its release rather than fence it
-            if before.member in membership.map.leaving and await handed_over(
-                membership.map, p, before, at, refuses
-            ):
-                handed.append(p)
-                continue
-            fence[before.transactional_id] = max(
-                fence.get(before.transactional_id, -1), _UNKNOWN if at is None else at
-            )
-        for transactional_id, claimed_at in sorted(fence.items()):
-            if await self._fenced_ahead(transactional_id, claimed_at):
-                log.info(
-                    "cluster: the last owner was fenced when it died, transactional_id=%s",
-                    transactional_id,
-                )
-                continue
-            log.info("cluster: fencing the last owner, transactional_id=%s", transactional_id)
-            await self._until_reachable(
-                "fence the last owner", partial(self._fence, transactional_id)
-            )
-        fenced = time.monotonic()
-        async with self._reload_lock:
-            self._owned |= partitions
-            await self._apply_definitions("assigned to this member")
-        # the stages of a takeover, for the failover benchmark (bench/failover.py reads them)
-        log.info(
-            "cluster: serving control partitions %s: claimed in %.3fs, fenced %d in %.3fs,"
-            " restored and serving in %.3fs (handed over after the claim: %s)",
-            sorted(partitions),
-            claimed - started,
-            len(fence),
-            fenced - claimed,
-            time.monotonic() - fenced,
-            sorted(handed),
-            extra={"partitions": sorted(partitions)},
-        )
-
-    async def _follow_standbys(self) -> None:
-        """Keep the standby tailing the queues of the partitions this member is a standby of
-        (not while the queues move: a handover's last commit writes the store meanwhile)."""
-        membership, standby, cluster = self._membership, self._standby, self._cluster
-        assert membership is not None and standby is not None and cluster is not None
-        while not self._stopping:
-            if not self._reload_lock.locked():
-                self._want_standbys()
-            await asyncio.sleep(STANDBY_REFRESH_S)
-
-    def _want_standbys(self) -> None:
-        """Tell the standby the queues it is to tail now: those of the partitions this member
-        is a standby of, defined, and not served here."""
-        membership, standby, cluster = self._membership, self._standby, self._cluster
-        assert membership is not None and standby is not None and cluster is not None
-        replicas = self._config.coordinator.standby_replicas
-        mine = standby_partitions(membership.map, membership.member.id, replicas)
-        mine -= self._owned or set()
-        latest = cluster.definitions.latest
-        standby.want(
-            {
-                q.name: self._config.coordinator.changelog_topic(q.name)
-                for q in cluster.served()  # a partitioned queue's shards
-                if partition_of(q.name) in mine
-                and q.name not in self._runtimes
-                # not a temporary queue: its changelog topic is deleted with it, and a consumer
-                # that had read a deleted topic crashed librdkafka (segfault) on the embedded
-                # broker
-                and not getattr(latest.get(q.name), "temporary", False)
-            }
-        )
-
-    async def _prefence(self, member: Member) -> None:
-        """``member`` refuses connections (dead, ``layer.coordinator.evict``): fence its
-        changelog writer now, while the group moves its partitions, rather than after (0.1-0.6
-        s of every takeover of a killed member on Tansu, a producer's first InitProducerId)."""
-        assert self._membership is not None and self._loop is not None
-        done: asyncio.Future[bool] = self._loop.create_future()
-        self._prefences[member.transactional_id] = (self._membership.map.next_offset, done)
-        log.info(
-            "cluster: fencing member %r ahead of its takeover, transactional_id=%s",
-            member.id,
-            member.transactional_id,
-        )
-        try:
-            await asyncio.to_thread(self._fence, member.transactional_id)
-        except Exception as exc:  # its successor fences it, as without this
-            log.warning("cluster: fencing member %r failed: %s", member.id, exc)
-            done.set_result(False)
-            return
-        done.set_result(True)
-
-    async def _fenced_ahead(self, transactional_id: str, claimed_at: int) -> bool:
-        """Whether ``transactional_id`` was fenced (``_prefence``) after this member had read
-        the claim at offset ``claimed_at`` of the owner it takes over from: that owner
-        initialised its writer before it wrote its claim, so the fence came after and covers
-        it; a later start of the same id would have claimed the partition again (the claim
-        taken over would be that one). Waits for such a fence still under way."""
-        found = self._prefences.get(transactional_id)
-        if found is None:
-            return False
-        read, done = found
-        return claimed_at < read and await asyncio.shield(done)
-
-    def _fence(self, transactional_id: str) -> None:
-        """Start (and close) a writer with another member's transactional id: what it left
-        open is aborted and it can commit nothing more."""
-        ChangelogWriter(producer_settings(self._base_settings), transactional_id).close()
-
-    async def _revoked(self, partitions: set[int], graceful: bool) -> None:
-        """Control partitions went to another member: stop serving their queues (their last
-        changes durable, leases returned) and say so in the members topic, so the next owner
-        need not fence this member. Lost ones too (``graceful`` False: the session ran out,
-        e.g. in a Kafka outage that evicted every member): once their last changes are
-        durable this member commits nothing more for them, which is what a release says; were
-        it fenced first (its successor did not wait), the commit fails and it exits. Without a
-        release, the members that rejoin after an outage would fence each other (each member
-        has one writer for all its queues) and all exit. A release written after another
-        member's claim is ignored (``ClusterMap``). Lost while Kafka stayed reachable (no
-        outage now or within ``OUTAGE_MEMORY_S``), or after this member did not run for most
-        of a session (``SessionGuard.suspect``: stopped past its session), it exits at once if
-        another member claimed them, and otherwise releases them within ``RELEASE_LOST_S``
-        or exits."""
-        membership = self._membership
-        assert membership is not None and self._owned is not None
-        # a member that did not run for most of a session was stopped, whatever its Kafka
-        # probe says: a probe under way at the stop times out at the wake
-        if graceful or not (
-            membership.guard.suspect() or not await asyncio.to_thread(self._outage_lately)
-        ):
-            await self._release(partitions, graceful)
-            return
-        # Lost with Kafka reachable: this member did not run for a session (stopped, or a
-        # machine too loaded to run it). If another member claimed these partitions it fences
-        # this one before it restores them, so their last changes can no longer commit (on
-        # Tansu the fenced writer's commit never ends): stop now, as a fenced member does (the
-        # rounds fail, the process exits, a supervisor restarts it). It leaves the group at
-        # once: rejoined, it would be given queues back while a commit under way runs out;
-        # and that commit is interrupted. Claimed by nobody yet (every member lost its session
-        # in the same stall), it releases them as after an outage and rejoins; a release that
-        # does not end within RELEASE_LOST_S (fenced meanwhile) stops it all the same.
-        taken = await self._claimed_elsewhere(partitions)
-        if not taken:
-            try:
-                await asyncio.wait_for(self._release(partitions, graceful), RELEASE_LOST_S)
-                return
-            except TimeoutError:
-                taken = f"their release did not end within {RELEASE_LOST_S:.0f}s"
-        membership.abandon()
-        self._interrupt.set()
-        self._writer_dead(
-            StateError(
-                f"control partitions {sorted(partitions)} lost (session timed out): {taken};"
-                " the next owner fences this member; stopping"
-            )
-        )
-
-    async def _claimed_elsewhere(self, partitions: set[int]) -> str:
-        """Which of ``partitions`` another member claimed, as the members topic says once
-        read to a record written now ("" for none; unknown when Kafka does not answer within
-        a few seconds: taken as claimed)."""
-        membership = self._membership
-        assert membership is not None
-        me = membership.member
-        try:
-            await membership.write([member_write(me)], timeout=5.0)
-        except BrokerError as exc:
-            return f"whether another member claimed them is unknown ({exc})"
-        taken = sorted(
-            p
-            for p in partitions
-            if (o := membership.map.owners.get(p)) is not None and o.member != me.id
-        )
-        return f"partitions {taken} claimed by another member" if taken else ""
-
-    async def _release(self, partitions: set[int], graceful: bool) -> None:
-        membership = self._membership
-        assert membership is not None and self._owned is not None
-        async with self._reload_lock:
-            self._owned -= partitions
-            await self._apply_definitions("moved to another member of the cluster")
-        if self._rounds.failed is None:
-            me = membership.member
-            # handed over: each partition this member claimed, even when its successor has
-            # claimed it since (a graceful stop leaves the group before its handover ends,
-            # and the successor waits for this release, ``Membership.handed_over``)
-            mine = [
-                p
-                for p in sorted(partitions)
-                if (o := membership.map.owners.get(p)) is not None
-                and (
-                    (o.member == me.id and not o.released)
-                    or (graceful and o.member != me.id and p in self._claimed)
-                )
-            ]
-            if mine:
-                await membership.write([owner_write(p, me, released=True) for p in mine])
-            self._claimed -= partitions
-            how = "handed over" if graceful else "released (lost by this member)"
-            log.info("cluster: %s control partitions %s", how, mine)
-
     def _writer_dead(self, exc: StateError) -> None:
         """The changelog writer was fenced (or failed) and is not replaced (a cluster member):
         whichever path found it (a round, a handover, a reload), the rounds fail, so the
         process exits (leaving the group) instead of serving on with nothing durable."""
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._rounds.fail, exc)
-
-    def _confirm_replacement(self) -> str | None:
-        """(The commit thread, a new writer started in place of one that failed.) None when
-        no other member claimed a control partition this member claimed and did not release,
-        as the members topic says once read to a record written now; else what was taken.
-        ``StateError`` when that cannot be told yet (Kafka away again): asked again."""
-        if self._membership is None or self._loop is None:
-            return None
-        asking = asyncio.run_coroutine_threadsafe(self._claims_taken(), self._loop)
-        try:
-            return asking.result(60)
-        except Exception as exc:
-            asking.cancel()
-            raise StateError(f"cannot tell whether another member took over: {exc}") from exc
-
-    async def _claims_taken(self) -> str | None:
-        membership = self._membership
-        assert membership is not None
-        me = membership.member
-        claimed = set(self._claimed)
-        await membership.write([member_write(me)])  # read back: the map holds every claim
-        taken = sorted(
-            p for p in claimed if (o := membership.map.owners.get(p)) is None or o.member != me.id
-        )
-        if not taken:
-            return None
-        return f"control partitions {taken} were claimed by another member meanwhile"
-
-    def _new_writer_id(self) -> str:
-        return f"{self._config.coordinator.id}-changelog"
 
     def _check_serving(self) -> ClusterQueues:
         self._check_alive()
@@ -1532,7 +1109,7 @@ class Coordinator:
         self._check_alive()
         if self._pump_task is None:
             raise QLayerError("the coordinator is still starting: reload once it serves")
-        async with self._reload_lock:
+        async with self.reload_lock:
             self._check_alive()
             source = self._config.source
             assert self._cluster is not None
@@ -1564,7 +1141,7 @@ class Coordinator:
             writes = self._cluster.file_writes(new)
             reason = f"removed by reload of {new.source}"
             if not writes:  # the file changed nothing: the topic's queues as they are
-                return await self._apply_definitions(reason, new.source)
+                return await self.apply_definitions(reason, new.source)
             return await self._write_and_apply(writes, reason, new.source)
 
     def reload_on_signal(self) -> None:
@@ -1587,8 +1164,9 @@ class Coordinator:
         """What can fail (topics, restores) first, while nothing has changed; then the rest at
         once, between two rounds; then the removed queues' last records and readers."""
         await self._ensure_topics([*the_plan.added, *the_plan.changed])
-        if self._standby is not None:  # its copy stops here: the restore reads on from it
-            await self._standby.release({q.name for q in the_plan.added})
+        standby = self._seat.standby
+        if standby is not None:  # its copy stops here: the restore reads on from it
+            await standby.release({q.name for q in the_plan.added})
         added = [await self._restore.queue(q, starting=False) for q in the_plan.added]
         for rt in added:
             self._runtimes[rt.name] = rt

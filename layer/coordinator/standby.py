@@ -12,7 +12,7 @@ offsets, or from the last snapshot when it has none); then its changelog partiti
 consumer's assignment at the store's offsets, and every batch is applied as a restore applies
 it (``layer.state.recovery.Tail``: entries and offsets in one store write). The copy is the same
 local state a restart on this state directory finds, no more: the takeover itself is unchanged
-(``Coordinator._assigned``): the last owner is fenced, then the queue is restored, which reads
+(``Seat.assigned``): the last owner is fenced, then the queue is restored, which reads
 the changelog from the stored offsets to its end, so nothing confirmed is lost and no lease is
 granted twice; the standby only makes that tail short. Before the takeover restores a queue it
 ``release``s it: no batch of it is applied after ``release`` returns.

@@ -61,7 +61,7 @@ pytestmark = pytest.mark.fault
 
 MEMBERS = 3
 #: what a member logs when it stops on its own after losing its session (layer.coordinator.
-#: service, ``Coordinator._revoked``)
+#: seat, ``Seat.revoked``)
 SESSION_LOST = "lost (session timed out)"
 
 
