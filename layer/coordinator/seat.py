@@ -99,7 +99,8 @@ class SeatHost(Protocol):
         ...
 
     def give_up(self, error: StateError) -> None:
-        """Stop serving: no commit under way may end, the rounds fail, the process exits."""
+        """Stop serving: a commit waiting on Kafka gives up, the rounds fail, the process
+        exits (a supervisor starts it again)."""
         ...
 
     def until_reachable(self, what: str, step: Callable[[], T]) -> Awaitable[T]:
@@ -114,7 +115,9 @@ class SeatHost(Protocol):
         """The rounds failed: this member commits nothing more."""
         ...
 
-    def stopping(self) -> bool: ...
+    def stopping(self) -> bool:
+        """The coordinator is stopping."""
+        ...
 
 
 class Seat:
