@@ -40,6 +40,7 @@ from bench.harness import (
     total_wakeups,
 )
 from connectors.admin import TopicAdmin, TopicSpec
+from connectors.embedded import bound_to_parent
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +149,9 @@ class Coordinator:
         t0 = time.monotonic()
         with open(self.log, "ab") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "layer.cli", "coordinator", "--config", str(self.config)],
+                bound_to_parent(
+                    [sys.executable, "-m", "layer.cli", "coordinator", "--config", str(self.config)]
+                ),
                 cwd=ROOT,
                 stdout=subprocess.PIPE,
                 stderr=err,

@@ -14,9 +14,12 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -62,6 +65,24 @@ def find_tansu_binary(explicit: str | os.PathLike[str] | None = None) -> Path:
     if not os.access(path, os.X_OK):
         raise BrokerError(f"Tansu broker binary at {path} is not executable")
     return path
+
+
+def bound_to_parent(command: Sequence[str]) -> list[str]:
+    """``command`` made to die with this process, however this process ends: a SIGKILL or a
+    crash included, where no ``atexit``, ``finally`` or finalizer runs. On Linux it runs under
+    util-linux's ``setpriv --pdeathsig KILL``, which asks the kernel to SIGKILL it when its
+    parent goes (then execs it: same pid, same command line).
+
+    The kernel sends that signal when the *thread* that started the child ends, not the
+    process: a child started from another thread than the main one would die with that
+    thread, so it is left unbound, as it is where ``setpriv`` is missing (not Linux). A parent
+    that dies between the fork and ``setpriv``'s own call leaves the child unbound too."""
+    if sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
+        return list(command)
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return list(command)
+    return [setpriv, "--pdeathsig", "KILL", "--", *command]
 
 
 def _free_port() -> int:
@@ -185,8 +206,13 @@ class EmbeddedBroker:
         env["NO_COLOR"] = "1"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
+            # bound to this process: a broker never outlives an owner that was SIGKILLed
             process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env
+                bound_to_parent(command),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
             )
         self._process = process
         self._port = port

@@ -94,7 +94,7 @@ def _consumer_main(argv: list[str]) -> int:
 def run_demo(messages: int = 1000) -> int:
     from confluent_kafka import Consumer, Producer, TopicPartition
 
-    from connectors.embedded import EmbeddedBroker
+    from connectors.embedded import EmbeddedBroker, bound_to_parent
     from layer.client import QueueClient
     from layer.codec import decode
 
@@ -111,7 +111,9 @@ def run_demo(messages: int = 1000) -> int:
         cfg = workdir / "qlayer.toml"
         _config(cfg, broker.bootstrap_servers, workdir / "state")
         coordinator = subprocess.Popen(
-            [sys.executable, "-m", "layer.cli", "coordinator", "--config", str(cfg)],
+            bound_to_parent(
+                [sys.executable, "-m", "layer.cli", "coordinator", "--config", str(cfg)]
+            ),
             stdout=subprocess.PIPE,
             stderr=open(workdir / "coordinator.log", "wb"),  # noqa: SIM115 - the child owns it
         )
@@ -150,7 +152,9 @@ def run_demo(messages: int = 1000) -> int:
             cmd = [sys.executable, "-m", "layer.demo", "--name", name, "--server", server]
             if die_after:
                 cmd += ["--die-after", str(die_after)]
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                bound_to_parent(cmd), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+            )
             procs.append(proc)
 
             def pump() -> None:

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from connectors.embedded import bound_to_parent
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -119,19 +121,21 @@ class CoordinatorProcess:
         log.write(f"--- start {self.starts + 1} ---\n".encode())
         log.flush()
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "layer.cli",
-                "coordinator",
-                "--config",
-                str(self.config_path),
-                "--state-dir",
-                str(self.state_dir),
-                "--listen",
-                self.listen,
-                *extra_args,
-            ],
+            bound_to_parent(
+                [
+                    sys.executable,
+                    "-m",
+                    "layer.cli",
+                    "coordinator",
+                    "--config",
+                    str(self.config_path),
+                    "--state-dir",
+                    str(self.state_dir),
+                    "--listen",
+                    self.listen,
+                    *extra_args,
+                ]
+            ),
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -241,11 +245,11 @@ def start_worker(
     """A consumer process (tests/fault/worker.py) that follows the coordinator address in
     ``addr_file``, acks what it gets, records it in ``log`` and exits once ``stop_file`` exists."""
     return subprocess.Popen(
-        [
+        bound_to_parent([
             sys.executable, str(ROOT / "tests" / "fault" / "worker.py"),
             "--addr-file", str(addr_file), "--queue", queue, "--log", str(log),
             "--stop-file", str(stop_file), "--backlog", str(backlog), "--name", name,
-        ],
+        ]),
         cwd=ROOT,
     )  # fmt: skip
 

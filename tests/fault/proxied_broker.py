@@ -12,7 +12,7 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from connectors.embedded import find_tansu_binary
+from connectors.embedded import bound_to_parent, find_tansu_binary
 from tests.helpers import wait_until
 from tests.proxy import TcpProxy
 
@@ -32,8 +32,8 @@ class Tansu:
         env["NO_COLOR"] = "1"
         with open(log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [str(find_tansu_binary()), "broker", "--listener-url", url,
-                 "--advertised-listener-url", advertised, "--storage-engine", "memory://tansu/"],
+                bound_to_parent([str(find_tansu_binary()), "broker", "--listener-url", url,
+                 "--advertised-listener-url", advertised, "--storage-engine", "memory://tansu/"]),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
             )  # fmt: skip
         admin = AdminClient({"bootstrap.servers": self.bootstrap})

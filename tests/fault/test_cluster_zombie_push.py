@@ -36,6 +36,7 @@ from typing import Any
 
 import pytest
 
+from connectors.embedded import bound_to_parent
 from layer.client import QueueClient
 from tests.fault.test_cluster_fencing import owner_of
 from tests.harness import ROOT, serving
@@ -129,7 +130,7 @@ def test_a_woken_zombie_pushes_nothing_it_queued_before_its_stop(
         owner, survivor = procs[o], clients[1 - o]
         assert owner.proc is not None
         consumer = subprocess.Popen(
-            [sys.executable, "-c", CONSUMER, str(owner.address), q, str(MESSAGES)],
+            bound_to_parent([sys.executable, "-c", CONSUMER, str(owner.address), q, str(MESSAGES)]),
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         receipts = Receipts(consumer)

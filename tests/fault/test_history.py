@@ -54,6 +54,7 @@ from connectors import (
     admin_settings,
     client_settings,
 )
+from connectors.embedded import bound_to_parent
 from layer.client import QueueClient
 from layer.codec import ChangeKind, decode, decode_change, decode_key
 from layer.exceptions import QLayerError
@@ -348,7 +349,7 @@ class Run:
         reconnect = slot == 0
         addr_file = self.proxy_addr_file if reconnect else self.addr_file
         proc = subprocess.Popen(
-            [
+            bound_to_parent([
                 sys.executable, str(ROOT / "tests" / "fault" / "history_worker.py"),
                 *(["--reconnect"] if reconnect else []),
                 "--addr-file", str(addr_file), "--queue", self.queues[setup.key],
@@ -356,7 +357,7 @@ class Run:
                 "--stop-file", str(self.stop_file), "--quiet-file", str(self.quiet_file),
                 "--name", name, "--seed", str(self.rng.randrange(2**32)),
                 "--backlog", str(self.rng.choice([1, 3, 5, 10])),
-            ],
+            ]),
             cwd=ROOT,
             stderr=stderr,
         )  # fmt: skip

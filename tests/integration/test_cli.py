@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from tests.harness import ROOT, qlayer
@@ -59,6 +60,52 @@ def test_broker_serves_until_sigint() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_a_sigkilled_coordinator_takes_its_embedded_broker_with_it(tmp_path) -> None:
+    """Without ``bootstrap_servers`` the coordinator starts an in-memory broker of its own;
+    killed with -9, it runs no cleanup, and the kernel ends that broker with it."""
+    config = tmp_path / "qlayer.toml"
+    config.write_text(
+        f'[coordinator]\nlisten = "127.0.0.1:0"\nstate_dir = "{tmp_path / "state"}"\n'
+        '[[queue]]\nname = "orders"\nunderlying_topic = "orders"\n'
+    )
+    with open(tmp_path / "coordinator.log", "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "layer.cli", "coordinator", "--config", str(config)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
+    brokers: list[psutil.Process] = []
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("qlayer coordinator serving on"), (
+            tmp_path / "coordinator.log"
+        ).read_text()[-3000:]
+        brokers = [p for p in psutil.Process(proc.pid).children() if p.name() == "tansu"]
+        assert len(brokers) == 1
+        proc.kill()
+        proc.wait(10)
+
+        def ended() -> bool:
+            try:
+                return brokers[0].status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return True
+
+        wait_until(ended, 15, message=f"broker {brokers[0].pid} outlived its coordinator")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for b in brokers:
+            if b.is_running():
+                b.kill()
         if proc.stdout is not None:
             proc.stdout.close()
 

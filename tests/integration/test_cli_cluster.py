@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from connectors.embedded import bound_to_parent
 from layer.client import QueueClient
 from layer.coordinator.cluster_stats import ASK_TIMEOUT
 from layer.coordinator.membership import partition_of
@@ -128,7 +129,7 @@ class WarmCli:
             f"sys.exit(main({list(args)!r}))\n"
         )
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", code],
+            bound_to_parent([sys.executable, "-c", code]),
             cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

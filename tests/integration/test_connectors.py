@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import re
 import socket
+import subprocess
+import sys
+import threading
 import uuid
+from pathlib import Path
 
 import psutil
 import pytest
@@ -27,6 +31,7 @@ from connectors import (
     start_broker,
 )
 from layer.exceptions import BrokerError, ConfigError
+from tests.harness import ROOT
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
@@ -102,6 +107,64 @@ def test_embedded_broker_restarts_on_its_port() -> None:
 def test_embedded_broker_binary_missing(tmp_path) -> None:
     with pytest.raises(BrokerError, match="not found"):
         EmbeddedBroker(binary=tmp_path / "tansu")
+
+
+def gone(pid: int) -> bool:
+    """The process ended (a zombie not reaped yet has ended too)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+_OWNER = """
+import time
+from connectors.embedded import EmbeddedBroker
+broker = EmbeddedBroker().start()
+print(broker.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_broker_dies_with_an_owner_that_was_sigkilled() -> None:
+    """No ``finally`` or finalizer runs in a SIGKILLed process: the kernel ends its broker
+    (an in-memory broker left behind holds its memory and port for good)."""
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER], cwd=ROOT, stdout=subprocess.PIPE)
+    pid = None
+    try:
+        assert owner.stdout is not None
+        pid = int(owner.stdout.readline())
+        assert not gone(pid)
+        owner.kill()
+        owner.wait(10)
+        wait_until(lambda: gone(pid), 15, message=f"broker {pid} outlived its SIGKILLed owner")
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        if pid is not None and not gone(pid):
+            psutil.Process(pid).kill()
+        if owner.stdout is not None:
+            owner.stdout.close()
+
+
+def test_a_broker_started_from_another_thread_outlives_that_thread() -> None:
+    """The kernel's parent-death signal follows the thread that started the child, not the
+    process: a broker started from a worker thread is left unbound, or it would die with it."""
+    started: list[EmbeddedBroker] = []
+    worker = threading.Thread(target=lambda: started.append(EmbeddedBroker().start()))
+    worker.start()
+    worker.join(60)
+    assert started, "the broker did not start"
+    broker = started[0]
+    try:
+        # join returns before the kernel's thread has ended: wait for that too
+        task = Path(f"/proc/self/task/{worker.native_id}")
+        wait_until(lambda: not task.exists(), 10, message=f"thread {worker.native_id} lives")
+        AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics(timeout=10)
+        assert not gone(broker.pid)
+    finally:
+        broker.stop()
 
 
 def test_start_broker_external(monkeypatch: pytest.MonkeyPatch, broker) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from connectors.embedded import bound_to_parent
 from layer.client import QueueClient
 from tests.harness import ROOT
 from tests.helpers import wait_until
@@ -53,7 +54,10 @@ def test_the_readme_python_example_delivers_both_messages(
     script.write_text(code, encoding="utf-8")
     log = (tmp_path / "readme_example.log").open("w")
     proc = subprocess.Popen(
-        [sys.executable, str(script)], cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT
+        bound_to_parent([sys.executable, str(script)]),
+        cwd=tmp_path,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         with QueueClient(c.address) as client:
