@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import psutil
+
 T = TypeVar("T")
 
 
@@ -53,3 +55,11 @@ def self_signed_cert(folder: Path) -> tuple[Path, Path]:
         capture_output=True,
     )  # fmt: skip
     return cert, key
+
+
+def process_ended(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie its parent has not reaped yet has)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from tests.harness import ROOT, qlayer
-from tests.helpers import wait_until
+from tests.helpers import process_ended, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -91,14 +91,11 @@ def test_a_sigkilled_coordinator_takes_its_embedded_broker_with_it(tmp_path) -> 
         assert len(brokers) == 1
         proc.kill()
         proc.wait(10)
-
-        def ended() -> bool:
-            try:
-                return brokers[0].status() == psutil.STATUS_ZOMBIE
-            except psutil.NoSuchProcess:
-                return True
-
-        wait_until(ended, 15, message=f"broker {brokers[0].pid} outlived its coordinator")
+        wait_until(
+            lambda: process_ended(brokers[0].pid),
+            15,
+            message=f"broker {brokers[0].pid} outlived its coordinator",
+        )
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -32,7 +32,7 @@ from connectors import (
 )
 from layer.exceptions import BrokerError, ConfigError
 from tests.harness import ROOT
-from tests.helpers import wait_until
+from tests.helpers import process_ended, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -109,14 +109,6 @@ def test_embedded_broker_binary_missing(tmp_path) -> None:
         EmbeddedBroker(binary=tmp_path / "tansu")
 
 
-def gone(pid: int) -> bool:
-    """The process ended (a zombie not reaped yet has ended too)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 _OWNER = """
 import time
 from connectors.embedded import EmbeddedBroker
@@ -134,15 +126,17 @@ def test_a_broker_dies_with_an_owner_that_was_sigkilled() -> None:
     try:
         assert owner.stdout is not None
         pid = int(owner.stdout.readline())
-        assert not gone(pid)
+        assert not process_ended(pid)
         owner.kill()
         owner.wait(10)
-        wait_until(lambda: gone(pid), 15, message=f"broker {pid} outlived its SIGKILLed owner")
+        wait_until(
+            lambda: process_ended(pid), 15, message=f"broker {pid} outlived its SIGKILLed owner"
+        )
     finally:
         if owner.poll() is None:
             owner.kill()
             owner.wait()
-        if pid is not None and not gone(pid):
+        if pid is not None and not process_ended(pid):
             psutil.Process(pid).kill()
         if owner.stdout is not None:
             owner.stdout.close()
@@ -162,7 +156,7 @@ def test_a_broker_started_from_another_thread_outlives_that_thread() -> None:
         task = Path(f"/proc/self/task/{worker.native_id}")
         wait_until(lambda: not task.exists(), 10, message=f"thread {worker.native_id} lives")
         AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics(timeout=10)
-        assert not gone(broker.pid)
+        assert not process_ended(broker.pid)
     finally:
         broker.stop()
 
