@@ -78,6 +78,16 @@ def pytest_configure(config: pytest.Config) -> None:
     _compile_sources()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``make test`` spreads the tests over pytest-xdist workers (``--dist loadgroup``): the
+    Spark tests go to one of them together, so that one JVM (the session's ``spark``
+    fixture) serves them all instead of one starting in each worker."""
+    spark = ROOT / "tests" / "spark"
+    for item in items:
+        if item.path.is_relative_to(spark):
+            item.add_marker(pytest.mark.xdist_group("spark"))
+
+
 def _compile_sources() -> None:
     """Byte-compile ``layer`` and ``connectors`` to their ``__pycache__`` when the environment
     says not to write bytecode (``PYTHONDONTWRITEBYTECODE``): every coordinator and CLI
