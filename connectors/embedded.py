@@ -99,13 +99,62 @@ def _kill_if_running(process: subprocess.Popen[bytes]) -> None:
             process.wait(timeout=DEFAULT_STOP_TIMEOUT)
 
 
+# -- temporary log directories -------------------------------------------------------------
+
+_LOG_DIR_PREFIX = "qlayer-tansu-"
+_OWNER_FILE = "owner"
+
+
+def _mark_owner(folder: Path) -> None:
+    """Write who owns ``folder`` (this process: its pid and start time, so a later process
+    with the same pid is not taken for it), atomically: a sweep never reads half of it."""
+    me = psutil.Process()
+    part = folder / f".{_OWNER_FILE}.{me.pid}"
+    part.write_text(f"{me.pid} {me.create_time()!r}\n")
+    part.replace(folder / _OWNER_FILE)
+
+
+def _owner_gone(folder: Path) -> bool:
+    """Whether the process recorded as ``folder``'s owner has ended. False when it lives, and
+    when nothing says who the owner is (a directory being made, or one this code did not
+    make): only a directory whose owner is known to be gone is another's to remove."""
+    try:
+        pid_text, started_text = (folder / _OWNER_FILE).read_text().split()
+        pid, started = int(pid_text), float(started_text)
+    except (OSError, ValueError):
+        return False
+    try:
+        owner = psutil.Process(pid)
+        return owner.status() == psutil.STATUS_ZOMBIE or abs(owner.create_time() - started) > 0.01
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:  # not ours to look at: it may be the owner
+        return False
+
+
+def sweep_log_dirs(root: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Remove the temporary log directories of embedded brokers whose owner has ended without
+    removing its own (a SIGKILL runs no cleanup); return them. A directory whose owner lives,
+    or is not recorded, is left alone."""
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{_LOG_DIR_PREFIX}*"):
+        if folder.is_dir() and _owner_gone(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    if removed:
+        logger.info("removed the log directories of %d ended embedded brokers", len(removed))
+    return removed
+
+
 class EmbeddedBroker:
     """A Tansu broker process on ``127.0.0.1``: :meth:`start` it, then :meth:`stop` it.
 
     ``port=None`` picks a free port and retries another one if it is taken between the pick and
     the bind; a restart (:meth:`start` after :meth:`stop`) binds the same port again.
     ``log_path=None`` writes the broker's output to a temporary directory that :meth:`stop`
-    removes; a given path is kept. Data lives in memory only: a restart starts empty.
+    removes (and that the next embedded broker made by any process removes, should this one's
+    owner die without stopping it: ``sweep_log_dirs``); a given path is kept. Data lives in
+    memory only: a restart starts empty.
     """
 
     def __init__(
@@ -122,7 +171,8 @@ class EmbeddedBroker:
         # A temporary log directory is ours to remove (and is made again by a restart).
         self._owns_log_dir = log_path is None
         if log_path is None:
-            self.log_path = Path(tempfile.mkdtemp(prefix="qlayer-tansu-")) / "tansu.log"
+            sweep_log_dirs()
+            self.log_path = Path(tempfile.mkdtemp(prefix=_LOG_DIR_PREFIX)) / "tansu.log"
         else:
             self.log_path = Path(log_path)
         self._process: subprocess.Popen[bytes] | None = None
@@ -205,6 +255,8 @@ class EmbeddedBroker:
         env = {key: value for key, value in os.environ.items() if key not in _TANSU_ENV_VARS}
         env["NO_COLOR"] = "1"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self._owns_log_dir:
+            _mark_owner(self.log_path.parent)
         with open(self.log_path, "wb") as log:
             # bound to this process: a broker never outlives an owner that was SIGKILLed
             process = subprocess.Popen(

@@ -9,6 +9,7 @@ import sys
 import threading
 import uuid
 from pathlib import Path
+from typing import IO
 
 import psutil
 import pytest
@@ -30,6 +31,7 @@ from connectors import (
     read_watermarks,
     start_broker,
 )
+from connectors.embedded import sweep_log_dirs
 from layer.exceptions import BrokerError, ConfigError
 from tests.harness import ROOT
 from tests.helpers import process_ended, wait_until
@@ -140,6 +142,86 @@ def test_a_broker_dies_with_an_owner_that_was_sigkilled() -> None:
             psutil.Process(pid).kill()
         if owner.stdout is not None:
             owner.stdout.close()
+
+
+_LOG_OWNER = """
+import sys
+from connectors.embedded import EmbeddedBroker
+with EmbeddedBroker() as broker:
+    print(broker.log_path, flush=True)
+    sys.stdin.read()  # until the test closes it: then the broker stops and removes its log dir
+"""
+
+
+def _line(stream: IO[bytes] | None) -> str:
+    assert stream is not None
+    return stream.readline().decode().strip()
+
+
+def test_the_log_dir_of_a_sigkilled_owner_is_swept_by_the_next_broker() -> None:
+    """A SIGKILLed owner removes nothing; the next embedded broker made anywhere removes its
+    temporary log directory, and leaves those of owners still running."""
+    owners = [
+        subprocess.Popen(
+            [sys.executable, "-c", _LOG_OWNER],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        for _ in range(2)
+    ]
+    try:
+        dead, alive = owners
+        dead_dir, alive_dir = (Path(_line(o.stdout)).parent for o in owners)
+        assert dead_dir.is_dir() and alive_dir.is_dir()
+        dead.kill()
+        dead.wait(10)
+        assert dead_dir.is_dir()  # nothing ran in the killed process
+        broker = EmbeddedBroker()  # made, not started: the sweep comes with the log dir
+        try:
+            assert not dead_dir.exists()
+            assert alive_dir.is_dir()
+            assert broker.log_path.parent not in (dead_dir, alive_dir)
+        finally:
+            broker.stop()
+        assert alive.stdin is not None
+        alive.stdin.close()
+        assert alive.wait(30) == 0
+        assert not alive_dir.exists()  # a clean stop removes its own
+    finally:
+        for owner in owners:
+            if owner.poll() is None:
+                owner.kill()
+                owner.wait()
+            for stream in (owner.stdin, owner.stdout):
+                if stream is not None and not stream.closed:
+                    stream.close()
+
+
+def test_a_log_dir_whose_owner_is_unknown_or_reborn_is_kept_or_swept(tmp_path: Path) -> None:
+    """Only a known, ended owner makes a directory another's to remove: no owner file (a
+    directory being made) keeps it, and so does a live one; a pid now held by a process
+    started later than the recorded owner (reused) does not."""
+    me = psutil.Process()
+    unknown = tmp_path / "qlayer-tansu-unknown"
+    unknown.mkdir()
+    live = tmp_path / "qlayer-tansu-live"
+    live.mkdir()
+    (live / "owner").write_text(f"{me.pid} {me.create_time()!r}\n")
+    reborn = tmp_path / "qlayer-tansu-reborn"
+    reborn.mkdir()
+    (reborn / "owner").write_text(f"{me.pid} {me.create_time() - 100.0!r}\n")
+    garbled = tmp_path / "qlayer-tansu-garbled"
+    garbled.mkdir()
+    (garbled / "owner").write_text("not a pid\n")
+    other = tmp_path / "something-else"
+    other.mkdir()
+    (other / "owner").write_text(f"{me.pid} 1.0\n")
+
+    assert sweep_log_dirs(tmp_path) == [reborn]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "qlayer-tansu-garbled", "qlayer-tansu-live", "qlayer-tansu-unknown", "something-else"
+    ]  # fmt: skip
 
 
 def test_a_broker_started_from_another_thread_outlives_that_thread() -> None:
