@@ -716,6 +716,40 @@ def test_quota_is_the_run_of_picks_one_by_one(
 def test_share_counts_the_picks_one_by_one(subs: list[tuple[int, int]], n: int) -> None:
     """``share(n)`` (what dispatch hands each subscription as a run) gives each as many as
     ``n`` picks one at a time would, in the order they are first picked, and changes nothing."""
+    _share_is_the_picks(subs, n)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    subs=st.lists(
+        st.integers(1, 1000).flatmap(lambda b: st.tuples(st.integers(0, b), st.just(b))),
+        min_size=1,
+        max_size=16,
+    ),  # (outstanding, backlog)
+    n=st.integers(17, 5000),
+)
+def test_share_counts_many_picks_at_once(subs: list[tuple[int, int]], n: int) -> None:
+    """The same for rounds of many messages and up to 16 subscriptions, which ``share``
+    counts in bulk below a water level (the loads tie often: equal backlogs, equal fractions)."""
+    _share_is_the_picks(subs, n)
+
+
+def test_share_of_the_throughput_shape() -> None:
+    """Four consumers of 100, some acks back: the counts fill them level, least loaded first;
+    beyond their room, all of it; beyond 16 subscriptions, no answer (picks one at a time)."""
+    picker, _ = _served(
+        make_picker(Fairness.PROPORTIONAL), [(0, 100), (7, 100), (14, 100), (21, 100)]
+    )
+    shares = [(sub.name, count) for sub, count in picker.share(300)]
+    assert shares == [("s0", 86), ("s1", 79), ("s2", 71), ("s3", 64)]
+    shares = [(sub.name, count) for sub, count in picker.share(10_000)]
+    assert shares == [("s0", 100), ("s1", 93), ("s2", 86), ("s3", 79)]
+    assert picker.share(0) == []
+    crowd, _ = _served(make_picker(Fairness.PROPORTIONAL), [(0, 10)] * 17)
+    assert crowd.share(5) is None
+
+
+def _share_is_the_picks(subs: list[tuple[int, int]], n: int) -> None:
     counts = [
         _served(make_picker(Fairness.PROPORTIONAL), subs),
         _served(make_picker(Fairness.PROPORTIONAL), subs),
