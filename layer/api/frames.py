@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from google.protobuf.message import DecodeError, EncodeError
 
@@ -144,6 +144,7 @@ class Subscribe:
     filter: str | None = None  # a content filter expression
     batch_frames: bool = False  # the client takes Batch frames
     message_columns: bool = False  # the client takes Messages as columns
+    common_columns: bool = False  # ... and reads a column alike for all from its common_ field
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +246,8 @@ class Messages:
     # on the wire as MessageColumns (to a client that set Subscribe.message_columns)
     columns: bool = False
     made_at: float = 0.0  # the server's monotonic clock when it decided to write the frame
+    # a column alike for every message sent once (to a client that set common_columns)
+    common: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -562,6 +565,7 @@ def _client_to(frame: ClientFrame) -> Any:
                 filter=frame.filter,
                 batch_frames=frame.batch_frames,
                 message_columns=frame.message_columns,
+                common_columns=frame.common_columns,
             )
         )
     if isinstance(frame, Close):
@@ -593,6 +597,7 @@ def _client_from(message: Any) -> ClientFrame:
             _opt(s, "filter"),
             s.batch_frames,
             s.message_columns,
+            s.common_columns,
         )
     if kind == "close":
         return Close()
@@ -684,30 +689,37 @@ def _add_columns(columns: Any, messages: Sequence[DeliveredMessage]) -> None:
         columns.headers.extend([header(key=k, value=v) for h in headers for k, v in h])
 
 
-def _add_batch(columns: Any, batch: DeliveryBatch) -> None:
+def _add_batch(columns: Any, batch: DeliveryBatch, common: bool = False) -> None:
     """``batch`` into a MessageColumns, as ``_add_columns`` writes its messages: its columns
     extend the frame's as they are, the sparse ones (deadline exceptions, barriers, headers,
-    parse errors) filled in where there are any."""
+    parse errors) filled in where there are any. ``common`` (the client set common_columns):
+    a column alike for every message goes once, in its ``common_`` field."""
     n = len(batch.bookmarks)
     if not n:
         return
     topics, partitions, offsets = zip(*batch.bookmarks, strict=True)
-    columns.topic.extend(topics)
+    if common and topics.count(topics[0]) == n:
+        columns.common_topic = topics[0]
+    else:
+        columns.topic.extend(topics)
     columns.partition.extend(partitions)
     columns.offset.extend(offsets)
     keys, values = batch.keys, batch.values
-    common, deadlines = batch.deadline_ms, batch.deadlines
-    all_leased = common is not None if deadlines is None else None not in deadlines
+    common_deadline, deadlines = batch.deadline_ms, batch.deadlines
+    all_leased = common_deadline is not None if deadlines is None else None not in deadlines
     no_keys = keys.count(None) == n
     all_values = None not in values
     barriers, headers, errors = batch.barriers, batch.headers, batch.errors
     if no_keys and all_values and all_leased and not (barriers or headers or errors):
-        columns.flags.extend([_VALUE | _DEADLINE] * n)  # a plain batch (the common case)
+        if common:  # a plain batch (the common case)
+            columns.common_flags = _VALUE | _DEADLINE
+        else:
+            columns.flags.extend([_VALUE | _DEADLINE] * n)
     else:
         flags = [(k is not None) + 2 * (v is not None) for k, v in zip(keys, values, strict=True)]
         if deadlines is not None:
             flags = [f + 4 * (d is not None) for f, d in zip(flags, deadlines, strict=True)]
-        elif common is not None:
+        elif common_deadline is not None:
             flags = [f | _DEADLINE for f in flags]
         for i in barriers:
             flags[i] |= _BARRIER
@@ -717,18 +729,27 @@ def _add_batch(columns: Any, batch: DeliveryBatch) -> None:
             if h:
                 flags[i] |= _HEADERS
         columns.flags.extend(flags)
-    columns.key.extend([b""] * n if no_keys else [b"" if k is None else k for k in keys])
+    if not (common and no_keys):  # no key at all: the flags say so
+        columns.key.extend([b""] * n if no_keys else [b"" if k is None else k for k in keys])
     columns.value.extend(values if all_values else [b"" if v is None else v for v in values])
     columns.timestamp_ms.extend(batch.times)
-    columns.deliveries.extend(batch.deliveries)
-    columns.cancels.extend(batch.cancels)
+    _extend(columns, "deliveries", batch.deliveries, common)
+    _extend(columns, "cancels", batch.cancels, common)
     if deadlines is None:
-        columns.lease_deadline_ms.extend([0 if common is None else common] * n)
+        if common:
+            columns.common_lease_deadline_ms = 0 if common_deadline is None else common_deadline
+        else:
+            columns.lease_deadline_ms.extend(
+                [0 if common_deadline is None else common_deadline] * n
+            )
     elif all_leased:
-        columns.lease_deadline_ms.extend(deadlines)
+        _extend(columns, "lease_deadline_ms", cast("list[int]", deadlines), common)
     else:
         columns.lease_deadline_ms.extend([0 if d is None else d for d in deadlines])
-    columns.queue.extend([batch.queue] * n)
+    if common:
+        columns.common_queue = batch.queue
+    else:
+        columns.queue.extend([batch.queue] * n)
     if errors:
         columns.parse_error.extend([errors[i] for i in sorted(errors)])
     if headers:
@@ -738,10 +759,32 @@ def _add_batch(columns: Any, batch: DeliveryBatch) -> None:
         columns.headers.extend([header(key=k, value=v) for h in lists for k, v in h])
 
 
+def _extend(columns: Any, name: str, values: Sequence[int], common: bool) -> None:
+    """The per-message column ``name``, or its ``common_`` field when ``common`` and every
+    value is the same."""
+    if common and values.count(values[0]) == len(values):
+        setattr(columns, f"common_{name}", values[0])
+    else:
+        getattr(columns, name).extend(values)
+
+
 _PER_MESSAGE = (
     "topic", "partition", "offset", "key", "value", "timestamp_ms", "deliveries", "cancels",
     "lease_deadline_ms", "queue",
 )  # fmt: skip
+# the per-message columns that a frame to a client with common_columns may send once
+_COMMON = ("topic", "queue", "flags", "deliveries", "cancels", "lease_deadline_ms")
+
+
+def _column(columns: Any, name: str, n: int) -> Any:
+    """The per-message column ``name`` of ``n`` messages: as sent, or its ``common_`` value
+    ``n`` times when the column was left empty for it."""
+    values = getattr(columns, name)
+    if len(values) == n:
+        return values
+    if not values and name in _COMMON and columns.HasField(f"common_{name}"):
+        return repeat(getattr(columns, f"common_{name}"), n)
+    raise ValueError(f"MessageColumns: {name} has {len(values)} entries, offset {n}")
 
 
 # a Bookmark from a (topic, partition, offset) tuple without NamedTuple's Python-level __new__
@@ -749,13 +792,25 @@ _new_tuple = tuple.__new__
 
 
 def _columns_from(columns: Any) -> list[DeliveredMessage]:
-    flags = list(columns.flags)
-    n = len(flags)
+    n = len(columns.offset)
+    flags = list(_column(columns, "flags", n))
+    keys = columns.key
+    if not keys and n:  # left out: no message has a key (the flags must agree)
+        if any(f & _KEY for f in flags):
+            raise ValueError("MessageColumns: key is empty, the flags say some have one")
+        keys = repeat(b"", n)
+    elif len(keys) != n:
+        raise ValueError(f"MessageColumns: key has {len(keys)} entries, offset {n}")
     for name in _PER_MESSAGE:
-        if len(getattr(columns, name)) != n:
+        if name not in _COMMON and name != "key" and len(getattr(columns, name)) != n:
             raise ValueError(
-                f"MessageColumns: {name} has {len(getattr(columns, name))} entries, flags {n}"
+                f"MessageColumns: {name} has {len(getattr(columns, name))} entries, offset {n}"
             )
+    topic_column = _column(columns, "topic", n)
+    queue_column = _column(columns, "queue", n)
+    deliveries_column = _column(columns, "deliveries", n)
+    cancels_column = _column(columns, "cancels", n)
+    deadline_column = _column(columns, "lease_deadline_ms", n)
     common = flags[0] if n else 0
     uniform = flags.count(common) == n  # every message with the same flags (a plain batch)
     errors = iter(list(columns.parse_error))
@@ -778,22 +833,22 @@ def _columns_from(columns: Any) -> list[DeliveredMessage]:
     bookmarks = map(
         _new_tuple,
         repeat(Bookmark),
-        zip(columns.topic, columns.partition, columns.offset, strict=True),
+        zip(topic_column, columns.partition, columns.offset, strict=False),
     )
     if uniform and not common & (_KEY | _HEADERS | _ERROR):
         # every message alike, with no key, headers or parse error (a plain batch): the fields
         # from the columns without a test per message
         barrier = bool(common & _BARRIER)
         values = columns.value if common & _VALUE else repeat(None)
-        deadlines = columns.lease_deadline_ms if common & _DEADLINE else repeat(None)
+        deadlines = deadline_column if common & _DEADLINE else repeat(None)
         return [
             DeliveredMessage(
                 bookmark, None, value, [], timestamp_ms, deliveries, cancels, deadline, barrier,
                 queue,
             )
             for bookmark, value, timestamp_ms, deliveries, cancels, deadline, queue in zip(
-                bookmarks, values, columns.timestamp_ms, columns.deliveries, columns.cancels,
-                deadlines, columns.queue, strict=False,  # the lengths are checked above
+                bookmarks, values, columns.timestamp_ms, deliveries_column, cancels_column,
+                deadlines, queue_column, strict=False,  # the lengths are checked above
             )
         ]  # fmt: skip
     return [
@@ -811,9 +866,9 @@ def _columns_from(columns: Any) -> list[DeliveredMessage]:
             next(errors) if f & _ERROR else None,
         )
         for f, bookmark, key, value, timestamp_ms, deliveries, cancels, deadline, queue in zip(
-            flags, bookmarks, columns.key, columns.value,
-            columns.timestamp_ms, columns.deliveries, columns.cancels, columns.lease_deadline_ms,
-            columns.queue, strict=True,
+            flags, bookmarks, keys, columns.value,
+            columns.timestamp_ms, deliveries_column, cancels_column, deadline_column,
+            queue_column, strict=False,  # the lengths are checked above
         )
     ]  # fmt: skip
 
@@ -862,7 +917,7 @@ def _fill_server(out: Any, frame: ServerFrame) -> None:
         if frame.columns:
             out.messages.columns.SetInParent()
             if isinstance(frame.messages, DeliveryBatch):
-                _add_batch(out.messages.columns, frame.messages)
+                _add_batch(out.messages.columns, frame.messages, frame.common)
             else:
                 _add_columns(out.messages.columns, frame.messages)
         else:

@@ -274,6 +274,7 @@ class SubscriptionCore(Generic[W]):
             self.filter,
             batch_frames=True,
             message_columns=True,
+            common_columns=True,
         )
 
     def on_subscribed(

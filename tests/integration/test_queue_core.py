@@ -5,12 +5,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from layer.api.frames import CLIENT_FRAME_CODEC, SERVER_FRAME_CODEC, Subscribe
+from layer.api.proto.qlayer.v1 import queue_pb2 as pb
 from layer.client import QueueClient
 from layer.codec import decode
 from layer.exceptions import LeaseError, NotLeaseHolder, UnknownBookmark, UnknownQueue
@@ -89,6 +94,71 @@ def test_publish_consume_ack(broker, coordinator_factory, names) -> None:
         assert sub.next(timeout=0.5) is None
         s = client.stats(q)[0]
         assert (s.acked_total, s.available, s.leased) == (20, 0, 0)
+
+
+def _raw_messages(address: str, q: str, common: bool, want: int) -> list[Any]:
+    """The MessageColumns a real coordinator writes to a raw Subscribe stream (message_columns
+    set, common_columns as given) until ``want`` messages came."""
+    subscribe = CLIENT_FRAME_CODEC.encode(
+        Subscribe(q, want, "raw", None, batch_frames=False, message_columns=True,
+                  common_columns=common)
+    )  # fmt: skip
+    frames: list[Any] = []
+    done = threading.Event()
+
+    def requests() -> Iterator[bytes]:
+        yield subscribe
+        done.wait(30)  # the stream stays open (a half-close would end it) until we are done
+
+    with grpc.insecure_channel(address) as channel:
+        call = channel.stream_stream("/qlayer.v1.QueueService/Subscribe")(requests(), timeout=30)
+        count = 0
+        for data in call:
+            frame = pb.ServerFrame.FromString(data)
+            if frame.WhichOneof("body") == "messages":
+                frames.append(frame.messages.columns)
+                count += len(frame.messages.columns.offset)
+                if count >= want:
+                    break
+        done.set()
+        call.cancel()
+    return frames
+
+
+def test_a_client_that_reads_common_columns_gets_alike_columns_once(
+    broker, coordinator_factory, names
+) -> None:
+    """On the wire from a real coordinator: a round's batch goes to a client that set
+    common_columns with its topic, queue, flags, counts and deadline once, and in full to one
+    that did not; both decode to the same messages."""
+    topic, q = names("orders"), names("q")
+    c = coordinator_factory([queue(q, topic, lease_period="1s")])
+    p = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 2})
+    for i in range(6):
+        p.produce(topic, json.dumps({"i": i}).encode())  # no key: a plain batch
+    assert p.flush(10) == 0
+    compact = _raw_messages(c.address, q, True, 6)
+    full = _raw_messages(c.address, q, False, 6)  # the leases ran out: delivered again
+    assert sum(len(cols.offset) for cols in compact) == 6
+    for cols in compact:
+        assert not cols.topic and not cols.queue and not cols.flags and not cols.key
+        assert (cols.common_topic, cols.common_queue, cols.common_deliveries) == (topic, q, 1)
+        assert cols.HasField("common_lease_deadline_ms") and cols.common_lease_deadline_ms > 0
+    for cols in full:
+        assert list(cols.topic) == [topic] * len(cols.offset) and list(cols.queue)
+        assert not cols.HasField("common_topic") and not cols.HasField("common_flags")
+        assert set(cols.deliveries) == {2}
+    decoded = [
+        SERVER_FRAME_CODEC.decode(
+            pb.ServerFrame(messages=pb.Messages(columns=cols)).SerializeToString()
+        ).messages  # type: ignore[union-attr]
+        for cols in compact + full
+    ]
+    seen = [
+        (m.bookmark.offset, json.loads(m.value)["i"], m.deliveries) for ms in decoded for m in ms
+    ]
+    for n in (1, 2):  # each message once as sent in common columns, once in full
+        assert sorted((offset, i) for offset, i, d in seen if d == n) == [(i, i) for i in range(6)]
 
 
 def test_an_idle_queue_over_a_transactional_topic_keeps_its_fetch_wait(

@@ -4,12 +4,14 @@ fails cleanly with what was wrong, unknown fields are skipped."""
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from layer.api.deliveries import DeliveryBatch
 from layer.api.errors import ErrorCode
 from layer.api.frames import (
     ACK_WHERE_CODEC,
@@ -589,7 +591,12 @@ def test_message_columns_are_checked_against_their_flags() -> None:
         columns=True,
     )
     for broken, reason in [
-        ({**one, "offset": [1, 2]}, "offset has 2 entries"),
+        ({**one, "offset": [1, 2]}, "flags has 1 entries, offset 2"),
+        ({**one, "value": [b"v", b"w"]}, "value has 2 entries"),
+        ({**one, "key": [b"", b""]}, "key has 2 entries"),
+        ({**one, "queue": []}, "queue has 0 entries"),  # empty, and no common_queue
+        ({**one, "flags": [], "common_topic": "t"}, "flags has 0 entries"),
+        ({**one, "key": [], "flags": [3]}, "key is empty, the flags say some have one"),
         ({**one, "flags": [2 + 16]}, "parse_error does not match"),
         ({**one, "parse_error": ["x"]}, "parse_error does not match"),
         ({**one, "flags": [2 + 32]}, "header_count or headers do not match"),
@@ -601,6 +608,77 @@ def test_message_columns_are_checked_against_their_flags() -> None:
         with pytest.raises(SerializationError, match="malformed ServerFrame frame") as info:
             SERVER_FRAME_CODEC.decode(frame(**broken))
         assert reason in str(info.value)
+
+
+def _batch_of(messages: list[Any]) -> DeliveryBatch:
+    """``messages`` (of one queue) as the round's DeliveryBatch that would hand them out."""
+    deadlines = [m.lease_deadline_ms for m in messages]
+    common = deadlines[0] if deadlines and deadlines.count(deadlines[0]) == len(deadlines) else None
+    return DeliveryBatch(
+        messages[0].queue if messages else "q",
+        [m.bookmark for m in messages],
+        [m.key for m in messages],
+        [m.value for m in messages],
+        [m.timestamp_ms for m in messages],
+        [m.deliveries for m in messages],
+        [m.cancels for m in messages],
+        common,
+        None if common is not None or not messages else deadlines,
+        [i for i, m in enumerate(messages) if m.barrier],
+        {i: m.headers for i, m in enumerate(messages) if m.headers},
+        {i: m.parse_error for i, m in enumerate(messages) if m.parse_error is not None},
+    )
+
+
+@given(
+    st.lists(_plain, max_size=8) | st.lists(_plain | _delivered, max_size=6),
+    st.booleans(),
+)
+def test_a_delivery_batch_round_trips_with_common_columns_or_without(
+    messages: list[Any], common: bool
+) -> None:
+    """A round's batch as MessageColumns, each column in full or (to a client that reads
+    them) sent once where it is alike for all: the client reads the same messages."""
+    messages = [replace(m, queue="q") for m in messages]  # one queue: a round's batch
+    frame = Messages(_batch_of(messages), columns=True, made_at=1.5, common=common)
+    decoded = SERVER_FRAME_CODEC.decode(SERVER_FRAME_CODEC.encode(frame))
+    assert isinstance(decoded, Messages)
+    assert list(decoded.messages) == messages
+    assert all(type(m.bookmark) is Bookmark for m in decoded.messages)
+
+
+def test_common_columns_leave_out_what_is_alike() -> None:
+    """A plain batch of one topic and one deadline: per message only its partition, offset,
+    value and timestamp go on the wire; an old client (no common_columns) gets every column."""
+    plain = [
+        DeliveredMessage(Bookmark("t", i % 2, 10 + i), None, b"v", [], 7, 1, 0, 99, False, "q")
+        for i in range(5)
+    ]
+    compact = SERVER_FRAME_CODEC.encode(Messages(_batch_of(plain), columns=True, common=True))
+    full = SERVER_FRAME_CODEC.encode(Messages(_batch_of(plain), columns=True))
+    columns = pb.ServerFrame.FromString(compact).messages.columns
+    sent = {f.name for f, v in columns.ListFields()}
+    assert sent == {
+        "partition", "offset", "value", "timestamp_ms", "common_topic", "common_queue",
+        "common_flags", "common_deliveries", "common_cancels", "common_lease_deadline_ms",
+    }  # fmt: skip
+    every = {f.name for f, _ in pb.ServerFrame.FromString(full).messages.columns.ListFields()}
+    assert not any(name.startswith("common_") for name in every) and "topic" in every
+    assert len(compact) < len(full)
+    assert SERVER_FRAME_CODEC.decode(compact).messages == plain  # type: ignore[union-attr]
+    # a column that differs goes in full beside the common ones
+    mixed = [replace(m, deliveries=1 + i % 2) for i, m in enumerate(plain)]
+    columns = pb.ServerFrame.FromString(
+        SERVER_FRAME_CODEC.encode(Messages(_batch_of(mixed), columns=True, common=True))
+    ).messages.columns
+    assert list(columns.deliveries) == [1, 2, 1, 2, 1] and not columns.HasField("common_deliveries")
+
+
+def test_subscribe_carries_common_columns() -> None:
+    frame = Subscribe("q", 10, "me", None, True, True, True)
+    assert CLIENT_FRAME_CODEC.decode(CLIENT_FRAME_CODEC.encode(frame)) == frame
+    old = pb.ClientFrame(subscribe=pb.Subscribe(queue="q", max_backlog=1)).SerializeToString()
+    assert CLIENT_FRAME_CODEC.decode(old) == Subscribe("q", 1)  # unset: full columns
 
 
 def test_a_batch_cannot_hold_a_subscribed_or_a_batch() -> None:

@@ -35,20 +35,22 @@ class ClientFrame(_message.Message):
     def __init__(self, subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ..., replace: _Optional[_Union[Replace, _Mapping]] = ..., check: _Optional[_Union[Check, _Mapping]] = ...) -> None: ...
 
 class Subscribe(_message.Message):
-    __slots__ = ("queue", "max_backlog", "client_name", "filter", "batch_frames", "message_columns")
+    __slots__ = ("queue", "max_backlog", "client_name", "filter", "batch_frames", "message_columns", "common_columns")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     MAX_BACKLOG_FIELD_NUMBER: _ClassVar[int]
     CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
     BATCH_FRAMES_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    COMMON_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     queue: str
     max_backlog: int
     client_name: str
     filter: str
     batch_frames: bool
     message_columns: bool
-    def __init__(self, queue: _Optional[str] = ..., max_backlog: _Optional[int] = ..., client_name: _Optional[str] = ..., filter: _Optional[str] = ..., batch_frames: _Optional[bool] = ..., message_columns: _Optional[bool] = ...) -> None: ...
+    common_columns: bool
+    def __init__(self, queue: _Optional[str] = ..., max_backlog: _Optional[int] = ..., client_name: _Optional[str] = ..., filter: _Optional[str] = ..., batch_frames: _Optional[bool] = ..., message_columns: _Optional[bool] = ..., common_columns: _Optional[bool] = ...) -> None: ...
 
 class OffsetRuns(_message.Message):
     __slots__ = ("topic", "partition", "runs")
@@ -157,7 +159,7 @@ class Messages(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., columns: _Optional[_Union[MessageColumns, _Mapping]] = ..., made_at: _Optional[float] = ...) -> None: ...
 
 class MessageColumns(_message.Message):
-    __slots__ = ("topic", "partition", "offset", "key", "value", "timestamp_ms", "deliveries", "cancels", "lease_deadline_ms", "queue", "flags", "parse_error", "header_count", "headers")
+    __slots__ = ("topic", "partition", "offset", "key", "value", "timestamp_ms", "deliveries", "cancels", "lease_deadline_ms", "queue", "flags", "parse_error", "header_count", "headers", "common_topic", "common_queue", "common_flags", "common_deliveries", "common_cancels", "common_lease_deadline_ms")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +174,12 @@ class MessageColumns(_message.Message):
     PARSE_ERROR_FIELD_NUMBER: _ClassVar[int]
     HEADER_COUNT_FIELD_NUMBER: _ClassVar[int]
     HEADERS_FIELD_NUMBER: _ClassVar[int]
+    COMMON_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    COMMON_QUEUE_FIELD_NUMBER: _ClassVar[int]
+    COMMON_FLAGS_FIELD_NUMBER: _ClassVar[int]
+    COMMON_DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    COMMON_CANCELS_FIELD_NUMBER: _ClassVar[int]
+    COMMON_LEASE_DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
     topic: _containers.RepeatedScalarFieldContainer[str]
     partition: _containers.RepeatedScalarFieldContainer[int]
     offset: _containers.RepeatedScalarFieldContainer[int]
@@ -186,7 +194,13 @@ class MessageColumns(_message.Message):
     parse_error: _containers.RepeatedScalarFieldContainer[str]
     header_count: _containers.RepeatedScalarFieldContainer[int]
     headers: _containers.RepeatedCompositeFieldContainer[Header]
-    def __init__(self, topic: _Optional[_Iterable[str]] = ..., partition: _Optional[_Iterable[int]] = ..., offset: _Optional[_Iterable[int]] = ..., key: _Optional[_Iterable[bytes]] = ..., value: _Optional[_Iterable[bytes]] = ..., timestamp_ms: _Optional[_Iterable[int]] = ..., deliveries: _Optional[_Iterable[int]] = ..., cancels: _Optional[_Iterable[int]] = ..., lease_deadline_ms: _Optional[_Iterable[int]] = ..., queue: _Optional[_Iterable[str]] = ..., flags: _Optional[_Iterable[int]] = ..., parse_error: _Optional[_Iterable[str]] = ..., header_count: _Optional[_Iterable[int]] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ...) -> None: ...
+    common_topic: str
+    common_queue: str
+    common_flags: int
+    common_deliveries: int
+    common_cancels: int
+    common_lease_deadline_ms: int
+    def __init__(self, topic: _Optional[_Iterable[str]] = ..., partition: _Optional[_Iterable[int]] = ..., offset: _Optional[_Iterable[int]] = ..., key: _Optional[_Iterable[bytes]] = ..., value: _Optional[_Iterable[bytes]] = ..., timestamp_ms: _Optional[_Iterable[int]] = ..., deliveries: _Optional[_Iterable[int]] = ..., cancels: _Optional[_Iterable[int]] = ..., lease_deadline_ms: _Optional[_Iterable[int]] = ..., queue: _Optional[_Iterable[str]] = ..., flags: _Optional[_Iterable[int]] = ..., parse_error: _Optional[_Iterable[str]] = ..., header_count: _Optional[_Iterable[int]] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., common_topic: _Optional[str] = ..., common_queue: _Optional[str] = ..., common_flags: _Optional[int] = ..., common_deliveries: _Optional[int] = ..., common_cancels: _Optional[int] = ..., common_lease_deadline_ms: _Optional[int] = ...) -> None: ...
 
 class Message(_message.Message):
     __slots__ = ("topic", "partition", "offset", "key", "value", "headers", "timestamp_ms", "deliveries", "cancels", "lease_deadline_ms", "barrier", "queue", "parse_error")
