@@ -1023,7 +1023,7 @@ def _stats_from(r: Any) -> QueueStats:
         delivered_total=r.delivered_total,
         acked_total=r.acked_total,
         dead_lettered_total=r.dead_lettered_total,
-        extra={k: _count_or_measure(k, v) for k, v in r.extra.items()},
+        extra={k: _count_or_measure(k, v) for k, v in sorted(r.extra.items())},  # by name
         owner=r.owner,
     )
 

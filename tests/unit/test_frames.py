@@ -681,6 +681,15 @@ def test_subscribe_carries_common_columns() -> None:
     assert CLIENT_FRAME_CODEC.decode(old) == Subscribe("q", 1)  # unset: full columns
 
 
+def test_stats_extra_comes_back_by_name() -> None:
+    """A protobuf map keeps no order: the figures come back sorted by name, so ``qlayer
+    stats`` prints them in the same order every time."""
+    names = ["stage_push_p50_ms", "acked_total", "unread", "fetch_wait_ms", "delayed"]
+    stats = replace(STATS, extra={name: float(i) for i, name in enumerate(names)})
+    reply = STATS_REPLY_CODEC.decode(STATS_REPLY_CODEC.encode(StatsReply([stats])))
+    assert list(reply.queues[0].extra) == sorted(names)
+
+
 def test_a_batch_cannot_hold_a_subscribed_or_a_batch() -> None:
     for inner in (Subscribed("s", 1, 1.0), Batch([])):
         with pytest.raises(
