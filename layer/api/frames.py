@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar
 
 from google.protobuf.message import DecodeError, EncodeError
 
@@ -698,10 +698,7 @@ def _add_batch(columns: Any, batch: DeliveryBatch, common: bool = False) -> None
     if not n:
         return
     topics, partitions, offsets = zip(*batch.bookmarks, strict=True)
-    if common and topics.count(topics[0]) == n:
-        columns.common_topic = topics[0]
-    else:
-        columns.topic.extend(topics)
+    _extend(columns, "topic", topics, common)
     columns.partition.extend(partitions)
     columns.offset.extend(offsets)
     keys, values = batch.keys, batch.values
@@ -711,10 +708,7 @@ def _add_batch(columns: Any, batch: DeliveryBatch, common: bool = False) -> None
     all_values = None not in values
     barriers, headers, errors = batch.barriers, batch.headers, batch.errors
     if no_keys and all_values and all_leased and not (barriers or headers or errors):
-        if common:  # a plain batch (the common case)
-            columns.common_flags = _VALUE | _DEADLINE
-        else:
-            columns.flags.extend([_VALUE | _DEADLINE] * n)
+        flags = [_VALUE | _DEADLINE] * n  # a plain batch (the common case)
     else:
         flags = [(k is not None) + 2 * (v is not None) for k, v in zip(keys, values, strict=True)]
         if deadlines is not None:
@@ -728,28 +722,20 @@ def _add_batch(columns: Any, batch: DeliveryBatch, common: bool = False) -> None
         for i, h in headers.items():
             if h:
                 flags[i] |= _HEADERS
-        columns.flags.extend(flags)
+    _extend(columns, "flags", flags, common)
     if not (common and no_keys):  # no key at all: the flags say so
         columns.key.extend([b""] * n if no_keys else [b"" if k is None else k for k in keys])
     columns.value.extend(values if all_values else [b"" if v is None else v for v in values])
     columns.timestamp_ms.extend(batch.times)
     _extend(columns, "deliveries", batch.deliveries, common)
     _extend(columns, "cancels", batch.cancels, common)
+    lease_deadlines: Sequence[int | None]
     if deadlines is None:
-        if common:
-            columns.common_lease_deadline_ms = 0 if common_deadline is None else common_deadline
-        else:
-            columns.lease_deadline_ms.extend(
-                [0 if common_deadline is None else common_deadline] * n
-            )
-    elif all_leased:
-        _extend(columns, "lease_deadline_ms", cast("list[int]", deadlines), common)
+        lease_deadlines = [0 if common_deadline is None else common_deadline] * n
     else:
-        columns.lease_deadline_ms.extend([0 if d is None else d for d in deadlines])
-    if common:
-        columns.common_queue = batch.queue
-    else:
-        columns.queue.extend([batch.queue] * n)
+        lease_deadlines = deadlines if all_leased else [0 if d is None else d for d in deadlines]
+    _extend(columns, "lease_deadline_ms", lease_deadlines, common)
+    _extend(columns, "queue", [batch.queue] * n, common)
     if errors:
         columns.parse_error.extend([errors[i] for i in sorted(errors)])
     if headers:
@@ -759,7 +745,7 @@ def _add_batch(columns: Any, batch: DeliveryBatch, common: bool = False) -> None
         columns.headers.extend([header(key=k, value=v) for h in lists for k, v in h])
 
 
-def _extend(columns: Any, name: str, values: Sequence[int], common: bool) -> None:
+def _extend(columns: Any, name: str, values: Sequence[Any], common: bool) -> None:
     """The per-message column ``name``, or its ``common_`` field when ``common`` and every
     value is the same."""
     if common and values.count(values[0]) == len(values):
