@@ -40,7 +40,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
+import socket
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -442,6 +444,27 @@ class _Closer:
             self._open.discard(self)
 
 
+def bind_error(listen: str, error: Exception) -> str:
+    """Why grpc could not listen on ``listen``, in the words of the errno where a plain bind
+    gets one (grpc's own error says only "Failed to bind" and sends the reason to its log):
+    "Address already in use", "Cannot assign requested address", ...; else grpc's words."""
+    host, _, port = listen.rpartition(":")
+    try:
+        infos = socket.getaddrinfo(host.strip("[]") or None, int(port), type=socket.SOCK_STREAM)
+        family, kind, proto, _, where = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpc binds
+            probe.bind(where)
+    except socket.gaierror as exc:  # the host does not resolve
+        return str(exc.strerror)
+    except OSError as exc:
+        if exc.errno and exc.errno > 0:
+            return os.strerror(exc.errno)
+    except (ValueError, IndexError):
+        pass
+    return str(error).split(";")[0]
+
+
 class ApiServer:
     """Serves a ``QueueService`` over gRPC.
 
@@ -502,6 +525,10 @@ class ApiServer:
             ("grpc.http2.max_pings_without_data", 0),
             # Our clients ping every 10 s; accept pings that often without a GOAWAY.
             ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
+            # grpc sets SO_REUSEPORT by default: a second coordinator given a port that one
+            # already listens on would start without a word, and the kernel would split new
+            # connections between the two. Without it the second one is refused.
+            ("grpc.so_reuseport", 0),
         ]
         self._server: grpc.aio.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()  # acks in flight
@@ -540,7 +567,8 @@ class ApiServer:
                 )
                 port = server.add_secure_port(self._listen, creds)
         except RuntimeError as exc:
-            raise ConfigError(f"cannot listen on {self._listen}: {exc}") from exc
+            reason = bind_error(self._listen, exc)
+            raise ConfigError(f"cannot listen on {self._listen}: {reason}") from exc
         if not port:
             raise ConfigError(f"cannot listen on {self._listen}")
         await server.start()

@@ -17,6 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -54,6 +55,7 @@ from layer.coordinator.health import Health
 from layer.engine.model import AckError, AckOp, Bookmark
 from layer.exceptions import (
     ClientError,
+    ConfigError,
     InvalidRequest,
     LeaseError,
     NotLeaseHolder,
@@ -531,6 +533,38 @@ def test_server_stop_ends_streams_and_closes_subscriptions(
         assert server.service.closed == [sub.id]
         with pytest.raises(ClientError):
             sub.next(timeout=5)
+
+
+def test_an_address_in_use_is_refused_with_its_reason(serve: Callable[..., ServerThread]) -> None:
+    # grpc's default SO_REUSEPORT would let a second server share the port, the kernel
+    # splitting new connections between them: the second must be refused instead, by name
+    first = serve()
+    foreign = grpc.server(ThreadPoolExecutor(1))  # another program, grpc's defaults
+    foreign_port = foreign.add_insecure_port("127.0.0.1:0")
+    foreign.start()
+    try:
+        for taken in (first.target, f"127.0.0.1:{foreign_port}"):
+
+            async def start_second(where: str = taken) -> None:
+                second = ApiServer(MemoryService(), where)
+                await second.start()
+                await second.stop(0)  # it should not have started: no server left behind
+
+            with pytest.raises(ConfigError) as info:
+                asyncio.run(start_second())
+            assert str(info.value) == f"cannot listen on {taken}: Address already in use"
+    finally:
+        foreign.stop(None)
+
+    async def start_elsewhere() -> None:
+        await ApiServer(MemoryService(), "192.0.2.1:7070").start()  # TEST-NET-1: not ours
+
+    with pytest.raises(ConfigError) as info:
+        asyncio.run(start_elsewhere())
+    assert str(info.value) == "cannot listen on 192.0.2.1:7070: Cannot assign requested address"
+    with QueueClient(first.target) as client:  # the first one serves on, alone
+        assert client.publish("orders", b"x") == "orders-in/0/0"
+    assert first.service.offsets["orders"] == 1
 
 
 CONSUMER = textwrap.dedent(

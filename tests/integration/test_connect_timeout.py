@@ -18,13 +18,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psutil
 import pytest
 
 from layer.client import AsyncQueueClient, QueueClient
 from layer.exceptions import ConnectFailed, QLayerError
 from tests.harness import CoordinatorProcess
 from tests.integration.test_api_transport import MemoryService, ServerThread
-from tests.integration.test_reconnect import coordinator_on, free_address
+from tests.integration.test_reconnect import coordinator_on
 
 pytestmark = pytest.mark.integration
 
@@ -194,15 +195,30 @@ def test_the_connect_timeout_stays_inside_the_call_timeout(
         assert 2.8 <= time.monotonic() - started < 6.0
 
 
+def listeners(address: str) -> list[str]:
+    """The processes listening on ``address``'s port, as "pid name status"."""
+    port = int(address.rpartition(":")[2])
+    found = []
+    for conn in psutil.net_connections("tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+            try:
+                proc = psutil.Process(conn.pid) if conn.pid else None
+                found.append(f"{conn.pid} {proc.name()} {proc.status()}" if proc else "?")
+            except psutil.NoSuchProcess:
+                found.append(f"{conn.pid} (gone)")
+    return found
+
+
 def test_a_sigstopped_coordinator_first_in_the_list_is_left_for_the_next(
     broker: Any, coordinator_factory: Callable[..., CoordinatorProcess], names: Any
 ) -> None:
     # real coordinators: the first one stopped (its kernel still accepts TCP), each serving
     # its own queue so the two never share one
     q = names("orders")
-    a, b = free_address(), free_address()
-    stopped = coordinator_on(coordinator_factory, names("elsewhere"), a)
-    live = coordinator_on(coordinator_factory, q, b)
+    # each on a port of the kernel's choosing, never one another process may take meanwhile
+    stopped = coordinator_on(coordinator_factory, names("elsewhere"), "127.0.0.1:0")
+    live = coordinator_on(coordinator_factory, q, "127.0.0.1:0")
+    a, b = stopped.address, live.address
     assert stopped.proc is not None
     stopped.proc.send_signal(signal.SIGSTOP)
     try:
@@ -213,8 +229,8 @@ def test_a_sigstopped_coordinator_first_in_the_list_is_left_for_the_next(
             except QLayerError as exc:  # seen once in a full run: say where it went
                 raise AssertionError(
                     f"publish failed after {time.monotonic() - started:.1f}s: {exc}; the"
-                    f" stopped coordinator at {a}, the live one at {b}; the live one's log:\n"
-                    f"{live.log_tail(40)}"
+                    f" stopped coordinator at {a}, the live one at {b}; listening on {a}:"
+                    f" {listeners(a)}; the live one's log:\n{live.log_tail(40)}"
                 ) from exc
             took = time.monotonic() - started
             assert 0.9 <= took < 15, took
@@ -224,3 +240,20 @@ def test_a_sigstopped_coordinator_first_in_the_list_is_left_for_the_next(
             assert sub.address == b
     finally:
         stopped.proc.send_signal(signal.SIGCONT)
+
+
+def test_a_second_coordinator_on_a_taken_address_exits_saying_so(
+    broker: Any, coordinator_factory: Callable[..., CoordinatorProcess], names: Any
+) -> None:
+    # grpc's default SO_REUSEPORT would let both listen, the kernel sending each new client to
+    # one or the other: a client of one queue would now and then reach the wrong coordinator
+    q, other = names("orders"), names("elsewhere")
+    first = coordinator_factory(queues=[{"name": q, "underlying_topic": q}])
+    second = coordinator_factory(queues=[{"name": other, "underlying_topic": other}], start=False)
+    second.listen = first.address
+    with pytest.raises(AssertionError, match="did not start"):
+        second.start(timeout=60)
+    assert f"cannot listen on {first.address}: Address already in use" in second.log_tail(80)
+    for _ in range(5):  # each a new connection: every one reaches the first coordinator
+        with QueueClient(first.address) as client:
+            assert [info.name for info in client.queues()] == [q]
