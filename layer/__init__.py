@@ -4,9 +4,17 @@ Consumers use ``QueueClient`` (blocking) or ``AsyncQueueClient`` (asyncio) again
 coordinator (``qlayer coordinator --config FILE``).
 """
 
+import os
 from typing import TYPE_CHECKING
 
 from layer._lazy import lazy_exports
+
+# grpc core's own fork handlers are on by default while its Python side is not: a fork made
+# while a gRPC call runs in another thread (a subprocess with preexec_fn, as pyspark launches
+# its JVM) then aborts the child now and then (8-11 children in 300 here), and the launch
+# fails. Off, a child that execs at once is safe. grpc reads this when it is imported: from
+# here it is set before any qlayer module imports grpc. A caller's own setting is kept.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 if TYPE_CHECKING:
     from layer.client import AsyncQueueClient, QueueClient

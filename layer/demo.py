@@ -312,7 +312,8 @@ def _spark_view(
         producer.produce("orders", key=str(i).encode(), value=json.dumps(order).encode())
     producer.flush(10)
     # Spark's JVM is launched (a fork) before this process opens a streaming gRPC call: launched
-    # while the holder's stream was busy, the launcher once exited at once, twice in a row.
+    # while the holder's stream was busy, the launcher once exited at once, twice in a row
+    # (grpc core's fork handlers aborting the child: layer/__init__.py now turns them off).
     problem = _spark_missing()
     view_started = time.monotonic()
     spark = _spark_session(workdir / "spark.log") if problem is None else None
