@@ -504,8 +504,7 @@ class Coordinator:
         self, queue: str, filter: str | None = None, limit: int | None = None
     ) -> list[DeliveredMessage]:
         self._check_alive()
-        if limit is not None and limit < 0:
-            raise InvalidRequest(f"limit must be >= 0, got {limit}")
+        _check_limit(limit)
         if shards := self._shards(queue):
             return await browse_shards(
                 shards, lambda shard: self.browse(shard, filter, limit), limit
@@ -574,18 +573,10 @@ class Coordinator:
             target = q.publish_target
         except ConfigError as exc:
             raise InvalidRequest(str(exc)) from None
-        expression = compile_expression(filter) if filter is not None else None
-        if expression is not None and expression.uses_document and rt.exprs.reader is None:
-            raise InvalidRequest(
-                f"queue {queue!r} holds {q.message_type} messages: no filter on fields"
-            )
-        if limit is not None and limit < 0:
-            raise InvalidRequest(f"limit must be >= 0, got {limit}")
+        matches = _letter_filter(rt, filter)
+        _check_limit(limit)
         if not self._watch.reachable:
             raise self._watch.unreachable_error(f"redrive of queue {queue!r}")
-        matches = None
-        if expression is not None:
-            matches = partial(_matches, expression, rt.exprs.reader)
         async with self._redrive_lock:
             settings = consumer_settings(self._base_settings, self._profile)
             letters = await asyncio.to_thread(
@@ -631,24 +622,18 @@ class Coordinator:
         topic = rt.config.dead_letter_topic
         if topic is None:
             raise InvalidRequest(f"queue {queue!r} has no dead_letter_topic")
-        expression = compile_expression(filter) if filter is not None else None
-        if expression is not None and expression.uses_document and rt.exprs.reader is None:
-            raise InvalidRequest(
-                f"queue {queue!r} holds {rt.config.message_type} messages: no filter on fields"
-            )
-        if limit is not None and limit < 0:
-            raise InvalidRequest(f"limit must be >= 0, got {limit}")
+        matches = _letter_filter(rt, filter)
+        _check_limit(limit)
         if not self._watch.reachable:
             raise self._watch.unreachable_error(f"reading the dead letters of queue {queue!r}")
         settings = consumer_settings(self._base_settings, self._profile)
         letters = await asyncio.to_thread(read_dead_letters, settings, topic, queue)
         redriven = {bm for bm, _ in self._store.entries(queue + REDRIVE_SUFFIX)}
         out: list[DeadLetter] = []
-        reader = rt.exprs.reader
         for where, env in letters:
             if limit is not None and len(out) >= limit:
                 break
-            if expression is not None and not _matches(expression, reader, env):
+            if matches is not None and not matches(env):
                 continue
             out.append(
                 DeadLetter(
@@ -1239,6 +1224,26 @@ class Coordinator:
         for reader in readers:
             await asyncio.to_thread(reader.stop)
         log.info("queue=%s removed; its state is kept", rt.name, extra={"queue": rt.name})
+
+
+def _check_limit(limit: int | None) -> None:
+    if limit is not None and limit < 0:
+        raise InvalidRequest(f"limit must be >= 0, got {limit}")
+
+
+def _letter_filter(
+    rt: QueueRuntime, filter: str | None
+) -> Callable[[Mapping[str, Any]], bool] | None:
+    """``filter`` (None: all) compiled to a test of a dead letter of ``rt``'s queue (redrive,
+    dead_letters); a filter on fields of a queue whose messages have none is refused."""
+    if filter is None:
+        return None
+    expression = compile_expression(filter)
+    if expression.uses_document and rt.exprs.reader is None:
+        raise InvalidRequest(
+            f"queue {rt.config.name!r} holds {rt.config.message_type} messages: no filter on fields"
+        )
+    return partial(_matches, expression, rt.exprs.reader)
 
 
 def _matches(
