@@ -11,6 +11,9 @@ as to a real network fault:
   peer that stopped answering); new connections are accepted and stall too.
 - ``refuse()``: new connections are reset as soon as they are accepted; open ones carry on.
 - ``heal()``: forward again (stalled bytes flow on) and accept new connections.
+- ``hold(pids)``: the connections of these client processes (new ones too) stay stalled after
+  ``heal()``, until ``release()``: a partition between one client and the target, the others
+  through.
 
 Threads: one accepting, two per connection (one each way). Everything is closed by ``close()``.
 """
@@ -22,7 +25,11 @@ import logging
 import socket
 import struct
 import threading
+import time
+from collections.abc import Iterable
 from types import TracebackType
+
+import psutil
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +47,14 @@ def _reset(sock: socket.socket) -> None:
 class _Link:
     """One proxied connection: the client's socket and the target's."""
 
-    def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
+    def __init__(
+        self, client: socket.socket, upstream: socket.socket, peer: tuple[str, int]
+    ) -> None:
         self.client = client
         self.upstream = upstream
+        self.peer = peer  # the client's end of the connection
+        self.pid: int | None = None  # the client's process, once asked (``TcpProxy.hold``)
+        self.asked = False
         self.closed = threading.Event()
         self._lock = threading.Lock()
 
@@ -75,6 +87,7 @@ class TcpProxy:
         self._flowing = threading.Event()
         self._flowing.set()
         self._refusing = False
+        self._held: frozenset[int] = frozenset()
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._links: set[_Link] = set()
@@ -115,6 +128,14 @@ class TcpProxy:
         self._refusing = True
         log.info("proxy port=%d refusing new connections", self.port)
 
+    def hold(self, pids: Iterable[int]) -> None:
+        self._held = frozenset(pids)
+        log.info("proxy port=%d holding the connections of pids %s", self.port, sorted(pids))
+
+    def release(self) -> None:
+        self._held = frozenset()
+        log.info("proxy port=%d released its held connections", self.port)
+
     def heal(self) -> None:
         self._refusing = False
         self._flowing.set()
@@ -146,7 +167,7 @@ class TcpProxy:
     def _accept(self) -> None:
         while not self._closed.is_set():
             try:
-                client, _addr = self._listener.accept()
+                client, addr = self._listener.accept()
             except TimeoutError:
                 continue
             except OSError:
@@ -163,7 +184,7 @@ class TcpProxy:
                 continue
             client.settimeout(None)
             upstream.settimeout(None)
-            link = _Link(client, upstream)
+            link = _Link(client, upstream, addr)
             with self._lock:
                 self._links.add(link)
             self.accepted += 1
@@ -172,6 +193,21 @@ class TcpProxy:
                     target=self._pump, args=(link, src, dst), name="proxy-pump", daemon=True
                 ).start()
 
+    def _flows(self, link: _Link) -> bool:
+        """Whether ``link`` may forward now (else it waits a little first)."""
+        if not self._flowing.wait(0.05):
+            return False
+        held = self._held
+        if not held:
+            return True
+        if not link.asked:
+            link.pid = _pid_of(link.peer, self.port)
+            link.asked = True
+        if link.pid in held:
+            time.sleep(0.05)
+            return False
+        return True
+
     def _pump(self, link: _Link, src: socket.socket, dst: socket.socket) -> None:
         try:
             while not link.closed.is_set():
@@ -179,7 +215,7 @@ class TcpProxy:
                 if not data:
                     break
                 # stalled: hold the bytes (and, through TCP's window, the sender) until healed
-                while not self._flowing.wait(0.05):
+                while not self._flows(link):
                     if link.closed.is_set():
                         return
                 if link.closed.is_set():
@@ -191,3 +227,11 @@ class TcpProxy:
             with self._lock:
                 self._links.discard(link)
             link.close()
+
+
+def _pid_of(peer: tuple[str, int], port: int) -> int | None:
+    """The process whose socket is the client end ``peer`` of a connection to ``port``."""
+    for conn in psutil.net_connections("tcp"):
+        if conn.laddr and conn.raddr and tuple(conn.laddr) == peer and conn.raddr.port == port:
+            return conn.pid
+    return None

@@ -36,6 +36,7 @@ from layer.config.model import CoordinatorConfig
 from layer.coordinator.cluster_queues import ClusterQueues
 from layer.coordinator.evict import Evictions, Remover, refuses
 from layer.coordinator.membership import (
+    HANDOVER_WAIT_S,
     Member,
     Membership,
     handed_over,
@@ -404,19 +405,37 @@ class Seat:
         claimed = time.monotonic()
         # transactional id -> the offset of the latest unreleased claim of it taken over
         fence: dict[str, int] = {}
-        handed: list[int] = []  # released by an owner stopping gracefully after the claim
+        handed: list[int] = []  # released by their last owner after the claim
+        lately: bool | None = None  # whether Kafka was away lately: asked once, if needed
+        unreleased: set[str] = set()  # owners waited for in vain: not waited for again
         for p in partitions:
             before = membership.map.taken_from.get(p)
             if before is None or before.released or before.member == me.id:
                 continue
             at = membership.map.taken_from_offset.get(p)
-            # an owner stopping gracefully leaves the group before its handover ends
-            # (``Membership._give_up``): wait for its release rather than fence it
-            if before.member in membership.map.leaving and await handed_over(
-                membership.map, p, before, at, refuses
-            ):
-                handed.append(p)
-                continue
+            # An owner stopping gracefully leaves the group before its handover ends
+            # (``Membership._give_up``): wait for its release rather than fence it. So for a
+            # member that lost its partitions in an outage (every member's session ran out):
+            # back too, it releases them once their last changes are durable (``revoked``),
+            # and fenced instead it would stop, its one writer serving all its queues.
+            within = HANDOVER_WAIT_S
+            waits = before.member in membership.map.leaving
+            if not waits and before.member in membership.map.members:
+                if lately is None:
+                    lately = await asyncio.to_thread(self._host.outage_lately)
+                waits, within = lately, RELEASE_LOST_S
+            if waits and before.member not in unreleased:
+                log.info(
+                    "cluster: waiting up to %.0fs for member %r to release control partition"
+                    " %d before fencing it",
+                    within,
+                    before.member,
+                    p,
+                )
+                if await handed_over(membership.map, p, before, at, refuses, within):
+                    handed.append(p)
+                    continue
+                unreleased.add(before.member)
             fence[before.transactional_id] = max(
                 fence.get(before.transactional_id, -1), _UNKNOWN if at is None else at
             )
@@ -453,8 +472,9 @@ class Seat:
         changes durable, leases returned) and say so in the members topic, so the next owner
         need not fence this member. Lost ones too (``graceful`` False: the session ran out,
         e.g. in a Kafka outage that evicted every member): once their last changes are
-        durable this member commits nothing more for them, which is what a release says; were
-        it fenced first (its successor did not wait), the commit fails and it exits. Without a
+        durable this member commits nothing more for them, which is what a release says (its
+        successor, when Kafka was away lately, waits ``RELEASE_LOST_S`` for it before it fences
+        this member); were it fenced first, the commit fails and it exits. Without a
         release, the members that rejoin after an outage would fence each other (each member
         has one writer for all its queues) and all exit. A release written after another
         member's claim is ignored (``ClusterMap``). Lost while Kafka stayed reachable (no
@@ -521,16 +541,17 @@ class Seat:
             await self._host.apply_definitions("moved to another member of the cluster")
         if not self._host.failed():
             me = membership.member
-            # handed over: each partition this member claimed, even when its successor has
-            # claimed it since (a graceful stop leaves the group before its handover ends,
-            # and the successor waits for this release, ``Membership.handed_over``)
+            # each partition this member claimed, even when its successor has claimed it
+            # since: a graceful stop leaves the group before its handover ends, and a member
+            # that lost its partitions in an outage may release them after the successor's
+            # claim; the successor waits for this release (``Seat.assigned``, ``handed_over``)
             mine = [
                 p
                 for p in sorted(partitions)
                 if (o := membership.map.owners.get(p)) is not None
                 and (
                     (o.member == me.id and not o.released)
-                    or (graceful and o.member != me.id and p in self._claimed)
+                    or (o.member != me.id and p in self._claimed)
                 )
             ]
             if mine:

@@ -256,3 +256,79 @@ def _serving(client: QueueClient, queues: list[str]) -> bool:
     except Exception:
         return False
     return True
+
+
+def test_a_member_back_after_its_successor_is_waited_for_not_fenced(
+    tmp_path: Path, broker: Tansu
+) -> None:
+    # Both members' connections to Kafka stall past their sessions; the first gets through
+    # again before the other, is given the other's control partitions and claims them. The
+    # other, back later, releases them once the last changes of their queues are durable: the
+    # successor waits for that release rather than fence it (one writer serves all a member's
+    # queues: fenced, it would stop). Seen in a full run with the broker paused 130 s.
+    suffix = uuid.uuid4().hex[:8]
+    cluster, topic = f"cluster-{suffix}", f"late-{suffix}"
+    queues = [f"q{i}-{suffix}" for i in range(4)]
+    tables = [{"name": q, "underlying_topic": topic, "lease_period": f"{LEASE:g}s"} for q in queues]
+    members = []
+    for n in range(2):
+        home = tmp_path / f"member-{n}"
+        home.mkdir()
+        cfg = write_config(
+            home / "qlayer.toml",
+            broker.bootstrap,
+            tables if n == 0 else [],
+            coordinator={"id": f"m{n}-{suffix}", "cluster": cluster},
+        )
+        proc = CoordinatorProcess(cfg, home / "state", home / "coordinator.log")
+        proc.start()
+        members.append(proc)
+    first, late = members
+    assert late.proc is not None
+
+    def said(member: CoordinatorProcess, text: str) -> int:
+        return member.log_path.read_text(errors="replace").count(text)
+
+    try:
+        wait_until(  # the late one claimed control partitions of its own
+            lambda: said(late, "cluster: serving control partitions") >= 1,
+            timeout=60,
+            message=lambda: f"the second member serves nothing:\n{late.log_tail()}",
+        )
+        broker.proxy.stall()
+        wait_until(
+            lambda: all(said(m, "] lost") >= 1 for m in members),
+            timeout=60,
+            message=lambda: "\n".join(m.log_tail(20) for m in members),
+        )
+        assigned = said(first, "control partitions assigned")
+        broker.proxy.hold([late.proc.pid])
+        broker.proxy.heal()
+        # the first one back is given the late one's partitions and claims them
+        wait_until(
+            lambda: (
+                said(first, "control partitions assigned") > assigned
+                and (said(first, "to release control partition") or said(first, "fencing the last"))
+            ),
+            timeout=60,
+            message=lambda: f"the first member took nothing over:\n{first.log_tail(30)}",
+        )
+        broker.proxy.release()
+        wait_until(
+            lambda: said(late, "released (lost by this member)") >= 1 or not late.running,
+            timeout=60,
+            message=lambda: f"the late member released nothing:\n{late.log_tail(30)}",
+        )
+        with QueueClient(",".join(str(m.address) for m in members), timeout=30) as client:
+            wait_until(
+                lambda: _serving(client, queues) or not late.running,
+                timeout=120,
+                message=lambda: "\n".join(m.log_tail(30) for m in members),
+            )
+        for m in members:
+            assert m.running, f"a member exited:\n{m.log_tail()}"
+        assert said(first, "fencing the last owner") == 0, first.log_tail(40)
+    finally:
+        broker.proxy.release()
+        for m in members:
+            m.stop()
