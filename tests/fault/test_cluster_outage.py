@@ -296,8 +296,8 @@ def test_a_member_back_after_its_successor_is_waited_for_not_fenced(
             message=lambda: f"the second member serves nothing:\n{late.log_tail()}",
         )
         broker.proxy.stall()
-        wait_until(
-            lambda: all(said(m, "] lost") >= 1 for m in members),
+        wait_until(  # each saw its session lost, and Kafka away (an outage: not a stop)
+            lambda: all(said(m, "] lost") and said(m, "Kafka is unreachable") for m in members),
             timeout=60,
             message=lambda: "\n".join(m.log_tail(20) for m in members),
         )
