@@ -26,7 +26,7 @@ test-fast: $(STAMP)
 # The long profile of the fault history run (minutes, not seconds).
 .PHONY: soak
 soak: $(STAMP)
-	QLAYER_SOAK=1 $(BIN)/python -m pytest tests/fault/test_history.py tests/fault/test_cluster_history.py tests/fault/test_view_soak.py -q -p no:cacheprovider -s
+	QLAYER_SOAK=1 $(BIN)/python -m pytest tests/fault/test_history.py tests/fault/test_cluster_history.py tests/fault/test_view_soak.py tests/fault/test_cluster_outage.py -q -p no:cacheprovider -s
 
 # the whole benchmark (11-18 min; BENCH_ARGS=--quick: a few minutes); needs RabbitMQ, NATS, Redis up
 bench: $(STAMP)

@@ -10,6 +10,7 @@ The cluster has a Tansu broker of its own (pausing it must not disturb other tes
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -31,11 +32,15 @@ from tests.helpers import wait_until
 pytestmark = pytest.mark.fault
 
 LEASE = 4.0
+SOAK = os.environ.get("QLAYER_SOAK") == "1"
 # the session is 2 s on Tansu: every member is evicted meanwhile. Past 60 s (the changelog's
 # transaction timeout) a round's writer may fail too (on Tansu the commit waited out 75 and
 # 130 s pauses instead, measured): a member replaces it once no other member claimed its
-# queues (tests/unit/test_outage.py)
-PAUSES = [12.0, 130.0]
+# queues (tests/unit/test_outage.py). The 130 s pause runs in ``make soak`` only: where the
+# writer is replaced, a read_committed restore of its changelog once got neither records nor
+# the end of the partition for 30 s, as if Tansu had left the failed writer's transaction
+# open for good (seen once, 2026-12-07; the cause is not proven: see README, Kafka outages)
+PAUSES = [12.0, 130.0] if SOAK else [12.0]
 RATE = 40  # messages published a second
 BATCH = 10  # a consumer's backlog, and the acks it waits for at once
 
