@@ -279,3 +279,24 @@ def serving(client: Any, queues: Iterable[str]) -> bool:
     except NotOwner:
         return False
     return True
+
+
+def start_cluster_members(
+    tmp_path: Path, bootstrap: str, cluster: str, tables: list[dict[str, str]]
+) -> list[CoordinatorProcess]:
+    """Two members of ``cluster`` started one after the other, the first with the queues'
+    ``tables`` in its configuration (the cluster shares them), the second with none."""
+    members = []
+    for n in range(2):
+        home = tmp_path / f"member-{n}"
+        home.mkdir()
+        cfg = write_config(
+            home / "qlayer.toml",
+            bootstrap,
+            tables if n == 0 else [],
+            coordinator={"id": f"m{n}-{cluster}", "cluster": cluster},
+        )
+        proc = CoordinatorProcess(cfg, home / "state", home / "coordinator.log")
+        proc.start()
+        members.append(proc)
+    return members

@@ -26,7 +26,7 @@ from layer.client import QueueClient
 from layer.coordinator.membership import partition_of
 from tests.fault.proxied_broker import Tansu
 from tests.fault.test_broker_outage import _read_topic
-from tests.harness import CoordinatorProcess, write_config
+from tests.harness import CoordinatorProcess, start_cluster_members
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.fault
@@ -149,19 +149,7 @@ def test_a_cluster_rides_out_a_broker_paused_past_its_session(
             queues.append(name)
         i += 1
     tables = [{"name": q, "underlying_topic": topic, "lease_period": f"{LEASE:g}s"} for q in queues]
-    members = []
-    for n in range(2):
-        home = tmp_path / f"member-{n}"
-        home.mkdir()
-        cfg = write_config(
-            home / "qlayer.toml",
-            broker.bootstrap,
-            tables if n == 0 else [],
-            coordinator={"id": f"m{n}-{suffix}", "cluster": cluster},
-        )
-        proc = CoordinatorProcess(cfg, home / "state", home / "coordinator.log")
-        proc.start()
-        members.append(proc)
+    members = start_cluster_members(tmp_path, broker.bootstrap, cluster, tables)
     target = ",".join(str(m.address) for m in members)
     publisher = Publisher(broker.bootstrap, topic)
     consumers = [Consumer(target, q) for q in queues]
@@ -275,19 +263,7 @@ def test_a_member_back_after_its_successor_is_waited_for_not_fenced(
     cluster, topic = f"cluster-{suffix}", f"late-{suffix}"
     queues = [f"q{i}-{suffix}" for i in range(4)]
     tables = [{"name": q, "underlying_topic": topic, "lease_period": f"{LEASE:g}s"} for q in queues]
-    members = []
-    for n in range(2):
-        home = tmp_path / f"member-{n}"
-        home.mkdir()
-        cfg = write_config(
-            home / "qlayer.toml",
-            broker.bootstrap,
-            tables if n == 0 else [],
-            coordinator={"id": f"m{n}-{suffix}", "cluster": cluster},
-        )
-        proc = CoordinatorProcess(cfg, home / "state", home / "coordinator.log")
-        proc.start()
-        members.append(proc)
+    members = start_cluster_members(tmp_path, broker.bootstrap, cluster, tables)
     first, late = members
     assert late.proc is not None
 

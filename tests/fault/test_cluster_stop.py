@@ -20,7 +20,7 @@ import pytest
 
 from layer.client import QueueClient
 from tests.fault.proxied_broker import Tansu
-from tests.harness import CoordinatorProcess, serving, write_config
+from tests.harness import CoordinatorProcess, serving, start_cluster_members
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.fault
@@ -88,19 +88,9 @@ def test_members_stopped_while_kafka_is_paused_each_exit_in_time(
     a kill: the changelog holds everything it confirmed)."""
     suffix = uuid.uuid4().hex[:8]
     q = f"paused-{suffix}"
-    members = []
-    for n in range(2):
-        home = tmp_path / f"member-{n}"
-        home.mkdir()
-        cfg = write_config(
-            home / "qlayer.toml",
-            paused_broker.bootstrap,
-            [{"name": q, "underlying_topic": q}] if n == 0 else [],
-            coordinator={"id": f"m{n}-{suffix}", "cluster": f"paused-{suffix}"},
-        )
-        proc = CoordinatorProcess(cfg, home / "state", home / "coordinator.log")
-        proc.start()
-        members.append(proc)
+    members = start_cluster_members(
+        tmp_path, paused_broker.bootstrap, f"paused-{suffix}", [{"name": q, "underlying_topic": q}]
+    )
     try:
         with QueueClient([str(m.address) for m in members], timeout=30) as client:
             wait_until(lambda: serving(client, [q]), timeout=60, message="queue not served")
