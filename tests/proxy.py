@@ -130,7 +130,7 @@ class TcpProxy:
 
     def hold(self, pids: Iterable[int]) -> None:
         self._held = frozenset(pids)
-        log.info("proxy port=%d holding the connections of pids %s", self.port, sorted(pids))
+        log.info("proxy port=%d holding the connections of pids %s", self.port, sorted(self._held))
 
     def release(self) -> None:
         self._held = frozenset()
