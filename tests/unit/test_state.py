@@ -500,8 +500,9 @@ _KILLED_WRITER = textwrap.dedent(
     from layer.engine.model import Bookmark, TopicPartition
     from layer.state import EntryState, RocksDBStore, StoreBatch, StoredMessage
 
-    store = RocksDBStore(sys.argv[1])
-    per_batch = int(sys.argv[2])
+    # no flush by time: only the explicit one below, and the ones RocksDB makes when full
+    store = RocksDBStore(sys.argv[1], flush_interval=3600)
+    per_batch, flush_at = int(sys.argv[2]), int(sys.argv[3])
     payload = b"x" * 2000
     i = 0
     while True:
@@ -513,20 +514,49 @@ _KILLED_WRITER = textwrap.dedent(
         batch.put_read_position("q", TopicPartition("t", 0), i + 1)
         batch.set_changelog_offset("cl", 0, i + 1)
         store.write(batch)
+        if i == flush_at:
+            store.flush()
         print(i, flush=True)
         i += 1
     """
 )
 
 
-def test_sigkill_while_writing_loses_no_completed_batch_and_leaves_no_partial_one(
+def _reopened_at_one_whole_write(path: Path, per_batch: int) -> int:
+    """The number of batches the killed writer's store holds, after checking that it holds
+    exactly those: every column family at the same write, none in part."""
+    store = RocksDBStore(path)
+    try:
+        written = store.changelog_offset("cl", 0)
+        assert written is not None
+        assert store.positions("q")[TopicPartition("t", 0)].read_position == written
+        entries = list(store.entries("q"))
+        assert len(entries) == written * per_batch
+        for bm, state in entries:
+            assert state.deliveries == bm.offset // per_batch < written
+        messages = list(store.messages("q"))
+        assert len(messages) == written * per_batch
+        assert all(m.timestamp_ms == bm.offset // per_batch for bm, m in messages)
+        store.wipe_queue("q")
+        empty = StoreBatch()
+        empty.set_changelog_offset("cl", 0, 0)
+        store.write(empty)
+        return written
+    finally:
+        store.close()
+
+
+def test_sigkill_while_writing_reopens_at_one_whole_write_no_earlier_than_the_last_flush(
     rocks_factory: StoreFactory, tmp_path: Path
 ) -> None:
+    """Writes skip the WAL: a killed store reopens at its last flush (or a later one RocksDB
+    made when a memtable filled), every column family at the same write, none in part."""
     path = tmp_path / "state"
     per_batch = 100
     for round_ in range(3):
+        flush_at = 20 + 11 * round_
         child = subprocess.Popen(
-            [sys.executable, "-c", _KILLED_WRITER, str(path), str(per_batch)],
+            [sys.executable, "-c", _KILLED_WRITER, str(path), str(per_batch), str(flush_at)],
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
             stdout=subprocess.PIPE,
@@ -547,24 +577,93 @@ def test_sigkill_while_writing_loses_no_completed_batch_and_leaves_no_partial_on
         assert child.returncode == -signal.SIGKILL
         assert reported >= 40
 
-        store = RocksDBStore(path)
-        try:
-            written = store.changelog_offset("cl", 0)
-            assert written is not None and written >= reported + 1
-            assert store.positions("q")[TopicPartition("t", 0)].read_position == written
-            entries = list(store.entries("q"))
-            assert len(entries) == written * per_batch
-            for bm, state in entries:
-                assert state.deliveries == bm.offset // per_batch < written
-            messages = list(store.messages("q"))
-            assert len(messages) == written * per_batch
-            assert all(m.timestamp_ms == bm.offset // per_batch for bm, m in messages)
-            store.wipe_queue("q")
-            empty = StoreBatch()
-            empty.set_changelog_offset("cl", 0, 0)
-            store.write(empty)
-        finally:
-            store.close()
+        written = _reopened_at_one_whole_write(path, per_batch)
+        assert flush_at + 1 <= written <= reported + 2  # the batch under way may be in
+
+
+_IDLE_WRITER = textwrap.dedent(
+    """
+    import logging
+    import sys
+    from layer.engine.model import Bookmark
+    from layer.state import RocksDBStore, StoreBatch, StoredMessage
+
+    logging.basicConfig(level=logging.DEBUG, stream=sys.stdout, format="%(message)s")
+    store = RocksDBStore(sys.argv[1], flush_interval=0.2)
+    for i in range(5):
+        batch = StoreBatch()
+        batch.put_message("q", Bookmark("t", 0, i), StoredMessage(None, b"m%d" % i, (), i))
+        batch.set_changelog_offset("cl", 0, i + 1)
+        store.write(batch)
+    print("written", flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def test_writes_are_flushed_within_the_interval_and_survive_a_sigkill(tmp_path: Path) -> None:
+    """The flusher thread flushes within ``flush_interval`` of a write: a store killed after
+    it had that long (here: once it logged its flush) reopens with everything."""
+    path = tmp_path / "state"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _IDLE_WRITER, str(path)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        seen: list[str] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (
+            "written" in seen and any(line.startswith("flushed state store") for line in seen)
+        ):
+            line = child.stdout.readline()  # the child logs each write's flush and stays
+            if not line:
+                break
+            if line.startswith("flushed state store") and "written" not in seen:
+                continue  # a flush before the last write: not the one waited for
+            seen.append(line.strip())
+        assert any(line.startswith("flushed state store") for line in seen), seen
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.close()
+        child.stdout.close()
+    assert not (path / "flush.tmp").exists()
+    with RocksDBStore(path) as store:
+        assert store.changelog_offset("cl", 0) == 5
+        got = dict(store.messages("q"))
+        assert [got[Bookmark("t", 0, i)].value for i in range(5)] == [b"m%d" % i for i in range(5)]
+
+
+def test_writes_skip_the_write_ahead_log(tmp_path: Path) -> None:
+    path = tmp_path / "state"
+    with RocksDBStore(path, flush_interval=3600) as store:
+        batch = StoreBatch()
+        batch.put_message("q", Bookmark("t", 0, 0), StoredMessage(None, b"x" * 100_000, (), 0))
+        store.write(batch)
+        logs = list(path.glob("*.log"))
+        assert logs and all(log.stat().st_size == 0 for log in logs)
+        assert store.get_messages("q", [Bookmark("t", 0, 0)])[0] is not None
+
+
+def test_a_closed_store_reopens_with_every_write(tmp_path: Path) -> None:
+    """No WAL, no flush by time (an hour): close flushes what the memtables hold."""
+    path = tmp_path / "state"
+    store = RocksDBStore(path, flush_interval=3600)
+    for i in range(3):
+        batch = StoreBatch()
+        batch.put_message("q", Bookmark("t", 0, i), StoredMessage(None, b"m%d" % i, (), i))
+        batch.set_changelog_offset("cl", 0, i + 1)
+        store.write(batch)
+    store.close()
+    with RocksDBStore(path) as again:
+        assert again.changelog_offset("cl", 0) == 3
+        assert len(list(again.messages("q"))) == 3
 
 
 def test_message_meta_reads_order_fields_without_payloads(store: KeyValueStore) -> None:
