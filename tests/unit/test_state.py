@@ -578,7 +578,8 @@ def test_sigkill_while_writing_reopens_at_one_whole_write_no_earlier_than_the_la
         assert reported >= 40
 
         written = _reopened_at_one_whole_write(path, per_batch)
-        assert flush_at + 1 <= written <= reported + 2  # the batch under way may be in
+        # at least what the explicit flush held (the child may have run ahead of its lines)
+        assert written >= flush_at + 1
 
 
 _IDLE_WRITER = textwrap.dedent(
