@@ -31,6 +31,19 @@ from layer.state.recovery import _Restorer
 
 ROOT = Path(__file__).resolve().parents[2]
 
+
+def _python(script: str, *args: str, stdin: bool = False) -> subprocess.Popen[str]:
+    """A Python process running ``script`` with the repository importable, stdout piped."""
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdin=subprocess.PIPE if stdin else None,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
 StoreFactory = Callable[[], KeyValueStore]
 
 
@@ -431,22 +444,14 @@ def test_discard_of_a_missing_dir_does_nothing_and_a_file_is_refused(tmp_path: P
 def test_discard_refuses_a_state_dir_another_process_has_open(tmp_path: Path) -> None:
     path = tmp_path / "state"
     RocksDBStore(path).close()
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys\n"
-            "from layer.state import RocksDBStore\n"
-            "store = RocksDBStore(sys.argv[1])\n"
-            "print('open', flush=True)\n"
-            "sys.stdin.read()\n",
-            str(path),
-        ],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
+    holder = _python(
+        "import sys\n"
+        "from layer.state import RocksDBStore\n"
+        "store = RocksDBStore(sys.argv[1])\n"
+        "print('open', flush=True)\n"
+        "sys.stdin.read()\n",
+        str(path),
+        stdin=True,
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
@@ -556,13 +561,7 @@ def test_sigkill_while_writing_reopens_at_the_last_flush_every_column_family_ali
     per_batch = 100
     for round_ in range(3):
         flush_at = 20 + 11 * round_
-        child = subprocess.Popen(
-            [sys.executable, "-c", _KILLED_WRITER, str(path), str(per_batch), str(flush_at)],
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        child = _python(_KILLED_WRITER, str(path), str(per_batch), str(flush_at))
         assert child.stdout is not None
         reported = -1
         deadline = time.monotonic() + 60
@@ -607,14 +606,7 @@ def test_writes_are_flushed_within_the_interval_and_survive_a_sigkill(tmp_path: 
     """The flusher thread flushes within ``flush_interval`` of a write: a store killed after
     it had that long (here: once it logged its flush) reopens with everything."""
     path = tmp_path / "state"
-    child = subprocess.Popen(
-        [sys.executable, "-c", _IDLE_WRITER, str(path)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    child = _python(_IDLE_WRITER, str(path), stdin=True)
     try:
         assert child.stdout is not None
         seen: list[str] = []
