@@ -307,9 +307,18 @@ class ClusterRun(Run):
         if code == 0:
             return
         since_start = m.proc.log_path.read_text(errors="replace").rsplit("--- start ", 1)[-1]
+        # what may have stopped it before the signal (-15: the signal came after its stop had
+        # ended, so something else had begun it): its warnings and errors since it started
+        notable = [
+            line
+            for line in since_start.splitlines()
+            if any(f" {level} " in line for level in ("WARNING", "ERROR", "CRITICAL"))
+        ]
         assert any(said in since_start for said in SELF_STOPS), (
             f"member {m.slot} exited {code} on SIGTERM; where its stop waited:\n"
-            f"{m.proc.stop_report()}\nits log's end:\n{m.proc.log_tail(15)}"
+            f"{m.proc.stop_report()}\nits warnings and errors since its start (the last 25):\n"
+            + "\n".join(notable[-25:])
+            + f"\nits log's end:\n{m.proc.log_tail(15)}"
         )
         self.self_exits.append(f"member {m.slot} (epoch {m.epoch})")
 
