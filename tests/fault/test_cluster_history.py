@@ -61,10 +61,12 @@ pytestmark = pytest.mark.fault
 
 MEMBERS = 3
 #: what a member logs when it stops on its own after losing its session: its revocation found
-#: that another member claimed its partitions (``layer.coordinator.seat.Seat.revoked``), or,
-#: woken from a stop before the group told it, its next commit found its changelog writer fenced
-#: by that member (``layer.state.changelog.DurableChangelog``)
-SELF_STOPS = ("lost (session timed out)", "was fenced by another member of the cluster")
+#: that another member claimed its partitions (``layer.coordinator.seat.Seat.revoked``), or its
+#: changelog writer is gone (``layer.state.changelog.DurableChangelog._dead``, every cause
+#: alike): fenced by the member that took its queues over (woken from a stop before the group
+#: told it), or failed where a cluster member does not replace it, or replaced and found its
+#: queues taken
+SELF_STOPS = ("lost (session timed out)", "nothing more is committed here")
 
 
 @dataclass(frozen=True)
