@@ -3,8 +3,8 @@
 Durability: every ``write`` is one RocksDB ``WriteBatch``, so no reader ever sees part of one.
 With ``sync=False`` (the default) writes skip RocksDB's write-ahead log, as Kafka Streams' state
 stores do: the changelog in Kafka is the source of truth, and the state directory is its cache.
-The column families are flushed together (``atomic_flush``), when a memtable fills, at least
-every ``flush_interval`` seconds after a write (``flush``), and on close, so a process killed at
+The column families are flushed together (``atomic_flush``), when a memtable fills, within
+``flush_interval`` seconds of a write (``flush``), and on close, so a process killed at
 any moment reopens at the end of one complete write, the last flushed: never with part of a
 write, never with one column family ahead of another. A restart then reads what came after
 from Kafka, as it does for a directory that is behind for any other reason (the changelog's
@@ -285,7 +285,7 @@ class RocksDBStore(KeyValueStore):
     def _close(self) -> None:
         self._stop.set()
         self._wake.set()
-        if self._flusher is not None and self._flusher is not threading.current_thread():
+        if self._flusher is not None:
             self._flusher.join()
         with self._flush_lock:
             if self._written and not self._write_opts.sync:
