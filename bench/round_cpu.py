@@ -62,6 +62,12 @@ class _Changelog:
         fut.set_result(offsets)
         return fut
 
+    def begin(self, records: Sequence[ChangelogRecord]) -> None:
+        pass
+
+    def abandon(self) -> None:
+        pass
+
 
 class _Sink:
     """Keeps the bookmarks handed out, to ack them; reads a DeliveryBatch's column as the

@@ -6,13 +6,16 @@ serving."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
 from layer.state.changelog import ChangelogRecord, ExtraRecord
 
 __all__ = ["BlockingChangelog", "Changelog", "CommitPool", "Offsets"]
+
+log = logging.getLogger(__name__)
 
 #: the last offset written, per changelog (topic, partition)
 Offsets = dict[tuple[str, int], int]
@@ -31,6 +34,15 @@ class Changelog(Protocol):
         order they were begun. The awaitable gives the last offset per changelog partition."""
         ...
 
+    def begin(self, records: Sequence[ChangelogRecord]) -> None:
+        """Begin the next commit's transaction now, with ``records`` (already durable, written
+        again), so its partitions join it while the round decides; nothing to wait for."""
+        ...
+
+    def abandon(self) -> None:
+        """The round ``begin`` was for commits nothing: its transaction is aborted."""
+        ...
+
 
 class BlockingChangelog(Protocol):
     def commit(
@@ -39,6 +51,10 @@ class BlockingChangelog(Protocol):
         extra: Sequence[ExtraRecord] = (),
         bulk: Sequence[ExtraRecord] = (),
     ) -> Offsets: ...
+
+    def begin(self, records: Sequence[ChangelogRecord]) -> None: ...
+
+    def abandon(self) -> None: ...
 
 
 class CommitPool:
@@ -58,5 +74,19 @@ class CommitPool:
         loop = asyncio.get_running_loop()
         return loop.run_in_executor(self._pool, self._changelog.commit, records, extra, views)
 
+    def begin(self, records: Sequence[ChangelogRecord]) -> None:
+        # on the commit thread, before the commit asked for next: never waited for
+        self._pool.submit(self._changelog.begin, records).add_done_callback(_log_error)
+
+    def abandon(self) -> None:
+        self._pool.submit(self._changelog.abandon).add_done_callback(_log_error)
+
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+def _log_error(done: Future[None]) -> None:
+    """A ``begin`` or ``abandon`` that raised (they handle Kafka's errors themselves)."""
+    exc = None if done.cancelled() else done.exception()
+    if exc is not None:
+        log.error("changelog transaction step failed: %r", exc, exc_info=exc)

@@ -10,7 +10,9 @@ A round (``Round``), in this order:
    changelog record and is mirrored into one store batch; a message that left without an ack
    gets its dead letter; each delivery gets its payload.
 3. commit: the changelog records, the dead letters, routed copies and view rounds, in one Kafka
-   transaction, done again until it is durable, however long Kafka is away.
+   transaction, done again until it is durable, however long Kafka is away. After a round
+   that committed, the next round's transaction is begun at once (``Rounds._begin``), so its
+   changelog partitions have joined it by the time it commits.
 4. apply: the store batch, with the changelog offsets it reaches, in one write.
 5. hand out: the deliveries go to their subscriptions; whoever waited on this commit (an ack,
    ``RoundSignal.next_commit``) is answered.
@@ -476,6 +478,7 @@ class Rounds:
         # waits for (``_wait_for_room``), and until when at most
         self._full: list[tuple[QueueRuntime, int]] = []
         self._full_until = 0.0
+        self._begun = False  # the next round's transaction begun (``_begin``)
         self.count = 0  # rounds completed
         self.failed: BaseException | None = None
         self._fatal: BaseException | None = None  # set by fail()
@@ -555,6 +558,24 @@ class Rounds:
                 return True
         return False
 
+    def _begin(self, runtimes: Sequence[QueueRuntime], committed_to: set[str]) -> bool:
+        """After a round that committed (the next one likely commits too), begin the next
+        round's transaction at once, with each queue's last counters record written again
+        (durable now) to each changelog topic this round wrote to: those partitions join the
+        transaction while the acks come and the next round decides, instead of during its
+        commit (``ChangelogWriter.begin``). A round that then commits nothing abandons it, so
+        it stays open at most until the next round (the loop goes round every 50 ms); a
+        stop's close of the writer aborts it. True when begun."""
+        openers = [
+            record
+            for rt in runtimes
+            if rt.changelog_topic in committed_to and (record := rt.counters.opener()) is not None
+        ]
+        if not openers:
+            return False
+        self._changelog.begin(openers)
+        return True
+
     async def one(self) -> None:
         """One round, its steps in order."""
         began = time.monotonic()
@@ -598,6 +619,11 @@ class Rounds:
         r.time_stages()
         r.hand_out()
         self._signal.answer()
+        if committing:
+            self._begun = self._begin(runtimes, {topic for topic, _key, _value in r.records})
+        elif self._begun:
+            self._changelog.abandon()
+            self._begun = False
         if full:
             # the room there now (acks of earlier rounds' deliveries that came during the
             # commit) and the room of this round's deliveries: waiting only for room as large

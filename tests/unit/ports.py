@@ -31,15 +31,17 @@ TP = TopicPartition(TOPIC, 0)
 
 @dataclass
 class Transaction:
-    records: list[ChangelogRecord]
+    records: list[ChangelogRecord]  # as Kafka holds them: ``begun`` of them first
     extra: list[ExtraRecord]
     views: list[ExtraRecord]
+    begun: int = 0  # records ``begin`` began it with (written again: already durable)
 
-    def changes(self) -> list[tuple[ChangelogKey, dict[str, Any] | None]]:
+    def changes(self, own: bool = False) -> list[tuple[ChangelogKey, dict[str, Any] | None]]:
         """The changes, one per message (a run record gives one per message of its run);
-        snapshots and their confirmations are left out (``snapshot_records``)."""
+        snapshots and their confirmations are left out (``snapshot_records``). ``own``: the
+        commit's own, without those the transaction was begun with."""
         out = []
-        for _topic, key, value in self.records:
+        for _topic, key, value in self.records[self.begun if own else 0 :]:
             ck, decoded = decode_change(key, value) if decode_key(key).offset >= -1 else (None, 0)
             if ck is None:
                 continue
@@ -59,9 +61,14 @@ class Transaction:
 class MemoryChangelog:
     """The ``Changelog`` port: each commit is a transaction appended to ``transactions``, its
     records numbered per topic as Kafka would. ``fail`` makes the next commits raise it;
-    ``during`` runs while a commit is under way (a clock moving on, say)."""
+    ``during`` runs while a commit is under way (a clock moving on, say). A transaction
+    ``begin`` began holds its records ahead of the commit's; ``abandon`` drops them (counted in
+    ``abandoned``)."""
 
     def __init__(self) -> None:
+        self.begun: list[ChangelogRecord] | None = None
+        self.begins: list[list[ChangelogRecord]] = []  # what each begin was given
+        self.abandoned = 0
         self.transactions: list[Transaction] = []
         self.fail: BaseException | None = None
         self.during: Callable[[], None] | None = None
@@ -76,16 +83,28 @@ class MemoryChangelog:
         fut: asyncio.Future[Offsets] = asyncio.get_running_loop().create_future()
         if self.during is not None:
             self.during()
+        begun, self.begun = self.begun or [], None
         if self.fail is not None:
             fut.set_exception(self.fail)
             return fut
-        self.transactions.append(Transaction(list(records), list(extra), list(views)))
+        records = [*begun, *records]
+        self.transactions.append(Transaction(records, list(extra), list(views), len(begun)))
         offsets: Offsets = {}
         for topic, _key, _value in records:
             offsets[(topic, 0)] = self._next[topic]
             self._next[topic] += 1
         fut.set_result(offsets)
         return fut
+
+    def begin(self, records: Sequence[ChangelogRecord]) -> None:
+        assert self.begun is None, "a transaction begun twice"
+        self.begun = list(records)
+        self.begins.append(list(records))
+
+    def abandon(self) -> None:
+        assert self.begun is not None, "abandoned a transaction never begun"
+        self.begun = None
+        self.abandoned += 1
 
 
 @dataclass
