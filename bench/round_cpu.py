@@ -51,6 +51,7 @@ class _Changelog:
         records: Sequence[ChangelogRecord],
         extra: Sequence[ExtraRecord] = (),
         views: Sequence[ExtraRecord] = (),
+        begin_next: Sequence[ChangelogRecord] = (),
     ) -> asyncio.Future[Offsets]:
         fut: asyncio.Future[Offsets] = asyncio.get_running_loop().create_future()
         offsets: Offsets = {}
@@ -61,9 +62,6 @@ class _Changelog:
         self.records += len(records)
         fut.set_result(offsets)
         return fut
-
-    def begin(self, records: Sequence[ChangelogRecord]) -> None:
-        pass
 
     def abandon(self) -> None:
         pass

@@ -29,18 +29,17 @@ class Changelog(Protocol):
         records: Sequence[ChangelogRecord],
         extra: Sequence[ExtraRecord] = (),
         views: Sequence[ExtraRecord] = (),
+        begin_next: Sequence[ChangelogRecord] = (),
     ) -> Awaitable[Offsets]:
         """Begin committing these records in one transaction, at once; commits complete in the
-        order they were begun. The awaitable gives the last offset per changelog partition."""
-        ...
-
-    def begin(self, records: Sequence[ChangelogRecord]) -> None:
-        """Begin the next commit's transaction now, with ``records`` (already durable, written
-        again), so its partitions join it while the round decides; nothing to wait for."""
+        order they were begun. The awaitable gives the last offset per changelog partition.
+        ``begin_next``: once committed, the next commit's transaction is begun with these
+        records (durable by then: written again), so their partitions join it before it
+        commits."""
         ...
 
     def abandon(self) -> None:
-        """The round ``begin`` was for commits nothing: its transaction is aborted."""
+        """The commit ``begin_next`` began a transaction for never comes: it is aborted."""
         ...
 
 
@@ -50,9 +49,8 @@ class BlockingChangelog(Protocol):
         records: Sequence[ChangelogRecord],
         extra: Sequence[ExtraRecord] = (),
         bulk: Sequence[ExtraRecord] = (),
+        begin_next: Sequence[ChangelogRecord] = (),
     ) -> Offsets: ...
-
-    def begin(self, records: Sequence[ChangelogRecord]) -> None: ...
 
     def abandon(self) -> None: ...
 
@@ -70,15 +68,14 @@ class CommitPool:
         records: Sequence[ChangelogRecord],
         extra: Sequence[ExtraRecord] = (),
         views: Sequence[ExtraRecord] = (),
+        begin_next: Sequence[ChangelogRecord] = (),
     ) -> asyncio.Future[Offsets]:
         loop = asyncio.get_running_loop()
-        return loop.run_in_executor(self._pool, self._changelog.commit, records, extra, views)
-
-    def begin(self, records: Sequence[ChangelogRecord]) -> None:
-        # on the commit thread, before the commit asked for next: never waited for
-        self._pool.submit(self._changelog.begin, records).add_done_callback(_log_error)
+        commit = self._changelog.commit
+        return loop.run_in_executor(self._pool, commit, records, extra, views, begin_next)
 
     def abandon(self) -> None:
+        # on the commit thread, before the next commit: never waited for
         self._pool.submit(self._changelog.abandon).add_done_callback(_log_error)
 
     def shutdown(self) -> None:
@@ -86,7 +83,7 @@ class CommitPool:
 
 
 def _log_error(done: Future[None]) -> None:
-    """A ``begin`` or ``abandon`` that raised (they handle Kafka's errors themselves)."""
+    """An ``abandon`` that raised (it handles Kafka's errors itself)."""
     exc = None if done.cancelled() else done.exception()
     if exc is not None:
         log.error("changelog transaction step failed: %r", exc, exc_info=exc)

@@ -61,9 +61,9 @@ class Transaction:
 class MemoryChangelog:
     """The ``Changelog`` port: each commit is a transaction appended to ``transactions``, its
     records numbered per topic as Kafka would. ``fail`` makes the next commits raise it;
-    ``during`` runs while a commit is under way (a clock moving on, say). A transaction
-    ``begin`` began holds its records ahead of the commit's; ``abandon`` drops them (counted in
-    ``abandoned``)."""
+    ``during`` runs while a commit is under way (a clock moving on, say). A commit's
+    ``begin_next`` begins the next transaction, which holds them ahead of the next commit's
+    records; ``abandon`` drops them (counted in ``abandoned``)."""
 
     def __init__(self) -> None:
         self.begun: list[ChangelogRecord] | None = None
@@ -79,6 +79,7 @@ class MemoryChangelog:
         records: Sequence[ChangelogRecord],
         extra: Sequence[ExtraRecord] = (),
         views: Sequence[ExtraRecord] = (),
+        begin_next: Sequence[ChangelogRecord] = (),
     ) -> asyncio.Future[Offsets]:
         fut: asyncio.Future[Offsets] = asyncio.get_running_loop().create_future()
         if self.during is not None:
@@ -93,13 +94,11 @@ class MemoryChangelog:
         for topic, _key, _value in records:
             offsets[(topic, 0)] = self._next[topic]
             self._next[topic] += 1
+        if begin_next:
+            self.begun = list(begin_next)
+            self.begins.append(list(begin_next))
         fut.set_result(offsets)
         return fut
-
-    def begin(self, records: Sequence[ChangelogRecord]) -> None:
-        assert self.begun is None, "a transaction begun twice"
-        self.begun = list(records)
-        self.begins.append(list(records))
 
     def abandon(self) -> None:
         assert self.begun is not None, "abandoned a transaction never begun"
