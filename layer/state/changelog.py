@@ -432,10 +432,13 @@ class ChangelogWriter:
         if begun and self._failed is None:
             # a transaction ``begin`` began for a commit that never came (stopping): aborted
             # now, briefly, so a read_committed reader of the changelog (the next owner of
-            # these queues) is not held up until the broker times it out
+            # these queues) is not held up until the broker times it out. One that is not
+            # aborted in time (a fenced writer's abort may never be answered: Tansu) leaves the
+            # producer waiting on it, so it is closed as a failed one is
             try:
                 producer.abort_transaction(ABANDON_TIMEOUT)
             except KafkaException as exc:
+                self._failed = f"could not abort the transaction begun for nothing: {exc}"
                 logger.warning(
                     "changelog writer left a transaction open transactional_id=%s error=%s",
                     self._id,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from layer.state import (
     restore,
 )
 from layer.state.base import KeyValueStore
+from layer.state.changelog import ABANDON_TIMEOUT, CLOSE_FAILED_S
 
 pytestmark = pytest.mark.integration
 
@@ -741,3 +743,25 @@ def test_closing_a_writer_aborts_the_transaction_it_began_for_nothing(
     assert values[0] == first[0][2] and values[-1] == second[0][2]
     if broker.profile.read_committed_hides_aborted:
         assert values == [first[0][2], second[0][2]]
+
+
+def test_closing_a_fenced_writer_with_a_transaction_begun_returns(
+    topic_factory: Callable[..., str], kafka_settings: dict[str, Any]
+) -> None:
+    """A member stopped (SIGSTOP) while its next transaction was begun wakes fenced: closing
+    its writer must not wait forever on an abort the broker may never answer (Tansu)."""
+    topic = topic_factory(partitions=1)
+    tx_id = f"tx-{topic}"
+    first = to_records(topic, "q~counters", [LowWater(TopicPartition("acked", 0), 1)])
+    old = ChangelogWriter(kafka_settings, tx_id)
+    old.commit(first)
+    old.begin(first)
+    new = ChangelogWriter(kafka_settings, tx_id)  # fences the old one
+    try:
+        closing = threading.Thread(target=old.close, daemon=True)
+        closing.start()
+        closing.join(ABANDON_TIMEOUT + CLOSE_FAILED_S + 10)
+        assert not closing.is_alive()
+        assert (topic, 0) in new.commit(first)
+    finally:
+        new.close()
