@@ -51,7 +51,6 @@ class _Changelog:
         records: Sequence[ChangelogRecord],
         extra: Sequence[ExtraRecord] = (),
         views: Sequence[ExtraRecord] = (),
-        begin_next: Sequence[ChangelogRecord] = (),
     ) -> asyncio.Future[Offsets]:
         fut: asyncio.Future[Offsets] = asyncio.get_running_loop().create_future()
         offsets: Offsets = {}
@@ -62,9 +61,6 @@ class _Changelog:
         self.records += len(records)
         fut.set_result(offsets)
         return fut
-
-    def abandon(self) -> None:
-        pass
 
 
 class _Sink:

@@ -66,7 +66,6 @@ class Counters:
     dead_lettered_by: dict[str, int] = field(default_factory=dict)  # DoneReason value -> count
     _written: dict[str, int] = field(default_factory=dict)  # as last written to the changelog
     _written_at: float = 0.0
-    _last: ChangelogRecord | None = None  # the last record written (``opener``)
 
     @property
     def dead_lettered(self) -> int:
@@ -84,13 +83,6 @@ class Counters:
         out = {name: getattr(self, name) for name in _NAMES}
         out.update({_DEAD + reason: n for reason, n in self.dead_lettered_by.items()})
         return out
-
-    def opener(self) -> ChangelogRecord | None:
-        """The last counters record written, to open the next transaction with
-        (``Changelog.begin``): already durable once its round committed, so writing it again
-        changes nothing (restore is last-value-wins, and a later one wins over it). None
-        before the first since this process started."""
-        return self._last
 
     @classmethod
     def load(cls, store: Store, queue: str) -> Counters:
@@ -134,5 +126,4 @@ class Counters:
             batch.put_low_water(state, tp, value)
         self._written.update(changed)
         self._written_at = now
-        self._last = records[-1]
         return records

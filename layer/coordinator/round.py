@@ -10,9 +10,7 @@ A round (``Round``), in this order:
    changelog record and is mirrored into one store batch; a message that left without an ack
    gets its dead letter; each delivery gets its payload.
 3. commit: the changelog records, the dead letters, routed copies and view rounds, in one Kafka
-   transaction, done again until it is durable, however long Kafka is away. After a round
-   that committed, the next round's transaction is begun at once (``Rounds._openers``), so
-   its changelog partitions have joined it by the time it commits.
+   transaction, done again until it is durable, however long Kafka is away.
 4. apply: the store batch, with the changelog offsets it reaches, in one write.
 5. hand out: the deliveries go to their subscriptions; whoever waited on this commit (an ack,
    ``RoundSignal.next_commit``) is answered.
@@ -156,8 +154,6 @@ class Round:
         self.records: list[ChangelogRecord] = []
         self.extra: list[ExtraRecord] = []
         self.views: list[ExtraRecord] = []
-        # once committed, the next round's transaction is begun with these (``Rounds._openers``)
-        self.begin_next: list[ChangelogRecord] = []
         self.batch = StoreBatch()  # written once the records are durable (step 4)
         self.pushes: list[Push] = []
         # wall clock marks for the latency stages (layer.coordinator.stages)
@@ -363,7 +359,7 @@ class Round:
         """Step 3 begun (commits complete in the order they begin); None: nothing to commit."""
         if not self.for_changelog:
             return None
-        return self._changelog.commit(self.records, self.extra, self.views, self.begin_next)
+        return self._changelog.commit(self.records, self.extra, self.views)
 
     def apply(self, offsets: Offsets) -> None:
         """Step 4: the round's store batch, with where it leaves each changelog partition."""
@@ -480,7 +476,6 @@ class Rounds:
         # waits for (``_wait_for_room``), and until when at most
         self._full: list[tuple[QueueRuntime, int]] = []
         self._full_until = 0.0
-        self._begun = False  # the next round's transaction begun (``_openers``)
         self.count = 0  # rounds completed
         self.failed: BaseException | None = None
         self._fatal: BaseException | None = None  # set by fail()
@@ -560,24 +555,6 @@ class Rounds:
                 return True
         return False
 
-    @staticmethod
-    def _openers(
-        runtimes: Sequence[QueueRuntime], records: Sequence[ChangelogRecord]
-    ) -> list[ChangelogRecord]:
-        """What the next round's transaction is begun with once this round's commits (the
-        next round likely commits too): each queue's last counters record, written again
-        (durable by then), to each changelog topic this round writes to. Those partitions
-        join that transaction while the acks come and the next round decides, instead of
-        during its commit (``ChangelogWriter.begin``). A round that then commits nothing
-        abandons it, so it stays open at most until the next round (the loop goes round
-        every 50 ms); a stop's close of the writer aborts it."""
-        topics = {topic for topic, _key, _value in records}
-        return [
-            record
-            for rt in runtimes
-            if rt.changelog_topic in topics and (record := rt.counters.opener()) is not None
-        ]
-
     async def one(self) -> None:
         """One round, its steps in order."""
         began = time.monotonic()
@@ -607,7 +584,6 @@ class Rounds:
         committing = r.for_changelog
         if committing:
             self._last_commit = time.monotonic()
-            r.begin_next = self._openers(runtimes, r.records)
         sent = time.monotonic()
         try:
             await r.commit()
@@ -622,11 +598,6 @@ class Rounds:
         r.time_stages()
         r.hand_out()
         self._signal.answer()
-        if committing:
-            self._begun = bool(r.begin_next)
-        elif self._begun:
-            self._changelog.abandon()
-            self._begun = False
         if full:
             # the room there now (acks of earlier rounds' deliveries that came during the
             # commit) and the room of this round's deliveries: waiting only for room as large

@@ -47,8 +47,6 @@ _DEFAULTS: dict[str, Any] = {
 
 #: how long a commit waits for a topic's partition count (once per topic and writer)
 _METADATA_TIMEOUT = 5.0
-#: how long closing a writer waits for the abort of a transaction begun for nothing
-ABANDON_TIMEOUT = 2.0
 #: how long closing a failed (fenced) writer may take before the process exits without it
 CLOSE_FAILED_S = 5.0
 
@@ -100,7 +98,6 @@ class ChangelogWriter:
         self._lock = threading.Lock()
         self._failed: str | None = None
         self._single: dict[str, bool] = {}  # changelog topic -> has one partition
-        self._begun = False  # a transaction begun by ``begin``, for the next commit
         settings = {**_DEFAULTS, **producer_settings, "transactional.id": transactional_id}
         self._producer: Producer | None = None
         try:
@@ -171,12 +168,10 @@ class ChangelogWriter:
                 else:
                     delivered[0] += 1
 
-            begun, self._begun = self._begun, False
-            if not begun:
-                try:
-                    producer.begin_transaction()
-                except KafkaException as exc:
-                    raise self._fail(exc, "begin") from exc
+            try:
+                producer.begin_transaction()
+            except KafkaException as exc:
+                raise self._fail(exc, "begin") from exc
             reported = self._reported(producer, records)
             produce = producer.produce
             try:
@@ -222,58 +217,6 @@ class ChangelogWriter:
                     ) from exc
                 raise
             return last
-
-    def begin(self, records: Sequence[ChangelogRecord]) -> None:
-        """Begin the next commit's transaction now, with ``records``: records already durable
-        (written again: harmless, restore is last-value-wins), one to each changelog partition
-        the next commit will likely write to.
-
-        librdkafka adds a partition to a transaction about a millisecond after the first
-        record for it is produced (its registration timer, then AddPartitionsToTxn), and only
-        then sends the records: a commit that produced all its records at once waited that
-        long first (measured on Tansu: 1.7 ms a commit of a few records, 0.5 ms once the
-        partition was added while the round decided). Errors are left to the commit, which
-        meets them again and handles them as its own."""
-        with self._lock:
-            producer = self._producer
-            if self._begun or producer is None or self._failed is not None:
-                return
-            try:
-                producer.begin_transaction()
-            except KafkaException:
-                return  # the commit begins it again, and says what is wrong
-            self._begun = True
-            try:
-                for topic, key, value in records:
-                    producer.produce(topic, value, key)
-            except (BufferError, KafkaException):
-                pass  # the commit's own records meet it again
-
-    def abandon(self) -> None:
-        """Abort the transaction ``begin`` began, when nothing more is committed in it."""
-        with self._lock:
-            producer = self._producer
-            if not self._begun or producer is None:
-                return
-            self._begun = False
-            try:
-                self._abort_transaction(producer)
-            except _Interrupted:
-                self._begun = True  # stopping: ``close`` aborts it
-                return
-            except KafkaException as exc:
-                # its next begin_transaction would fail: replaced (or, fenced, stopped)
-                err = _kafka_error(exc)
-                if err is not None and err.code() in _FENCED_CODES:
-                    self._failed = f"fenced by a newer writer: {err}"
-                else:
-                    self._failed = f"failed (abort of an unused transaction failed): {exc}"
-                logger.warning(
-                    "changelog writer could not abort an unused transaction"
-                    " transactional_id=%s error=%s",
-                    self._id,
-                    exc,
-                )
 
     def _reported(self, producer: Producer, records: Sequence[ChangelogRecord]) -> set[int] | None:
         """Which of ``records`` (their indexes) get a delivery report; None: all of them.
@@ -426,24 +369,8 @@ class ChangelogWriter:
     def close(self) -> None:
         with self._lock:
             producer, self._producer = self._producer, None
-            begun, self._begun = self._begun, False
         if producer is None:
             return
-        if begun and self._failed is None:
-            # a transaction ``begin`` began for a commit that never came (stopping): aborted
-            # now, briefly, so a read_committed reader of the changelog (the next owner of
-            # these queues) is not held up until the broker times it out. One that is not
-            # aborted in time (a fenced writer's abort may never be answered: Tansu) leaves the
-            # producer waiting on it, so it is closed as a failed one is
-            try:
-                producer.abort_transaction(ABANDON_TIMEOUT)
-            except KafkaException as exc:
-                self._failed = f"could not abort the transaction begun for nothing: {exc}"
-                logger.warning(
-                    "changelog writer left a transaction open transactional_id=%s error=%s",
-                    self._id,
-                    exc,
-                )
         if self._failed is None:
             self._close(producer)
         else:
@@ -543,24 +470,13 @@ class DurableChangelog:
             self._writer = self._make()
             self.writers_made += 1
 
-    def abandon(self) -> None:
-        """``ChangelogWriter.abandon`` on the writer there is."""
-        writer = self._writer
-        if writer is not None:
-            writer.abandon()
-
     def commit(
         self,
         records: Sequence[ChangelogRecord],
         extra: Sequence[ExtraRecord] = (),
         bulk: Sequence[ExtraRecord] = (),
-        begin_next: Sequence[ChangelogRecord] = (),
     ) -> dict[tuple[str, int], int]:
-        """``ChangelogWriter.commit`` until it succeeds; ``StateError`` only when interrupted.
-        Then, with ``begin_next``, ``ChangelogWriter.begin`` of the next commit's transaction
-        on the same thread: librdkafka's begin_transaction holds the GIL while it waits for its
-        own thread's answer (33 µs on a quiet machine, more under load), best spent while the
-        event loop waits for this commit anyway."""
+        """``ChangelogWriter.commit`` until it succeeds; ``StateError`` only when interrupted."""
         attempts = 0
         started = time.monotonic()
         wait = 0.2
@@ -624,8 +540,6 @@ class DurableChangelog:
                     time.monotonic() - started,
                     extra={"attempts": attempts, "records": len(records)},
                 )
-            if begin_next:
-                writer.begin(begin_next)
             return offsets
 
     def _wait_until_reachable(self, timeout: float) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,6 @@ from layer.state import (
     restore,
 )
 from layer.state.base import KeyValueStore
-from layer.state.changelog import ABANDON_TIMEOUT, CLOSE_FAILED_S
 
 pytestmark = pytest.mark.integration
 
@@ -650,118 +648,3 @@ def test_commit_returns_the_last_offset_of_each_partition(
     written = {**first, **second}
     assert written == last
     assert [m.value() for m in consume_all(side)] == [b"side"]
-
-
-def test_a_begun_transaction_holds_its_records_ahead_of_the_commit_or_is_abandoned(
-    writer_factory: Callable[[str], ChangelogWriter],
-    topic_factory: Callable[..., str],
-    kafka_settings: dict[str, Any],
-    consume_all: Callable[..., list[Any]],
-    rocks: RocksDBStore,
-    broker: Any,
-) -> None:
-    """``begin`` opens the next commit's transaction with records already durable (the round
-    writes its last counters record again); the commit goes on in it, and ``abandon`` aborts
-    it. Either way the writer stays usable and a restore gives what was committed."""
-    topic = topic_factory(partitions=1, config={"cleanup.policy": "compact"})
-    writer = writer_factory(f"tx-{topic}")
-    tp = TopicPartition("acked", 0)
-    first = to_records(topic, "q~counters", [LowWater(tp, 5)])
-    assert writer.commit(first) == {(topic, 0): 0}
-
-    writer.begin(first)
-    writer.begin(first)  # begun already: nothing more
-    second = to_records(topic, "q~counters", [LowWater(tp, 9)])
-    at_second = writer.commit(second)[(topic, 0)]
-
-    writer.begin(second)
-    writer.abandon()
-    writer.abandon()  # nothing begun: nothing to abort
-    third = to_records(topic, "q", [Leased(Bookmark("under", 0, 0), "s", 1.0, 1, 0)])
-    at_third = writer.commit(third)[(topic, 0)]
-    assert writer.usable
-
-    got = [(m.offset(), m.value()) for m in consume_all(topic)]
-    values = [value for _offset, value in got]
-    committed = [first[0][2], first[0][2], second[0][2], third[0][2]]
-    if broker.profile.read_committed_hides_aborted:
-        assert values == committed
-    else:  # the abandoned record, if it was sent before the abort: a copy of a durable one
-        assert values in (committed, [*committed[:3], second[0][2], third[0][2]])
-    # the commit's offsets are its own records', after the record it was begun with
-    assert (at_second, second[0][2]) in got and (at_third, third[0][2]) in got
-    assert got.index((at_second, second[0][2])) == 2
-
-    restore(rocks, kafka_settings, topic, "q")
-    expected = Expected()
-    expected.apply(first + second + third)
-    expected.check(rocks)
-    assert rocks.positions("q~counters")[tp].low_water == 9
-
-
-def test_a_fenced_writer_begins_nothing_and_its_commit_fails_as_before(
-    writer_factory: Callable[[str], ChangelogWriter],
-    topic_factory: Callable[..., str],
-) -> None:
-    topic = topic_factory(partitions=1)
-    tx_id = f"tx-{topic}"
-    old = writer_factory(tx_id)
-    first = to_records(topic, "q~counters", [LowWater(TopicPartition("acked", 0), 1)])
-    old.commit(first)
-    new = writer_factory(tx_id)
-    old.begin(first)  # raises nothing: the commit meets what is wrong
-    with pytest.raises(StateError, match="fenced|fatal"):
-        old.commit(first)
-    old.abandon()
-    assert not old.usable
-    assert (topic, 0) in new.commit(first)
-
-
-def test_closing_a_writer_aborts_the_transaction_it_began_for_nothing(
-    topic_factory: Callable[..., str],
-    kafka_settings: dict[str, Any],
-    consume_all: Callable[..., list[Any]],
-    broker: Any,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    topic = topic_factory(partitions=1)
-    tx_id = f"tx-{topic}"
-    first = to_records(topic, "q~counters", [LowWater(TopicPartition("acked", 0), 1)])
-    writer = ChangelogWriter(kafka_settings, tx_id)
-    writer.commit(first)
-    writer.begin(first)
-    with caplog.at_level(logging.WARNING, logger="layer.state.changelog"):
-        writer.close()
-    assert "left a transaction open" not in caplog.text
-    again = ChangelogWriter(kafka_settings, tx_id)
-    try:
-        second = to_records(topic, "q~counters", [LowWater(TopicPartition("acked", 0), 2)])
-        again.commit(second)
-    finally:
-        again.close()
-    values = [m.value() for m in consume_all(topic)]
-    assert values[0] == first[0][2] and values[-1] == second[0][2]
-    if broker.profile.read_committed_hides_aborted:
-        assert values == [first[0][2], second[0][2]]
-
-
-def test_closing_a_fenced_writer_with_a_transaction_begun_returns(
-    topic_factory: Callable[..., str], kafka_settings: dict[str, Any]
-) -> None:
-    """A member stopped (SIGSTOP) while its next transaction was begun wakes fenced: closing
-    its writer must not wait forever on an abort the broker may never answer (Tansu)."""
-    topic = topic_factory(partitions=1)
-    tx_id = f"tx-{topic}"
-    first = to_records(topic, "q~counters", [LowWater(TopicPartition("acked", 0), 1)])
-    old = ChangelogWriter(kafka_settings, tx_id)
-    old.commit(first)
-    old.begin(first)
-    new = ChangelogWriter(kafka_settings, tx_id)  # fences the old one
-    try:
-        closing = threading.Thread(target=old.close, daemon=True)
-        closing.start()
-        closing.join(ABANDON_TIMEOUT + CLOSE_FAILED_S + 10)
-        assert not closing.is_alive()
-        assert (topic, 0) in new.commit(first)
-    finally:
-        new.close()

@@ -31,17 +31,15 @@ TP = TopicPartition(TOPIC, 0)
 
 @dataclass
 class Transaction:
-    records: list[ChangelogRecord]  # as Kafka holds them: ``begun`` of them first
+    records: list[ChangelogRecord]
     extra: list[ExtraRecord]
     views: list[ExtraRecord]
-    begun: int = 0  # records ``begin`` began it with (written again: already durable)
 
-    def changes(self, own: bool = False) -> list[tuple[ChangelogKey, dict[str, Any] | None]]:
+    def changes(self) -> list[tuple[ChangelogKey, dict[str, Any] | None]]:
         """The changes, one per message (a run record gives one per message of its run);
-        snapshots and their confirmations are left out (``snapshot_records``). ``own``: the
-        commit's own, without those the transaction was begun with."""
+        snapshots and their confirmations are left out (``snapshot_records``)."""
         out = []
-        for _topic, key, value in self.records[self.begun if own else 0 :]:
+        for _topic, key, value in self.records:
             ck, decoded = decode_change(key, value) if decode_key(key).offset >= -1 else (None, 0)
             if ck is None:
                 continue
@@ -61,14 +59,9 @@ class Transaction:
 class MemoryChangelog:
     """The ``Changelog`` port: each commit is a transaction appended to ``transactions``, its
     records numbered per topic as Kafka would. ``fail`` makes the next commits raise it;
-    ``during`` runs while a commit is under way (a clock moving on, say). A commit's
-    ``begin_next`` begins the next transaction, which holds them ahead of the next commit's
-    records; ``abandon`` drops them (counted in ``abandoned``)."""
+    ``during`` runs while a commit is under way (a clock moving on, say)."""
 
     def __init__(self) -> None:
-        self.begun: list[ChangelogRecord] | None = None
-        self.begins: list[list[ChangelogRecord]] = []  # what each begin was given
-        self.abandoned = 0
         self.transactions: list[Transaction] = []
         self.fail: BaseException | None = None
         self.during: Callable[[], None] | None = None
@@ -79,31 +72,20 @@ class MemoryChangelog:
         records: Sequence[ChangelogRecord],
         extra: Sequence[ExtraRecord] = (),
         views: Sequence[ExtraRecord] = (),
-        begin_next: Sequence[ChangelogRecord] = (),
     ) -> asyncio.Future[Offsets]:
         fut: asyncio.Future[Offsets] = asyncio.get_running_loop().create_future()
         if self.during is not None:
             self.during()
-        begun, self.begun = self.begun or [], None
         if self.fail is not None:
             fut.set_exception(self.fail)
             return fut
-        records = [*begun, *records]
-        self.transactions.append(Transaction(records, list(extra), list(views), len(begun)))
+        self.transactions.append(Transaction(list(records), list(extra), list(views)))
         offsets: Offsets = {}
         for topic, _key, _value in records:
             offsets[(topic, 0)] = self._next[topic]
             self._next[topic] += 1
-        if begin_next:
-            self.begun = list(begin_next)
-            self.begins.append(list(begin_next))
         fut.set_result(offsets)
         return fut
-
-    def abandon(self) -> None:
-        assert self.begun is not None, "abandoned a transaction never begun"
-        self.begun = None
-        self.abandoned += 1
 
 
 @dataclass

@@ -68,7 +68,6 @@ class ScriptedWriter:
         self.closed = False
         self.transactional_id = "t"
         self.committed: list[Sequence[object]] = []
-        self.begun: list[Sequence[object]] = []
         made.append(self)
 
     def commit(
@@ -82,40 +81,8 @@ class ScriptedWriter:
         self.committed.append(records)
         return {("c", 0): len(records)}
 
-    def begin(self, records: Sequence[object]) -> None:
-        self.begun.append(records)
-
     def close(self) -> None:
         self.closed = True
-
-
-def test_the_next_transaction_is_begun_only_once_a_commit_succeeded_in_the_writer_used() -> None:
-    made: list[ScriptedWriter] = []
-    script = [["fatal"], []]
-    log = DurableChangelog(
-        lambda: ScriptedWriter(script.pop(0), made),  # type: ignore[arg-type, return-value]
-        wait_reachable=lambda timeout: True,
-        on_trouble=lambda line: None,
-        interrupt=threading.Event(),
-    )
-    log.open()
-    records, opener = [("c", b"k", b"v")], [("c", b"counters", b"1")]
-    assert log.commit(records, begin_next=opener) == {("c", 0): 1}
-    assert (made[0].begun, made[1].begun) == ([], [opener])  # the failed one: none begun
-    log.commit(records)
-    assert made[1].begun == [opener]  # nothing to begin with: none begun
-
-    interrupted = threading.Event()
-    stopping = DurableChangelog(
-        lambda: ScriptedWriter(["abort"] * 5, made),  # type: ignore[arg-type, return-value]
-        wait_reachable=lambda timeout: interrupted.set() or True,
-        on_trouble=lambda line: None,
-        interrupt=interrupted,
-    )
-    stopping.open()
-    with pytest.raises(StateError):
-        stopping.commit(records, begin_next=opener)
-    assert made[-1].begun == []
 
 
 def test_durable_changelog_redoes_the_same_batch_and_replaces_a_failed_writer() -> None:
