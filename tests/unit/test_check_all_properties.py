@@ -57,3 +57,64 @@ def test_check_all_true_only_when_check_says_none_of_each(
 def test_check_all_passes_objects_of_scalars(batch: list[tuple[object, bool]]) -> None:
     values: list[bytes | None] = [_value(doc, pad, 0) for doc, pad in batch]
     assert READER.check_all(values)
+
+
+#: bytes where parsers tend to differ: brackets, quotes, escapes, numbers' parts, a BOM's
+#: bytes, invalid UTF-8 and an encoded surrogate, control characters
+_TRICKY = st.sampled_from(
+    [
+        b"[",
+        b"]",
+        b"{",
+        b"}",
+        b'"',
+        b"\\",
+        b"\\u",
+        b"d800",
+        b"e",
+        b"-",
+        b".",
+        b"0",
+        b"9" * 25,
+        b"\xef\xbb\xbf",
+        b"\xff",
+        b"\xed\xa0\x80",
+        b"\x00",
+        b"\x1f",
+        b"\t",
+        b"NaN",
+        b"Infinity",
+        b"1e400",
+        b",",
+        b":",
+        b" ",
+    ]
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    _DOCS | _FLAT,
+    st.booleans(),
+    st.lists(st.tuples(st.integers(min_value=0), _TRICKY, st.booleans()), max_size=3),
+)
+def test_check_all_true_only_when_check_says_none_of_mutated_values(
+    doc: object, pad: bool, edits: list[tuple[int, bytes, bool]]
+) -> None:
+    """Valid JSON with bytes put in or replaced: whatever the batch check lets through, the
+    standard parser (``check``) accepts too."""
+    value = _value(doc, pad, 0)
+    for at, piece, overwrite in edits:
+        at %= len(value) + 1
+        value = value[:at] + piece + value[at + len(piece) * overwrite :]
+    if READER.check_all([value]):
+        assert READER.check(value) is None, value
+    if READER.check_all([value, value]):
+        assert READER.check(value) is None, value
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=40))
+def test_check_all_true_only_when_check_says_none_of_any_bytes(value: bytes) -> None:
+    if READER.check_all([value]):
+        assert READER.check(value) is None, value
