@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import Message
 
 from layer.coordinator.ingest import Fetched, PartitionStarted
-from layer.documents import DocumentReader
+from layer.documents import SIMDJSON_CAPACITY, DocumentReader
 from layer.engine.model import Bookmark, TopicPartition
 from layer.state.base import StoreBatch, StoredMessage
 from layer.state.memory import MemoryStore
@@ -169,3 +169,16 @@ def test_a_bad_message_past_the_rounds_room_is_still_found() -> None:
     assert rt.counters.unparseable == 1
     stored = store.get_messages("q", [Bookmark(TOPIC, 0, i) for i in range(10)])
     assert [m is not None and m.error is not None for m in stored] == [i == 7 for i in range(10)]
+
+
+def test_check_all_leaves_a_payload_past_the_parsers_capacity_to_check() -> None:
+    """A payload larger than the batch check parses (its parser would keep ~14 times its size
+    for good) makes the batch be checked value by value, which accepts it as before."""
+    reader = DocumentReader("json")
+    big = b'{"pad": "' + b"x" * SIMDJSON_CAPACITY + b'"}'
+    small = b'{"n": 1}'
+    assert reader.check(big) is None
+    assert not reader.check_all([small, big, small])
+    assert reader.check_all([small, big[: SIMDJSON_CAPACITY - 100] + b'"}'])  # under: parsed
+    assert not reader.check_all([small, big[:-1]])  # and a bad one past it is still bad
+    assert reader.check(big[:-1]) is not None
