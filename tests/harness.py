@@ -239,6 +239,25 @@ class CoordinatorProcess:
         return self.proc is not None and self.proc.poll() is None
 
 
+#: what a member logs when it stops on its own after losing its session: its revocation found
+#: that another member claimed its partitions (``layer.coordinator.seat.Seat.revoked``), or its
+#: changelog writer is gone (``layer.state.changelog.DurableChangelog._dead``, every cause
+#: alike): fenced by the member that took its queues over (woken from a stop before the group
+#: told it), or failed where a cluster member does not replace it, or replaced and found its
+#: queues taken
+SELF_STOPS = ("lost (session timed out)", "nothing more is committed here")
+
+
+def stopped_on_its_own(coord: CoordinatorProcess) -> bool:
+    """Whether ``coord`` exited after saying, since its last start, one of ``SELF_STOPS``: a
+    member that did not run for seconds (a stall of the host) must stop so, and a supervisor
+    starts it again."""
+    if coord.proc is None or coord.running:
+        return False
+    since_start = coord.log_path.read_text(errors="replace").rsplit("--- start ", 1)[-1]
+    return any(said in since_start for said in SELF_STOPS)
+
+
 def start_worker(
     addr_file: Path, queue: str, log: Path, stop_file: Path, name: str, backlog: int = 10
 ) -> subprocess.Popen[bytes]:

@@ -54,19 +54,12 @@ from layer.exceptions import QLayerError
 from tests.fault.history import check, summarize, write_history
 from tests.fault.proxied_broker import Tansu, free_port
 from tests.fault.test_history import LEASE, QueueSetup, Run, _seed
-from tests.harness import CoordinatorProcess, serving, write_config
+from tests.harness import SELF_STOPS, CoordinatorProcess, serving, write_config
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.fault
 
 MEMBERS = 3
-#: what a member logs when it stops on its own after losing its session: its revocation found
-#: that another member claimed its partitions (``layer.coordinator.seat.Seat.revoked``), or its
-#: changelog writer is gone (``layer.state.changelog.DurableChangelog._dead``, every cause
-#: alike): fenced by the member that took its queues over (woken from a stop before the group
-#: told it), or failed where a cluster member does not replace it, or replaced and found its
-#: queues taken
-SELF_STOPS = ("lost (session timed out)", "nothing more is committed here")
 
 
 @dataclass(frozen=True)
