@@ -200,10 +200,14 @@ class CoordinatorProcess:
         coordinator's own "stop not ended" lines (its step, each task's awaits) and, of the
         thread dump that comes with them, each thread's innermost frame in qlayer's code."""
         try:
-            text = self.log_path.read_text(errors="replace").rsplit("--- start ", 1)[-1]
+            text = self.log_since_start()
         except OSError:
             return "(no log)"
         return stop_report(text)
+
+    def log_since_start(self) -> str:
+        """The log's text since the last start (``start`` marks each one in it)."""
+        return self.log_path.read_text(errors="replace").rsplit("--- start ", 1)[-1]
 
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs."""
@@ -254,7 +258,7 @@ def stopped_on_its_own(coord: CoordinatorProcess) -> bool:
     starts it again."""
     if coord.proc is None or coord.running:
         return False
-    since_start = coord.log_path.read_text(errors="replace").rsplit("--- start ", 1)[-1]
+    since_start = coord.log_since_start()
     return any(said in since_start for said in SELF_STOPS)
 
 

@@ -301,7 +301,7 @@ class ClusterRun(Run):
         run; counted in ``self_exits``, printed at the end."""
         if code == 0:
             return
-        since_start = m.proc.log_path.read_text(errors="replace").rsplit("--- start ", 1)[-1]
+        since_start = m.proc.log_since_start()
         # what may have stopped it before the signal (-15: the signal came after its stop had
         # ended, so something else had begun it): its warnings and errors since it started
         notable = [
