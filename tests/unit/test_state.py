@@ -507,6 +507,7 @@ _KILLED_WRITER = textwrap.dedent(
 
     # no flush by time: only the explicit one below, and the ones RocksDB makes when full
     store = RocksDBStore(sys.argv[1], flush_interval=3600)
+    store._checkpoint_flush = None  # the flush is RocksDB's own, never the checkpoint fallback
     per_batch, flush_at = int(sys.argv[2]), int(sys.argv[3])
     # small enough that no memtable fills (8 MiB) before the kill: no flush but the explicit one
     payload = b"x" * 200
@@ -591,6 +592,7 @@ _IDLE_WRITER = textwrap.dedent(
 
     logging.basicConfig(level=logging.DEBUG, stream=sys.stdout, format="%(message)s")
     store = RocksDBStore(sys.argv[1], flush_interval=0.2)
+    store._checkpoint_flush = None  # the flush is RocksDB's own, never the checkpoint fallback
     for i in range(5):
         batch = StoreBatch()
         batch.put_message("q", Bookmark("t", 0, i), StoredMessage(None, b"m%d" % i, (), i))
@@ -632,6 +634,48 @@ def test_writes_are_flushed_within_the_interval_and_survive_a_sigkill(tmp_path: 
         assert store.changelog_offset("cl", 0) == 5
         got = dict(store.messages("q"))
         assert [got[Bookmark("t", 0, i)].value for i in range(5)] == [b"m%d" % i for i in range(5)]
+
+
+def test_a_state_dir_written_before_the_flush_column_family_opens_with_its_data(
+    tmp_path: Path,
+) -> None:
+    """A state directory of the six column families alone (as every coordinator wrote before
+    ``flush`` had a column family of its own) opens, keeps what it held and flushes."""
+    import rocksdict
+
+    from layer.state.base import COLUMN_FAMILIES
+
+    path = tmp_path / "state"
+    with RocksDBStore(path) as store:
+        batch = StoreBatch()
+        batch.put_message("q", Bookmark("t", 0, 0), StoredMessage(None, b"m0", (), 0))
+        batch.set_changelog_offset("cl", 0, 1)
+        store.write(batch)
+    # the same directory as the earlier format had it: without the flush column family
+    opts = rocksdict.Options(raw_mode=True)
+    families = (*COLUMN_FAMILIES, "flush")
+    old = rocksdict.Rdict(
+        str(path),
+        options=opts,
+        column_families={cf: rocksdict.Options(raw_mode=True) for cf in families},
+    )
+    old.drop_column_family("flush")
+    old.close()
+    assert "flush" not in rocksdict.Rdict.list_cf(str(path), opts)
+    reopened = RocksDBStore(path, flush_interval=3600)
+    try:
+        assert reopened.changelog_offset("cl", 0) == 1
+        assert dict(reopened.messages("q"))[Bookmark("t", 0, 0)].value == b"m0"
+        batch = StoreBatch()
+        batch.put_message("q", Bookmark("t", 0, 1), StoredMessage(None, b"m1", (), 1))
+        batch.set_changelog_offset("cl", 0, 2)
+        reopened.write(batch)
+        reopened.flush()
+    finally:
+        reopened.close()
+    with RocksDBStore(path) as store:
+        assert store.changelog_offset("cl", 0) == 2
+        assert len(list(store.messages("q"))) == 2
 
 
 def test_writes_skip_the_write_ahead_log(tmp_path: Path) -> None:
