@@ -13,8 +13,14 @@ from tests.harness import CoordinatorProcess, write_config
 
 
 @pytest.fixture
-def coordinator_factory(broker: Any, tmp_path: Path) -> Iterator[Callable[..., CoordinatorProcess]]:
+def coordinator_factory(
+    broker: Any, tmp_path: Path, topic_factory: Callable[..., str]
+) -> Iterator[Callable[..., CoordinatorProcess]]:
     """Start ``qlayer coordinator`` processes over the session broker; all stopped at teardown.
+
+    It takes ``topic_factory`` so that its teardown comes first: the coordinators stop before
+    the test's topics are deleted (on Tansu, librdkafka crashes a process whose consumer reads
+    a topic that is deleted, README "Limits").
 
     ``coordinator_factory(queues=[{...}], broker={...}, **coordinator_options)`` returns a
     started process; queue tables are the TOML ``[[queue]]`` options, ``broker`` more keys of

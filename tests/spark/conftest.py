@@ -5,6 +5,7 @@ A missing Java or PySpark fails the tests that need them; it never skips them.
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -13,12 +14,49 @@ from typing import Any
 
 import pytest
 
+from connectors import TopicAdmin, TopicSpec, admin_settings, client_settings
 from connectors.spark_kafka import FORMAT
+from layer.exceptions import BrokerError
 from spark.session import java_problem, prepare
+
+logger = logging.getLogger(__name__)
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def spark_topics(broker: Any) -> Iterator[list[str]]:
+    """The topics the Spark tests made (``topic_factory``), deleted once the SparkSession has
+    stopped (``spark`` takes this fixture, so its teardown comes first). Spark keeps its Python
+    workers between tasks, and a worker keeps consumers on the partitions a stream read
+    (``connectors.spark_kafka.follow``, for a minute after their last use): on Tansu, librdkafka
+    crashes a process whose consumer reads a topic that is deleted (README "Limits")."""
+    made: list[str] = []
+    yield made
+    if made:
+        admin = TopicAdmin(admin_settings(client_settings(broker.bootstrap_servers, {})))
+        try:
+            admin.delete_topics(made)
+        except BrokerError:
+            logger.exception("cannot delete test topics topics=%s", made)
+
+
+@pytest.fixture
+def topic_factory(topic_admin: TopicAdmin, spark_topics: list[str]) -> Callable[..., str]:
+    """The Spark tests' ``topic_factory`` (see tests/conftest.py): the same new uuid-named
+    topics, deleted at the end of the session instead of the test's (``spark_topics``)."""
+
+    def make(
+        partitions: int = 1, config: Mapping[str, str] | None = None, *, prefix: str = "test"
+    ) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex}"
+        topic_admin.ensure_topics([TopicSpec(name, partitions=partitions, config=config or {})])
+        spark_topics.append(name)
+        return name
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def spark(spark_topics: list[str]) -> Iterator[Any]:
     """A ``local[2]`` SparkSession with small shuffles, no UI, and ``qlayer_kafka`` registered."""
     problem = java_problem()
     if problem is not None:
