@@ -226,10 +226,18 @@ class RocksDBStore(KeyValueStore):
         RocksDB's own threads do it, so the GIL is free meanwhile: two writes to the ``flush``
         column family (see ``_FLUSH_CF``) fill its memtable, and at the second RocksDB switches
         every column family's memtable and schedules one atomic flush of them all; this waits
-        until no column family has a memtable left to flush. A checkpoint does it instead (it
-        flushes them all at once too, with the GIL held) if RocksDB did not switch them, or
-        did not flush them within ``_FLUSH_WAIT_S``."""
+        until no column family has a memtable left to flush (and, first, for a flush already
+        under way). A checkpoint does it instead (it flushes them all at once too, with the GIL
+        held) if RocksDB did not switch them, or did not flush within ``_FLUSH_WAIT_S``."""
         with self._flush_lock:
+            # A flush under way first: the switch below would wait for it in a write stall
+            # (a column family's memtables all full), with the GIL held: one such write took 73 ms.
+            if not self._flushed_within(_FLUSH_WAIT_S):
+                with self._lock:
+                    if self._closed or self._stop.is_set():
+                        return  # closing: close flushes
+                self._checkpoint_flush()
+                return
             with self._lock:
                 if self._closed:
                     return
