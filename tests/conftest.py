@@ -13,7 +13,6 @@ import gc
 import logging
 import os
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,6 @@ from connectors import (
     BrokerProfile,
     RunningBroker,
     TopicAdmin,
-    TopicSpec,
     admin_settings,
     cached_high_watermark,
     client_settings,
@@ -44,6 +42,7 @@ from connectors import (
     start_broker,
 )
 from layer.exceptions import BrokerError
+from tests.helpers import topic_maker
 
 pytest_plugins = ["tests.coordinator_fixtures"]
 
@@ -167,16 +166,7 @@ def topic_factory(topic_admin: TopicAdmin) -> Iterator[Callable[..., str]]:
     The topics are deleted when the test ends.
     """
     created: list[str] = []
-
-    def make(
-        partitions: int = 1, config: Mapping[str, str] | None = None, *, prefix: str = "test"
-    ) -> str:
-        name = f"{prefix}-{uuid.uuid4().hex}"
-        topic_admin.ensure_topics([TopicSpec(name, partitions=partitions, config=config or {})])
-        created.append(name)
-        return name
-
-    yield make
+    yield topic_maker(topic_admin, created)
     try:
         topic_admin.delete_topics(created)
     except BrokerError:

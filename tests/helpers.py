@@ -9,11 +9,15 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import psutil
+
+if TYPE_CHECKING:
+    from connectors import TopicAdmin
 
 T = TypeVar("T")
 
@@ -63,3 +67,19 @@ def process_ended(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def topic_maker(topic_admin: TopicAdmin, made: list[str]) -> Callable[..., str]:
+    """``make(partitions=1, config=None, *, prefix="test") -> name``: a new uuid-named topic,
+    its name added to ``made`` (for the fixture that deletes them: ``topic_factory``)."""
+    from connectors import TopicSpec
+
+    def make(
+        partitions: int = 1, config: Mapping[str, str] | None = None, *, prefix: str = "test"
+    ) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex}"
+        topic_admin.ensure_topics([TopicSpec(name, partitions=partitions, config=config or {})])
+        made.append(name)
+        return name
+
+    return make

@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
-from connectors import TopicAdmin, TopicSpec, admin_settings, client_settings
+from connectors import TopicAdmin, admin_settings, client_settings
 from connectors.spark_kafka import FORMAT
 from layer.exceptions import BrokerError
 from spark.session import java_problem, prepare
+from tests.helpers import topic_maker
 
 logger = logging.getLogger(__name__)
 
@@ -43,16 +44,7 @@ def spark_topics(broker: Any) -> Iterator[list[str]]:
 def topic_factory(topic_admin: TopicAdmin, spark_topics: list[str]) -> Callable[..., str]:
     """The Spark tests' ``topic_factory`` (see tests/conftest.py): the same new uuid-named
     topics, deleted at the end of the session instead of the test's (``spark_topics``)."""
-
-    def make(
-        partitions: int = 1, config: Mapping[str, str] | None = None, *, prefix: str = "test"
-    ) -> str:
-        name = f"{prefix}-{uuid.uuid4().hex}"
-        topic_admin.ensure_topics([TopicSpec(name, partitions=partitions, config=config or {})])
-        spark_topics.append(name)
-        return name
-
-    return make
+    return topic_maker(topic_admin, spark_topics)
 
 
 @pytest.fixture(scope="session")
