@@ -232,29 +232,24 @@ class RocksDBStore(KeyValueStore):
         with self._flush_lock:
             # A flush under way first: the switch below would wait for it in a write stall
             # (a column family's memtables all full), with the GIL held: one such write took 73 ms.
-            if not self._flushed_within(_FLUSH_WAIT_S):
+            if self._flushed_within(_FLUSH_WAIT_S):
                 with self._lock:
-                    if self._closed or self._stop.is_set():
-                        return  # closing: close flushes
-                self._checkpoint_flush()
-                return
-            with self._lock:
-                if self._closed:
+                    if self._closed:
+                        return
+                    self._written = False
+                    try:
+                        switched = self._request_flush()
+                    except StateError:
+                        self._written = True  # to be tried again
+                        raise
+                if switched and self._flushed_within(_FLUSH_WAIT_S):
+                    logger.debug("flushed state store path=%s", self._path)
                     return
-                self._written = False
-                try:
-                    switched = self._request_flush()
-                except StateError:
-                    self._written = True  # to be tried again
-                    raise
-            if switched and self._flushed_within(_FLUSH_WAIT_S):
-                logger.debug("flushed state store path=%s", self._path)
-                return
             with self._lock:
                 if self._closed or self._stop.is_set():
                     return  # closing: close flushes
             logger.warning(
-                "state store path=%s: RocksDB did not flush on request; flushing by checkpoint",
+                "state store path=%s: RocksDB did not flush in time; flushing by checkpoint",
                 self._path,
             )
             self._checkpoint_flush()
